@@ -1,0 +1,63 @@
+"""Typed run configurations: YAML files and `key=value` overrides merged over a dataclass schema.
+
+A misspelt key or a value of the wrong type is a `ConfigError` naming the key, before any work starts.
+A YAML file may start from another one with `inherit: other.yaml` (a path relative to the file), which is
+how the stage-2 and ablation configs state only what they change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+T = TypeVar("T")
+INHERIT_KEY = "inherit"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the offending key or file."""
+
+
+def read_yaml(path: str | Path) -> DictConfig:
+    """Reads a YAML config, resolving `inherit:` chains (child keys win)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        node = OmegaConf.load(path)
+    except Exception as err:  # yaml errors have several types
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+    parent = node.pop(INHERIT_KEY, None)
+    if parent is None:
+        return node
+    return OmegaConf.merge(read_yaml(path.parent / str(parent)), node)
+
+
+def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Returns an instance of the dataclass `schema` with the file's values, then the overrides, applied."""
+    config = OmegaConf.structured(schema)
+    OmegaConf.set_struct(config, True)
+    source = "defaults"
+    try:
+        if path is not None:
+            source = str(path)
+            config = OmegaConf.merge(config, read_yaml(path))
+        if overrides:
+            source = "command-line overrides"
+            bad = [o for o in overrides if "=" not in o]
+            if bad:
+                raise ConfigError(f"overrides must look like key=value, got {bad}")
+            config = OmegaConf.merge(config, OmegaConf.from_dotlist(list(overrides)))
+        return OmegaConf.to_object(config)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        raise ConfigError(f"{source}: invalid config key {key!r}: {getattr(err, 'msg', err)}") from err
+
+
+def to_yaml(config: Any) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))

@@ -1,0 +1,59 @@
+"""AdamW parameter groups and the learning-rate schedules of the paper (pretraining) and of GLUE."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+def parameter_groups(model: nn.Module, weight_decay: float, decay_norms_biases_embeddings: bool = False):
+    """Weight decay on matrices only: norms, biases and embeddings are excluded unless asked for."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if not param.requires_grad:
+            continue
+        exempt = param.ndim < 2 or id(param) in embeddings
+        (no_decay if exempt and not decay_norms_biases_embeddings else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.95), eps: float = 1e-8,
+                decay_norms_biases_embeddings: bool = False) -> torch.optim.AdamW:
+    groups = parameter_groups(model, weight_decay, decay_norms_biases_embeddings)
+    fused = all(p.is_cuda for g in groups for p in g["params"]) or None
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
+
+
+def warmup_cosine(warmup_steps: int, total_steps: int, decay_fraction: float = 0.9,
+                  final_ratio: float = 0.1) -> Callable[[int], float]:
+    """Multiplier of the peak lr: linear from 0 over `warmup_steps`, cosine down to `final_ratio` at
+    `decay_fraction * total_steps`, constant after (NEOBERT_SPEC section 2)."""
+    decay_end = max(int(decay_fraction * total_steps), warmup_steps + 1)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / warmup_steps
+        if step >= decay_end:
+            return final_ratio
+        progress = (step - warmup_steps) / (decay_end - warmup_steps)
+        return final_ratio + (1.0 - final_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def warmup_linear(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """GLUE fine-tuning: linear warm-up then linear decay to 0 at `total_steps`."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / warmup_steps
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor

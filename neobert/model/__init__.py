@@ -1,0 +1,19 @@
+"""The NeoBERT architecture in plain PyTorch (no Lightning)."""
+
+from neobert.model.checkpoint import convert_official_state_dict, load_state_dict_strict
+from neobert.model.config import PRESETS, NeoBERTConfig
+from neobert.model.modeling import (
+    EncoderOutput,
+    MaskedLMOutput,
+    NeoBERT,
+    NeoBERTForMaskedLM,
+    NeoBERTForSequenceClassification,
+    SequenceClassifierOutput,
+    pool_embeddings,
+)
+
+__all__ = [
+    "PRESETS", "NeoBERTConfig", "NeoBERT", "NeoBERTForMaskedLM", "NeoBERTForSequenceClassification",
+    "EncoderOutput", "MaskedLMOutput", "SequenceClassifierOutput", "pool_embeddings",
+    "convert_official_state_dict", "load_state_dict_strict",
+]

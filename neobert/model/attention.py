@@ -1,0 +1,139 @@
+"""Attention backends behind one interface, and the rotary position tables.
+
+A forward pass describes its batch once in an :class:`AttentionLayout` (built before the first layer, so no
+layer rebuilds a mask), and every layer calls :func:`attend` with it.
+
+* padded (``sdpa`` backend): q/k/v are ``[B, L, heads, head_dim]``; padded keys are hidden by a boolean
+  key-padding mask, or no mask at all when the batch has no padding (which lets PyTorch pick flash kernels).
+* packed (``varlen`` backend): q/k/v are ``[T, heads, head_dim]``, the documents of the batch laid end to end
+  and described by ``cu_seqlens``; no document attends to another. Kernels, fastest first: flash-attn's
+  varlen kernel (if installed), PyTorch's ``varlen_attn`` (CUDA, half precision), xFormers' block-diagonal
+  attention (if installed), and everywhere else a correct fallback that scatters the documents into a padded
+  batch, runs SDPA with a key-padding mask and gathers them back.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
+_HAS_XFORMERS = importlib.util.find_spec("xformers") is not None
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass
+class AttentionLayout:
+    """How the tokens of one forward pass are laid out; built once per forward pass."""
+
+    # padded layout
+    key_padding_mask: Tensor | None = None  # bool [B, 1, 1, L], True = attend; None = no padding
+    # packed layout
+    cu_seqlens: Tensor | None = None  # int32 [n_docs + 1]
+    max_seqlen: int = 0
+    pad_index: Tensor | None = None  # long [T]: where each packed token sits in a [n_docs * max_seqlen] grid
+    pad_mask: Tensor | None = None  # bool [n_docs, 1, 1, max_seqlen]
+
+    @property
+    def packed(self) -> bool:
+        return self.cu_seqlens is not None
+
+    @classmethod
+    def padded(cls, attention_mask: Tensor | None) -> "AttentionLayout":
+        if attention_mask is None or bool(attention_mask.all()):
+            return cls()
+        return cls(key_padding_mask=attention_mask.bool()[:, None, None, :])
+
+    @classmethod
+    def from_cu_seqlens(cls, cu_seqlens: Tensor, max_seqlen: int | None = None) -> "AttentionLayout":
+        cu_seqlens = cu_seqlens.to(torch.int32)
+        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+        if max_seqlen is None:
+            max_seqlen = int(lengths.max())
+        n_docs = lengths.numel()
+        positions = position_ids_from_cu_seqlens(cu_seqlens)
+        doc_index = torch.repeat_interleave(torch.arange(n_docs, device=cu_seqlens.device), lengths.long())
+        pad_index = doc_index * max_seqlen + positions
+        grid = torch.arange(max_seqlen, device=cu_seqlens.device)
+        pad_mask = (grid[None, :] < lengths[:, None])[:, None, None, :]
+        return cls(cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, pad_index=pad_index, pad_mask=pad_mask)
+
+
+def position_ids_from_cu_seqlens(cu_seqlens: Tensor) -> Tensor:
+    """Positions that restart at 0 at the start of every packed document."""
+    cu_seqlens = cu_seqlens.long()
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    total = int(cu_seqlens[-1])
+    starts = torch.repeat_interleave(cu_seqlens[:-1], lengths)
+    return torch.arange(total, device=cu_seqlens.device) - starts
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float = 0.0) -> Tensor:
+    """softmax(q k^T / sqrt(d)) v. Returns the same layout as q: [B, L, h, d] padded or [T, h, d] packed."""
+    if layout.packed:
+        return _attend_packed(q, k, v, layout, dropout_p)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=layout.key_padding_mask, dropout_p=dropout_p,
+    )
+    return out.transpose(1, 2)
+
+
+def _attend_packed(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float) -> Tensor:
+    cu, max_len = layout.cu_seqlens, layout.max_seqlen
+    if q.is_cuda and q.dtype in _HALF:
+        if _HAS_FLASH_ATTN:
+            from flash_attn import flash_attn_varlen_func
+
+            return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout_p)
+        if dropout_p == 0.0:
+            from torch.nn.attention.varlen import varlen_attn
+
+            return varlen_attn(q, k, v, cu, cu, max_len, max_len)
+        if _HAS_XFORMERS:
+            from xformers.ops import fmha
+
+            lengths = (cu[1:] - cu[:-1]).tolist()
+            bias = fmha.BlockDiagonalMask.from_seqlens(lengths)
+            out = fmha.memory_efficient_attention(q[None], k[None], v[None], attn_bias=bias, p=dropout_p)
+            return out[0]
+    return _attend_packed_by_padding(q, k, v, layout, dropout_p)
+
+
+def _attend_packed_by_padding(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float) -> Tensor:
+    n_docs = layout.cu_seqlens.numel() - 1
+    heads, dim = q.shape[1], q.shape[2]
+
+    def to_grid(x: Tensor) -> Tensor:
+        grid = x.new_zeros(n_docs * layout.max_seqlen, heads, dim)
+        grid[layout.pad_index] = x
+        return grid.view(n_docs, layout.max_seqlen, heads, dim).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(
+        to_grid(q), to_grid(k), to_grid(v), attn_mask=layout.pad_mask, dropout_p=dropout_p
+    )
+    return out.transpose(1, 2).reshape(n_docs * layout.max_seqlen, heads, dim)[layout.pad_index]
+
+
+# ---------------------------------------------------------------------------------------------- RoPE
+def rope_tables(head_dim: int, positions: Tensor, theta: float) -> tuple[Tensor, Tensor]:
+    """cos and sin, float32, shape [*positions.shape, head_dim // 2], for the LLaMA complex-pair RoPE."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.to(torch.float32)[..., None] * inv_freq
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotates adjacent pairs (dims 0-1, 2-3, ...) of x [..., heads, head_dim] in float32.
+
+    cos/sin broadcast over the heads axis: they have x's leading shape without heads and head_dim // 2.
+    """
+    pairs = x.float().unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)

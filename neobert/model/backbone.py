@@ -1,0 +1,79 @@
+"""Any encoder behind one interface, so GLUE, contrastive training, MTEB and the benchmarks treat NeoBERT
+and Hugging Face encoders (BERT, RoBERTa, ModernBERT, ...) identically.
+
+`name_or_path` is one of:
+* a directory in the NeoBERT hub layout (ours or the official), loaded with our model;
+* any other local Hugging Face directory, or a hub name (needs the hub), loaded with `AutoModel`;
+* `preset:<name>` (e.g. `preset:tiny`): a randomly initialised NeoBERT, for smoke runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch import Tensor, nn
+
+from neobert.hub import require_hub
+from neobert.model.config import NeoBERTConfig
+from neobert.model.modeling import NeoBERT
+
+
+def is_neobert_dir(path: str | Path) -> bool:
+    config = Path(path) / "config.json"
+    return config.is_file() and json.loads(config.read_text()).get("model_type") == "neobert"
+
+
+class Backbone(nn.Module):
+    """forward(input_ids, attention_mask) -> last hidden states [B, L, hidden]."""
+
+    def __init__(self, encoder: nn.Module, tokenizer, hidden_size: int, num_layers: int, is_neobert: bool):
+        super().__init__()
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.is_neobert = is_neobert
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        if self.is_neobert:
+            return self.encoder(input_ids, attention_mask).last_hidden_state
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: str = "model",
+                  **neobert_overrides) -> Backbone:
+    """`tokenizer` overrides where the tokenizer comes from (default: beside the weights, else bert-base-uncased
+    for NeoBERT). `neobert_overrides` are NeoBERTConfig fields (e.g. attention_backend) for NeoBERT models."""
+    from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
+
+    if name_or_path.startswith("preset:"):
+        config = NeoBERTConfig.from_preset(name_or_path.removeprefix("preset:"), **neobert_overrides)
+        encoder = NeoBERT(config)
+        tok = load_tokenizer(tokenizer or BERT_BASE_UNCASED, max_length=config.max_length)
+        return Backbone(encoder, tok, config.hidden_size, config.num_hidden_layers, True)
+    path = Path(name_or_path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{config_key}={name_or_path!r} is a file; expected a model directory or a hub name")
+    if not path.exists():
+        path = Path(download_snapshot(name_or_path, config_key))
+    if is_neobert_dir(path):
+        encoder = NeoBERT.from_pretrained(path, **neobert_overrides)
+        has_tokenizer = (path / "tokenizer_config.json").is_file() or (path / "vocab.txt").is_file()
+        tok = load_tokenizer(tokenizer or (str(path) if has_tokenizer else BERT_BASE_UNCASED),
+                             max_length=encoder.config.max_length)
+        return Backbone(encoder, tok, encoder.config.hidden_size, encoder.config.num_hidden_layers, True)
+    from transformers import AutoModel
+
+    encoder = AutoModel.from_pretrained(str(path))
+    tok = load_tokenizer(tokenizer or str(path), config_key=config_key)
+    cfg = encoder.config
+    return Backbone(encoder, tok, cfg.hidden_size, cfg.num_hidden_layers, False)
+
+
+def download_snapshot(repo_id: str, config_key: str = "model") -> str:
+    """Downloads a hub model's config, weights and tokenizer files; fails fast when the hub is unreachable."""
+    require_hub(repo_id, config_key)
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])

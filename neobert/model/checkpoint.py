@@ -1,0 +1,154 @@
+"""Reading and writing the official hub layout (`config.json` + `model.safetensors`), strictly.
+
+Every mismatch between a checkpoint and the model is an error that names the tensors, with two deliberate
+exceptions: heads the target model does not have are dropped (an MLM checkpoint loads into the bare encoder),
+and a classification head absent from the checkpoint is freshly initialised (the usual start of fine-tuning).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from neobert.model.config import NeoBERTConfig
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+HEAD_PREFIXES = ("decoder.", "dense.", "classifier.")
+
+
+def save_pretrained(model, directory: str | os.PathLike, tokenizer=None) -> None:
+    from neobert.model.modeling import MODEL_CLASSES
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    architecture = next(name for name, cls in MODEL_CLASSES.items() if type(model) is cls)
+    config = {"architectures": [architecture], **model.config.to_hub_dict()}
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    config["torch_dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    # Write to temporary names first so a crash never leaves a half-written checkpoint under the real name.
+    tmp_weights, tmp_config = directory / (WEIGHTS_NAME + ".tmp"), directory / (CONFIG_NAME + ".tmp")
+    save_file(state, str(tmp_weights), metadata={"format": "pt"})
+    tmp_config.write_text(json.dumps(config, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp_weights, directory / WEIGHTS_NAME)
+    os.replace(tmp_config, directory / CONFIG_NAME)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(directory))
+
+
+def read_config(directory: str | os.PathLike, **overrides) -> NeoBERTConfig:
+    path = Path(directory) / CONFIG_NAME
+    if not Path(directory).is_dir():
+        raise FileNotFoundError(f"checkpoint directory {str(directory)!r} does not exist")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: a NeoBERT checkpoint directory needs config.json")
+    try:
+        hub = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    config = NeoBERTConfig.from_hub_dict(hub)
+    return dataclasses.replace(config, **overrides) if overrides else config
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} is missing")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"{path} is not a readable safetensors file (corrupt or truncated?): {err}") from err
+
+
+def load_pretrained(cls, directory: str | os.PathLike, **config_overrides):
+    """Builds `cls` from a hub-layout directory and loads its weights strictly."""
+    config = read_config(directory, **config_overrides)
+    model = cls(config)
+    load_state_dict_strict(model, read_weights(Path(directory) / WEIGHTS_NAME), source=str(directory))
+    return model
+
+
+def load_state_dict_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint"):
+    expected = model.state_dict()
+    state = _match_prefix(state, expected)
+    target_heads = {p for p in HEAD_PREFIXES if any(k.startswith(p) for k in expected)}
+    state = {k: v for k, v in state.items() if not (k.startswith(HEAD_PREFIXES) and not k.startswith(tuple(target_heads)))}
+
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    fresh_head = [k for k in missing if k.startswith(("dense.", "classifier."))]
+    head_in_checkpoint = any(k.startswith(("dense.", "classifier.")) for k in state)
+    if fresh_head and not head_in_checkpoint:
+        missing = [k for k in missing if k not in fresh_head]
+        log.info("%s has no classification head: %s initialised fresh", source, ", ".join(fresh_head))
+    mis_shaped = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in sorted(set(state) & set(expected))
+        if state[k].shape != expected[k].shape
+    ]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {missing}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {unexpected}")
+    if mis_shaped:
+        problems.append(f"mis-shaped tensors: {mis_shaped}")
+    if problems:
+        raise ValueError(f"{source} does not match {type(model).__name__}: " + "; ".join(problems))
+    model.load_state_dict(state, strict=False)
+    return model
+
+
+def _match_prefix(state: dict[str, torch.Tensor], expected) -> dict[str, torch.Tensor]:
+    """The bare encoder has no `model.` prefix, the heads have it (as on the hub)."""
+    model_expects_prefix = any(k.startswith("model.") for k in expected)
+    checkpoint_has_prefix = any(k.startswith("model.") for k in state)
+    if checkpoint_has_prefix and not model_expects_prefix:
+        return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    if model_expects_prefix and not checkpoint_has_prefix:
+        return {(k if k.startswith(HEAD_PREFIXES) else "model." + k): v for k, v in state.items()}
+    return state
+
+
+# --------------------------------------------------------------------------- official training checkpoints
+_OFFICIAL_RENAMES = [
+    (re.compile(r"^(module\.|_orig_mod\.)+"), ""),  # DDP / torch.compile wrappers
+    (re.compile(r"\.ffn\.0\.weight$"), ".ffn.w12.weight"),  # the official code's non-xFormers SwiGLU
+    (re.compile(r"\.ffn\.2\.weight$"), ".ffn.w3.weight"),
+]
+
+
+def convert_official_state_dict(
+    state_dict_path: str | os.PathLike, config: NeoBERTConfig, output_dir: str | os.PathLike, tokenizer=None
+):
+    """Converts a training checkpoint of the official repo (a plain `state_dict.pt`) to the hub layout."""
+    from neobert.model.modeling import NeoBERTForMaskedLM
+
+    path = Path(state_dict_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"official state dict {path} is missing")
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for truncated or foreign files
+        raise ValueError(f"{path} is not a readable torch state dict: {err}") from err
+    if isinstance(raw, dict) and "module" in raw and isinstance(raw["module"], dict):
+        raw = raw["module"]  # DeepSpeed's model-states file
+    state = {}
+    for key, tensor in raw.items():
+        for pattern, replacement in _OFFICIAL_RENAMES:
+            key = pattern.sub(replacement, key)
+        state[key] = tensor
+    model = NeoBERTForMaskedLM(config)
+    load_state_dict_strict(model, state, source=str(path))
+    model.save_pretrained(output_dir, tokenizer=tokenizer)
+    return model

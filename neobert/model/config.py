@@ -1,0 +1,153 @@
+"""The typed model configuration, its named presets and the mapping to the hub's `config.json`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+POSITION_ENCODINGS = ("rope", "learned")
+ACTIVATIONS = ("swiglu", "gelu")
+NORMS = ("rmsnorm", "layernorm")
+ATTENTION_BACKENDS = ("sdpa", "varlen")
+
+
+@dataclass
+class NeoBERTConfig:
+    """Every architectural choice of the NeoBERT ablation ladder is a field (NEOBERT_SPEC section 1 and 3)."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 12
+    # The hub's `intermediate_size`; SwiGLU uses 2/3 of it rounded up to a multiple of 8 (3072 -> 2048).
+    intermediate_size: int = 3072
+    activation: str = "swiglu"
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-5
+    position_encoding: str = "rope"
+    rope_theta: float = 10000.0
+    max_length: int = 4096
+    pad_token_id: int = 0
+    dropout: float = 0.0
+    classifier_dropout: float = 0.1
+    attention_backend: str = "sdpa"
+    embedding_init_range: float = 0.02
+    decoder_init_range: float = 0.02
+    classifier_init_range: float = 0.02
+    # Used by the sequence-classification head only; 1 means regression (MSE), as for STS-B.
+    num_labels: int = 2
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def ffn_hidden_size(self) -> int:
+        if self.activation == "swiglu":
+            multiple_of = 8
+            hidden = int(2 * self.intermediate_size / 3)
+            return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+        return self.intermediate_size
+
+    def validate(self) -> None:
+        for name, allowed in (
+            ("position_encoding", POSITION_ENCODINGS),
+            ("activation", ACTIVATIONS),
+            ("norm", NORMS),
+            ("attention_backend", ATTENTION_BACKENDS),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"NeoBERTConfig.{name}={value!r} is not one of {allowed}")
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_length", "num_labels"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"NeoBERTConfig.{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
+            )
+        if self.position_encoding == "rope" and self.head_dim % 2:
+            raise ValueError(f"RoPE rotates pairs of dimensions: head_dim={self.head_dim} must be even")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
+        for name in ("dropout", "classifier_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"NeoBERTConfig.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.norm_eps <= 0:
+            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "NeoBERTConfig":
+        if name not in PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; known presets: {sorted(PRESETS)}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ValueError(f"unknown NeoBERTConfig field(s) {unknown}; known fields: {sorted(fields)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    # ------------------------------------------------------------------ hub config.json
+    def to_hub_dict(self) -> dict[str, Any]:
+        """`config.json` with the hub's field names (chandar-lab/NeoBERT) plus this suite's extra fields."""
+        hub = {
+            "model_type": "neobert",
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "intermediate_size": self.intermediate_size,
+            "dim_head": self.head_dim,
+            "norm_eps": self.norm_eps,
+            "max_length": self.max_length,
+            "vocab_size": self.vocab_size,
+            "pad_token_id": self.pad_token_id,
+            "embedding_init_range": self.embedding_init_range,
+            "decoder_init_range": self.decoder_init_range,
+            "classifier_init_range": self.classifier_init_range,
+        }
+        for name in _EXTRA_HUB_FIELDS:
+            hub[name] = getattr(self, name)
+        return hub
+
+    @classmethod
+    def from_hub_dict(cls, hub: dict[str, Any]) -> "NeoBERTConfig":
+        """Reads an official or our own `config.json`. Fields the official file lacks take the NeoBERT values."""
+        model_type = hub.get("model_type", "neobert")
+        if model_type != "neobert":
+            raise ValueError(f"config.json has model_type={model_type!r}, expected 'neobert'")
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in hub.items() if k in names}
+        # The official code default is max_length 1024 and eps 1e-6 when the file omits them.
+        values.setdefault("max_length", 1024)
+        values.setdefault("norm_eps", 1e-6)
+        config = cls(**values)
+        if "dim_head" in hub and hub["dim_head"] != config.head_dim:
+            raise ValueError(
+                f"config.json: dim_head={hub['dim_head']} but hidden_size/num_attention_heads={config.head_dim}"
+            )
+        return config
+
+
+_EXTRA_HUB_FIELDS = ("activation", "norm", "position_encoding", "rope_theta", "dropout", "classifier_dropout",
+                     "attention_backend", "num_labels")
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The released NeoBERT (NEOBERT_SPEC section 1).
+    "neobert": {},
+    # Ablation M0: a BERT-base-like encoder in the same code path.
+    "bert-base": dict(num_hidden_layers=12, activation="gelu", norm="layernorm", norm_eps=1e-12,
+                      position_encoding="learned", max_length=512, dropout=0.1),
+    # Ablation M8: 250M parameters, 16 x 1056. The paper gives no head count; 12 heads keep head_dim=88,
+    # a multiple of 8 as FlashAttention requires.
+    "neobert-16x1056": dict(num_hidden_layers=16, hidden_size=1056, intermediate_size=4224, max_length=512),
+    # Small models for laptops, demos and tests.
+    "mini": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024,
+                 max_length=512),
+    "tiny": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=192,
+                 max_length=512),
+}

@@ -1,0 +1,361 @@
+"""NeoBERT in plain PyTorch: the encoder, the MLM head, the classification head and sentence embeddings.
+
+Module and parameter names follow the official hub code (chandar-lab/NeoBERT) so its `model.safetensors`
+loads with no renaming: `encoder` (token embedding), `transformer_encoder.{i}.{qkv,wo,ffn.w12,ffn.w3,
+attention_norm,ffn_norm}`, `layer_norm` (final norm); heads `decoder` (MLM) and `dense`/`classifier`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from neobert.model.attention import AttentionLayout, apply_rope, attend, position_ids_from_cu_seqlens, rope_tables
+from neobert.model.config import NeoBERTConfig
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class EncoderOutput:
+    last_hidden_state: Tensor
+    hidden_states: tuple[Tensor, ...] | None = None
+
+
+@dataclass
+class MaskedLMOutput:
+    logits: Tensor  # [..., vocab], or [n_masked, vocab] when computed at masked positions only
+    loss: Tensor | None = None
+    last_hidden_state: Tensor | None = None
+    masked_positions: Tensor | None = None  # bool, input shape; set when logits are masked-only
+
+
+@dataclass
+class SequenceClassifierOutput:
+    logits: Tensor
+    loss: Tensor | None = None
+    last_hidden_state: Tensor | None = None
+
+
+# ---------------------------------------------------------------------------------------------- layers
+class SwiGLU(nn.Module):
+    """w3(silu(x W1) * x W2) with W1 and W2 stacked in `w12` (first half gate, second half up)."""
+
+    def __init__(self, hidden: int, ffn_hidden: int):
+        super().__init__()
+        self.w12 = nn.Linear(hidden, 2 * ffn_hidden, bias=False)
+        self.w3 = nn.Linear(ffn_hidden, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w12(x).chunk(2, dim=-1)
+        return self.w3(F.silu(gate) * up)
+
+
+class GeluMLP(nn.Module):
+    """The BERT MLP (ablation M0), with the same parameter names as SwiGLU: `w12` in, `w3` out."""
+
+    def __init__(self, hidden: int, ffn_hidden: int):
+        super().__init__()
+        self.w12 = nn.Linear(hidden, ffn_hidden, bias=False)
+        self.w3 = nn.Linear(ffn_hidden, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w3(F.gelu(self.w12(x)))
+
+
+def make_norm(config: NeoBERTConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+
+
+class EncoderBlock(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, config: NeoBERTConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.dropout_p = config.dropout
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        mlp = SwiGLU if config.activation == "swiglu" else GeluMLP
+        self.ffn = mlp(config.hidden_size, config.ffn_hidden_size)
+        self.attention_norm = make_norm(config)
+        self.ffn_norm = make_norm(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, layout: AttentionLayout, rope: tuple[Tensor, Tensor] | None) -> Tensor:
+        h = self.attention_norm(x)
+        # The hub layout interleaves q, k, v per head: view as [..., heads, 3 * head_dim] and split the last axis.
+        q, k, v = self.qkv(h).unflatten(-1, (self.num_heads, 3 * self.head_dim)).chunk(3, dim=-1)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        attn = attend(q, k, v, layout, self.dropout_p if self.training else 0.0)
+        x = x + self.dropout(self.wo(attn.flatten(-2)))
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+
+# ---------------------------------------------------------------------------------------------- models
+class NeoBERTPreTrained(nn.Module):
+    """Shared by the encoder and its heads: config, weight init, hub-format save/load."""
+
+    config: NeoBERTConfig
+
+    def init_weights(self) -> None:
+        self.apply(self._init_module)
+
+    def _init_module(self, module: nn.Module) -> None:
+        # The released code: uniform(-r, r) for Linear and Embedding weights, zero biases.
+        if isinstance(module, nn.Linear):
+            nn.init.uniform_(module.weight, -self.config.decoder_init_range, self.config.decoder_init_range)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.uniform_(module.weight, -self.config.embedding_init_range, self.config.embedding_init_range)
+        elif isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
+            nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        skip = {id(p) for m in self.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
+        return sum(p.numel() for p in self.parameters() if not (exclude_embeddings and id(p) in skip))
+
+    def save_pretrained(self, directory: str | os.PathLike, tokenizer=None) -> None:
+        from neobert.model.checkpoint import save_pretrained
+
+        save_pretrained(self, directory, tokenizer=tokenizer)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, **config_overrides):
+        from neobert.model.checkpoint import load_pretrained
+
+        return load_pretrained(cls, directory, **config_overrides)
+
+
+class NeoBERT(NeoBERTPreTrained):
+    """The encoder: token embedding, pre-norm blocks, final norm. Returns hidden states after the final norm."""
+
+    def __init__(self, config: NeoBERTConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        if config.position_encoding == "learned":
+            self.positional_embedding = nn.Embedding(config.max_length, config.hidden_size)
+        self.embedding_dropout = nn.Dropout(config.dropout)
+        self.transformer_encoder = nn.ModuleList(EncoderBlock(config) for _ in range(config.num_hidden_layers))
+        self.layer_norm = make_norm(config)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        cu_seqlens: Tensor | None = None,
+        max_seqlen: int | None = None,
+        output_hidden_states: bool = False,
+    ) -> EncoderOutput:
+        """Padded batches: input_ids [B, L] with a 1/0 attention_mask [B, L] (1 = real token).
+
+        Packed batches: input_ids of any shape holding documents end to end, with `cu_seqlens`
+        (int [n_docs + 1], cumulative lengths over the flattened ids); positions restart per document.
+        With the `varlen` backend a padded batch is unpadded internally, so pad tokens cost no compute.
+        """
+        self._check_inputs(input_ids, attention_mask, position_ids, cu_seqlens)
+        if cu_seqlens is not None:
+            flat = input_ids.reshape(-1)
+            layout = AttentionLayout.from_cu_seqlens(cu_seqlens, max_seqlen)
+            if position_ids is None:
+                position_ids = position_ids_from_cu_seqlens(layout.cu_seqlens)
+            hidden, states = self._run(flat, position_ids.reshape(-1), layout, output_hidden_states)
+            unflat = lambda t: t.reshape(*input_ids.shape, -1)  # noqa: E731
+            return EncoderOutput(unflat(hidden), tuple(map(unflat, states)) if states else None)
+
+        batch, length = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)
+        has_padding = attention_mask is not None and not bool(attention_mask.all())
+        if self.config.attention_backend == "varlen" and has_padding:
+            return self._forward_unpadded(input_ids, attention_mask, position_ids, output_hidden_states)
+        layout = AttentionLayout.padded(attention_mask)
+        hidden, states = self._run(input_ids, position_ids, layout, output_hidden_states)
+        return EncoderOutput(hidden, states)
+
+    def _forward_unpadded(self, input_ids, attention_mask, position_ids, output_hidden_states) -> EncoderOutput:
+        keep = attention_mask.reshape(-1).bool()
+        index = keep.nonzero().squeeze(1)
+        lengths = attention_mask.sum(dim=1, dtype=torch.int32)
+        cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+        layout = AttentionLayout.from_cu_seqlens(cu_seqlens, int(lengths.max()))
+        hidden, states = self._run(input_ids.reshape(-1)[index], position_ids.reshape(-1)[index], layout,
+                                   output_hidden_states)
+
+        def repad(t: Tensor) -> Tensor:
+            out = t.new_zeros(input_ids.numel(), t.shape[-1])
+            out[index] = t
+            return out.view(*input_ids.shape, -1)
+
+        return EncoderOutput(repad(hidden), tuple(map(repad, states)) if states else None)
+
+    def _run(self, input_ids: Tensor, position_ids: Tensor, layout: AttentionLayout, output_hidden_states: bool):
+        x = self.encoder(input_ids)
+        rope = None
+        if self.config.position_encoding == "rope":
+            rope = rope_tables(self.config.head_dim, position_ids, self.config.rope_theta)
+        else:
+            x = x + self.positional_embedding(position_ids)
+        x = self.embedding_dropout(x)
+        states = [x] if output_hidden_states else []
+        for block in self.transformer_encoder:
+            x = block(x, layout, rope)
+            if output_hidden_states:
+                states.append(x)
+        x = self.layer_norm(x)
+        if output_hidden_states:
+            states[-1] = x  # as the hub code: the last state is after the final norm
+        return x, tuple(states) if output_hidden_states else None
+
+    def _check_inputs(self, input_ids, attention_mask, position_ids, cu_seqlens) -> None:
+        config = self.config
+        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+            raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+        if input_ids.numel() == 0:
+            raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
+        if input_ids.device.type != "meta" and not torch.compiler.is_compiling():
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= config.vocab_size:
+                raise ValueError(f"token ids must be in [0, {config.vocab_size}); got min {low}, max {high}")
+        if cu_seqlens is not None:
+            if attention_mask is not None:
+                raise ValueError("pass either cu_seqlens (packed batch) or attention_mask (padded batch), not both")
+            if int(cu_seqlens[-1]) != input_ids.numel() or int(cu_seqlens[0]) != 0:
+                raise ValueError(
+                    f"cu_seqlens must run from 0 to the number of tokens ({input_ids.numel()}), "
+                    f"got {cu_seqlens[0]}..{cu_seqlens[-1]}"
+                )
+            lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+            if bool((lengths <= 0).any()):
+                raise ValueError("cu_seqlens describes an empty document (lengths must be positive)")
+            longest = int(lengths.max())
+        else:
+            if input_ids.dim() != 2:
+                raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+            if attention_mask is not None:
+                if attention_mask.shape != input_ids.shape:
+                    raise ValueError(
+                        f"attention_mask shape {tuple(attention_mask.shape)} does not match input_ids shape "
+                        f"{tuple(input_ids.shape)}"
+                    )
+                if not bool(attention_mask.bool().any(dim=1).all()):
+                    raise ValueError("a sequence in the batch has no real token (its attention_mask is all 0)")
+            longest = input_ids.shape[1]
+        if longest > config.max_length:
+            raise ValueError(f"sequence length {longest} exceeds max_length={config.max_length}")
+        if position_ids is not None and position_ids.numel() and int(position_ids.max()) >= config.max_length:
+            raise ValueError(f"position id {int(position_ids.max())} exceeds max_length={config.max_length}")
+
+
+class NeoBERTForMaskedLM(NeoBERTPreTrained):
+    """The hub's `NeoBERTLMHead`: encoder + an untied Linear(hidden, vocab) decoder."""
+
+    def __init__(self, config: NeoBERTConfig):
+        super().__init__()
+        self.config = config
+        self.model = NeoBERT(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self._init_module(self.decoder)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        masked_only: bool = False,
+        **encoder_kwargs,
+    ) -> MaskedLMOutput:
+        """labels: token ids at masked positions, -100 elsewhere. `masked_only` projects to the vocabulary
+        only at the masked positions (labels != -100), which skips ~80% of the largest matmul."""
+        hidden = self.model(input_ids, attention_mask, **encoder_kwargs).last_hidden_state
+        if labels is not None:
+            if labels.shape != input_ids.shape:
+                raise ValueError(f"labels shape {tuple(labels.shape)} != input_ids shape {tuple(input_ids.shape)}")
+            bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= self.config.vocab_size))
+            if bool(bad.any()):
+                raise ValueError(f"labels must be -100 or token ids in [0, {self.config.vocab_size})")
+        if masked_only:
+            if labels is None:
+                raise ValueError("masked_only=True needs labels to know which positions are masked")
+            positions = labels != IGNORE_INDEX
+            logits = self.decoder(hidden[positions])
+            loss = F.cross_entropy(logits.float(), labels[positions]) if logits.shape[0] else logits.sum() * 0.0
+            return MaskedLMOutput(logits, loss, hidden, positions)
+        logits = self.decoder(hidden)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                   ignore_index=IGNORE_INDEX)
+        return MaskedLMOutput(logits, loss, hidden)
+
+
+class NeoBERTForSequenceClassification(NeoBERTPreTrained):
+    """The paper's head: [CLS] -> dropout -> dense -> tanh -> dropout -> classifier. MSE when num_labels == 1."""
+
+    def __init__(self, config: NeoBERTConfig):
+        super().__init__()
+        self.config = config
+        self.model = NeoBERT(config)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.head_dropout = nn.Dropout(config.classifier_dropout)
+        self.init_head()
+
+    def init_head(self) -> None:
+        for layer in (self.dense, self.classifier):
+            nn.init.normal_(layer.weight, mean=0.0, std=self.config.classifier_init_range)
+            nn.init.zeros_(layer.bias)
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None, **encoder_kwargs
+    ) -> SequenceClassifierOutput:
+        hidden = self.model(input_ids, attention_mask, **encoder_kwargs).last_hidden_state
+        x = self.head_dropout(hidden[:, 0])  # [CLS]
+        x = self.head_dropout(torch.tanh(self.dense(x)))
+        logits = self.classifier(x)
+        loss = None if labels is None else classification_loss(logits, labels, self.config.num_labels)
+        return SequenceClassifierOutput(logits, loss, hidden)
+
+
+def classification_loss(logits: Tensor, labels: Tensor, num_labels: int) -> Tensor:
+    """MSE for regression (num_labels == 1), cross-entropy otherwise; out-of-range labels are an error."""
+    if num_labels == 1:
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+    if labels.dtype.is_floating_point:
+        raise ValueError(f"classification labels must be integers, got dtype {labels.dtype}")
+    if bool(((labels < 0) | (labels >= num_labels)).any()):
+        raise ValueError(f"labels must be in [0, {num_labels}); got {sorted(set(labels.tolist()))}")
+    return F.cross_entropy(logits.float(), labels)
+
+
+def pool_embeddings(hidden: Tensor, attention_mask: Tensor | None, mode: str = "mean") -> Tensor:
+    """Sentence embeddings: masked mean over real tokens (the paper's MTEB choice) or the first token."""
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode != "mean":
+        raise ValueError(f"pooling must be 'mean' or 'cls', got {mode!r}")
+    if attention_mask is None:
+        return hidden.mean(dim=1)
+    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+MODEL_CLASSES = {
+    "NeoBERT": NeoBERT,
+    "NeoBERTLMHead": NeoBERTForMaskedLM,
+    "NeoBERTForSequenceClassification": NeoBERTForSequenceClassification,
+}

@@ -42,6 +42,7 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
     """Returns an instance of the dataclass `schema` with the file's values, then the overrides, applied."""
     config = OmegaConf.structured(schema)
     OmegaConf.set_struct(config, True)
+    _open_free_form_dicts(config)
     source = "defaults"
     try:
         if path is not None:
@@ -57,6 +58,17 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
         raise ConfigError(f"{source}: invalid config key {key!r}: {getattr(err, 'msg', err)}") from err
+
+
+def _open_free_form_dicts(node: DictConfig) -> None:
+    """`Dict[str, X]` fields (e.g. model overrides) take any key; dataclass sections stay strict."""
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            if OmegaConf.get_type(child) is dict:
+                OmegaConf.set_struct(child, False)
+            else:
+                _open_free_form_dicts(child)
 
 
 def to_yaml(config: Any) -> str:

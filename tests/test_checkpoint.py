@@ -98,3 +98,15 @@ def test_hub_config_without_optional_fields_uses_official_defaults(tmp_path):
     hub = json.loads((directory / "config.json").read_text())
     config = NeoBERTConfig.from_hub_dict(hub)
     assert (config.hidden_size, config.num_attention_heads, config.ffn_hidden_size, config.max_length) == (48, 3, 80, 128)
+
+
+def test_convert_official_cli(tmp_path):
+    from experiments.convert_official import main
+
+    config = NeoBERTConfig.from_preset("tiny")
+    model = NeoBERTForMaskedLM(config)
+    torch.save({"module." + k: v for k, v in model.state_dict().items()}, tmp_path / "state_dict.pt")
+    main([str(tmp_path / "state_dict.pt"), str(tmp_path / "hub"), "--preset", "tiny"])
+    reloaded = NeoBERTForMaskedLM.from_pretrained(tmp_path / "hub")
+    assert torch.equal(reloaded.decoder.weight, model.decoder.weight)
+    assert (tmp_path / "hub" / "tokenizer_config.json").is_file()

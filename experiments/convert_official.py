@@ -1,0 +1,40 @@
+"""Convert a training checkpoint of the official NeoBERT repository (a plain `state_dict.pt`, optionally
+with DDP/torch.compile prefixes or DeepSpeed's `module` wrapper) to the hub layout.
+
+    python -m experiments.convert_official path/to/state_dict.pt out/neobert-hub [--preset neobert] [field=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from neobert.data.tokenizer import load_tokenizer
+from neobert.model import NeoBERTConfig, convert_official_state_dict
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("state_dict", help="the official trainer's state_dict.pt")
+    parser.add_argument("output_dir", help="where to write config.json, model.safetensors and the tokenizer")
+    parser.add_argument("--preset", default="neobert", help="model preset the checkpoint was trained with")
+    parser.add_argument("--tokenizer", default="google-bert/bert-base-uncased")
+    parser.add_argument("overrides", nargs="*", help="NeoBERTConfig fields, e.g. max_length=1024")
+    args = parser.parse_args(argv)
+    fields = dict(item.split("=", 1) for item in args.overrides)
+    config = NeoBERTConfig.from_preset(args.preset, **{k: _parse(v) for k, v in fields.items()})
+    tokenizer = load_tokenizer(args.tokenizer, max_length=config.max_length)
+    convert_official_state_dict(args.state_dict, config, args.output_dir, tokenizer=tokenizer)
+    print(f"wrote {args.output_dir}")
+
+
+def _parse(value: str):
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Throughput of NeoBERT against Hugging Face BERT/RoBERTa/ModernBERT (paper Figure 3, Table 9).
+
+    python -m experiments.throughput                                   # CPU: lengths 128, 512; GPU: 128 ... 4096
+    python -m experiments.throughput --models neobert,bert-base,modernbert-base --lengths 512 \
+        --batch-sizes 8 --mode inference
+    python -m experiments.throughput --config configs/throughput.yaml layouts=[full,padded,unpadded]
+
+Writes throughput.csv, throughput.md (Table 9 layout, ratios per length) and throughput.png (Figure 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from neobert.config import load_config
+from neobert.eval.throughput import ThroughputConfig, run_throughput, write_reports
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML file with ThroughputConfig keys")
+    parser.add_argument("--models", help="comma-separated: neobert,neobert-official,bert-base,roberta-base,"
+                                         "modernbert-base")
+    parser.add_argument("--lengths", help="comma-separated sequence lengths, e.g. 128,512,1024")
+    parser.add_argument("--batch-sizes", help="comma-separated candidates; one value fixes the batch size")
+    parser.add_argument("--layouts", help="comma-separated: full,padded,unpadded")
+    parser.add_argument("--mode", choices=["inference", "training"])
+    parser.add_argument("--output-dir")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of ThroughputConfig")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    for flag, key in (("models", "models"), ("lengths", "lengths"), ("batch_sizes", "batch_sizes"),
+                      ("layouts", "layouts")):
+        value = getattr(args, flag)
+        if value:
+            overrides.append(f"{key}=[{value}]")
+    if args.mode:
+        overrides.append(f"mode={args.mode}")
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    return load_config(ThroughputConfig, args.config, overrides)
+
+
+def main(argv=None) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    config = parse_args(argv)
+    rows = run_throughput(config)
+    paths = write_reports(rows, config.output_dir)
+    print((paths["markdown"]).read_text())
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return paths
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The paper's figures, drawn from this suite's result files (used by the CLIs and the ablation notebook).
+
+* Figure 1: GLUE score per ablation step (:func:`plot_ablation_glue`).
+* Figure 2: pseudo-perplexity against document length (:func:`plot_pseudo_perplexity`).
+* Figure 3: throughput against sequence length (:func:`plot_throughput`).
+
+Every function writes a PNG when given a path and returns it (or the figure when no path is given).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; the notebook shows the PNGs or the returned figures
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _finish(fig, path: str | Path | None):
+    if path is None:
+        return fig
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_throughput(rows: Sequence, path: str | Path | None = None):
+    """Figure 3: tokens/s against sequence length, one line per model, one panel per (mode, layout)."""
+    groups = sorted({(r.mode, r.layout) for r in rows})
+    fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(5.5 * max(1, len(groups)), 4), squeeze=False)
+    for ax, (mode, layout) in zip(axes[0], groups):
+        models = sorted({r.model for r in rows if (r.mode, r.layout) == (mode, layout)})
+        for model in models:
+            points = sorted((r.seq_len, r.tokens_per_s) for r in rows
+                            if (r.mode, r.layout, r.model) == (mode, layout, model) and r.tokens_per_s)
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker="o", label=model)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length (tokens)")
+        ax.set_ylabel("throughput (tokens/s)")
+        ax.set_title(f"{mode}, {layout} batches")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Throughput at the best batch size per model and length")
+    return _finish(fig, path)
+
+
+def plot_pseudo_perplexity(curves: Mapping[str, Sequence[tuple[float, float]]], path: str | Path | None = None):
+    """Figure 2: pseudo-perplexity (log scale) against document length; `curves` maps a checkpoint name to
+    (bucket length, PPPL) points."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, points in curves.items():
+        points = sorted(p for p in points if p[1] is not None)
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", label=name)
+    ax.set_xlabel("document length (tokens, bucket upper bound)")
+    ax.set_ylabel("pseudo-perplexity")
+    ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Pseudo-perplexity against document length")
+    return _finish(fig, path)
+
+
+def plot_ablation_glue(steps: Sequence[Mapping], path: str | Path | None = None, metric: str = "glue_score"):
+    """Figure 1: the GLUE score of every ablation step; reverted (not carried forward) steps in grey.
+
+    `steps`: dicts with `step`, `title`, `carried_forward` and `metric` (None when the step has no score)."""
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(steps) + 2), 4))
+    names = [s["step"].upper() for s in steps]
+    values = [s.get(metric) for s in steps]
+    colors = ["tab:blue" if s["carried_forward"] else "tab:gray" for s in steps]
+    ax.bar(range(len(steps)), [0 if v is None else 100 * v for v in values], color=colors)
+    for i, value in enumerate(values):
+        ax.text(i, 0 if value is None else 100 * value, "n/a" if value is None else f"{100 * value:.1f}",
+                ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(steps)), names)
+    ax.set_ylabel(f"{metric} (%)")
+    ax.set_title("Ablation ladder: GLUE subset per step (grey: reverted)")
+    ax.grid(True, axis="y", alpha=0.3)
+    return _finish(fig, path)

@@ -1,0 +1,116 @@
+"""Throughput benchmark: the batch-size search, the FLOP accounting and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from neobert.eval import throughput as tp
+from neobert.eval.flops import flops_per_token
+
+
+def test_search_picks_largest_fitting_then_fastest():
+    probed, timed = [], []
+
+    def fits(size):
+        probed.append(size)
+        return size <= 16  # a memory limit between 16 and 32
+
+    speeds = {1: 100.0, 2: 180.0, 4: 300.0, 8: 420.0, 16: 390.0, 32: 999.0}
+
+    def throughput(size):
+        timed.append(size)
+        return speeds[size]
+
+    best, largest, measured = tp.search_batch_size([32, 1, 2, 4, 8, 16, 64], fits, throughput, top=3)
+    assert largest == 16
+    assert best == 8  # the fastest of the three largest that fit, not the largest
+    assert sorted(timed) == [4, 8, 16] and measured == {4: 300.0, 8: 420.0, 16: 390.0}
+    assert probed == [1, 2, 4, 8, 16, 32]  # stops probing at the first size that does not fit
+
+
+def test_search_when_nothing_fits():
+    assert tp.search_batch_size([4, 8], lambda s: False, lambda s: 1.0) == (None, None, {})
+
+
+def test_neobert_flop_accounting_matches_hand_count():
+    device = torch.device("cpu")
+    bench = tp.build_model("neobert", device, torch.float32, neobert_preset="tiny")
+    cfg = bench.module.config
+    hidden, ffn, layers = cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_hidden_layers
+    per_layer = 3 * hidden * hidden + hidden * hidden + 2 * ffn * hidden + ffn * hidden
+    assert bench.matmul_weights == layers * per_layer
+    seq = 128
+    expected = 2 * layers * per_layer + 4 * layers * hidden * seq
+    assert bench.flops_per_token(seq, training=False) == expected
+    assert bench.flops_per_token(seq, training=True) == 3 * expected
+
+
+def test_hf_flop_accounting_uses_every_linear():
+    bench = tp.build_model("bert-base", torch.device("cpu"), torch.float32)
+    linears = [m for m in bench.module.modules() if isinstance(m, torch.nn.Linear)]
+    # 12 layers x (q, k, v, out, in, out) + the pooler
+    assert len(linears) == 12 * 6 + 1
+    assert bench.matmul_weights == sum(m.weight.numel() for m in linears)
+    assert bench.flops_per_token(512, False) == flops_per_token(bench.matmul_weights, 12, 768, 512)
+
+
+@pytest.mark.parametrize("layout", ["full", "padded", "unpadded"])
+def test_batches_count_only_real_tokens(layout):
+    batch = tp.make_batch(4, 64, layout, vocab_size=100, pad_token_id=0, device=torch.device("cpu"))
+    if layout == "full":
+        assert batch.real_tokens == 4 * 64 and bool((batch.input_ids != 0).all())
+    elif layout == "padded":
+        assert batch.real_tokens == int(batch.attention_mask.sum()) < 4 * 64
+        assert bool((batch.input_ids[batch.attention_mask == 0] == 0).all())
+        assert int(batch.attention_mask.sum(1).max()) == 64  # one full-length document sets the width
+    else:
+        assert batch.input_ids.dim() == 1 and batch.real_tokens == batch.input_ids.numel() == int(batch.cu_seqlens[-1])
+
+
+def test_unpadded_neobert_matches_padded_outputs():
+    """The varlen path the benchmark times computes the same thing as the padded path."""
+    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
+    bench.module.eval()
+    padded = tp.make_batch(3, 32, "padded", bench.vocab_size, 0, torch.device("cpu"), seed=1)
+    packed = tp.make_batch(3, 32, "unpadded", bench.vocab_size, 0, torch.device("cpu"), seed=1)
+    with torch.no_grad():
+        a = bench.forward(bench.module, padded)[padded.attention_mask.bool()]
+        b = bench.forward(bench.module, packed)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_official_code_unavailable_is_reported(tmp_path):
+    with pytest.raises(tp.ModelUnavailable, match="model.py"):
+        tp.build_model("neobert-official", torch.device("cpu"), torch.float32, official_code_dir=str(tmp_path))
+
+
+def test_bad_config_is_named():
+    with pytest.raises(ValueError, match="models"):
+        tp.ThroughputConfig(models=["gpt-2"]).validate()
+    with pytest.raises(ValueError, match="layouts"):
+        tp.ThroughputConfig(layouts=["sparse"]).validate()
+
+
+def test_tiny_end_to_end_writes_csv_png_markdown(tmp_path):
+    from experiments.throughput import main
+
+    out = tmp_path / "bench"
+    paths = main(["--models", "neobert,bert-base,neobert-official", "--lengths", "16,32", "--layouts",
+                  "full,unpadded", "--output-dir", str(out), "neobert_preset=tiny", "max_tokens=64", "repeats=2",
+                  "batch_sizes=[1,2,4,8]", f"official_code_dir={tmp_path}"])
+    rows = list(csv.DictReader(open(paths["csv"])))
+    measured = {(r["model"], r["layout"], r["seq_len"]): r for r in rows if r["tokens_per_s"]}
+    for length in ("16", "32"):
+        for model in ("neobert", "bert-base"):
+            row = measured[(model, "full", length)]
+            assert float(row["tokens_per_s"]) > 0 and float(row["achieved_flops"]) > 0
+            assert int(row["batch_size"]) * int(length) <= 64  # the CPU token budget
+    assert ("neobert", "unpadded", "16") in measured and ("bert-base", "unpadded", "16") not in measured
+    official = [r for r in rows if r["model"] == "neobert-official"]
+    assert official and all(r["note"].startswith("not available") and not r["tokens_per_s"] for r in official)
+    assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = paths["markdown"].read_text()
+    assert "| neobert / bert-base |" in table and "neobert-official: not available" in table

@@ -102,9 +102,9 @@ def test_rope_scores_depend_only_on_relative_position():
     q, k = torch.randn(1, 1, 32), torch.randn(1, 1, 32)
 
     def score(pos_q, pos_k):
-        cq, sq = rope_tables(32, torch.tensor([pos_q]), 10000.0)
-        ck, sk = rope_tables(32, torch.tensor([pos_k]), 10000.0)
-        return (apply_rope(q, cq, sq) * apply_rope(k, ck, sk)).sum()
+        rq = rope_tables(32, torch.tensor([pos_q]), 10000.0)
+        rk = rope_tables(32, torch.tensor([pos_k]), 10000.0)
+        return (apply_rope(q, rq) * apply_rope(k, rk)).sum()
 
     for shift in (1, 17, 1000):
         torch.testing.assert_close(score(3, 10), score(3 + shift, 10 + shift), atol=1e-4, rtol=1e-5)
@@ -164,3 +164,11 @@ def test_mlm_labels_are_checked(tiny_config):
         model(ids, labels=torch.tensor([[-100, 5000, -100, -100]]))
     with pytest.raises(ValueError, match="masked_only=True needs labels"):
         model(ids, masked_only=True)
+
+
+def test_compiled_rope_path_equals_eager(monkeypatch):
+    x = torch.randn(2, 5, 3, 8)
+    rotations = rope_tables(8, torch.arange(5), 10000.0)
+    eager = apply_rope(x, rotations)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    torch.testing.assert_close(apply_rope(x, rotations), eager)

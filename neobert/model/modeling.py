@@ -89,12 +89,12 @@ class EncoderBlock(nn.Module):
         self.ffn_norm = make_norm(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, layout: AttentionLayout, rope: tuple[Tensor, Tensor] | None) -> Tensor:
+    def forward(self, x: Tensor, layout: AttentionLayout, rope: Tensor | None) -> Tensor:
         h = self.attention_norm(x)
         # The hub layout interleaves q, k, v per head: view as [..., heads, 3 * head_dim] and split the last axis.
         q, k, v = self.qkv(h).unflatten(-1, (self.num_heads, 3 * self.head_dim)).chunk(3, dim=-1)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
         attn = attend(q, k, v, layout, self.dropout_p if self.training else 0.0)
         x = x + self.dropout(self.wo(attn.flatten(-2)))
         return x + self.dropout(self.ffn(self.ffn_norm(x)))

@@ -1,0 +1,339 @@
+"""GLUE: the task table, loading (hub or local files), tokenization, label checks and length-grouped batches.
+
+Every source yields the same thing, a `datasets.Dataset` with the hub's `nyu-mll/glue` columns (text columns,
+`label`, `idx`), so everything after loading is one code path:
+* `path=None`: the hub's `nyu-mll/glue` (needs the hub; fails fast offline, naming `data.path`);
+* `path=<dir>`: local files, either the hub's parquet split layout (`<dir>/<task>/train.parquet`, or the hub's
+  own `train-00000-of-00001.parquet` names) or the original GLUE TSV layout (`<dir>/<task>/train.tsv`,
+  `dev.tsv`, `dev_matched.tsv`, ...; task folders named `rte` or `RTE`, `stsb` or `STS-B`, ...).
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from neobert.hub import HubUnreachableError, require_hub
+
+log = logging.getLogger(__name__)
+
+HUB_DATASET = "nyu-mll/glue"
+TEST_LABEL = -1  # the hub's label for the unlabelled test splits
+
+
+@dataclass(frozen=True)
+class GlueTask:
+    """One GLUE task: its hub columns and splits, its metrics, and how its original TSV files map onto them."""
+
+    name: str
+    text_columns: tuple[str, ...]  # hub column names, one or two
+    num_labels: int  # 1 = regression (STS-B)
+    metrics: tuple[str, ...]  # as GLUE defines them; names from neobert.eval.glue_metrics
+    main_metric: str  # the score used to pick the best checkpoint and shown in the Table 3 layout
+    validation_splits: tuple[str, ...] = ("validation",)
+    test_splits: tuple[str, ...] = ("test",)
+    folder_names: tuple[str, ...] = ()  # original GLUE folder names besides the hub's task name
+    # Original TSV layout: hub column -> TSV column, the TSV label column, how its values map to hub labels.
+    tsv_columns: dict[str, str] = field(default_factory=dict)
+    tsv_label_column: str = "label"
+    tsv_label_map: Optional[dict[str, int]] = None  # None: the TSV label is already the number
+    tsv_headerless_fields: Optional[tuple[str, ...]] = None  # CoLA's train/dev files have no header row
+
+    @property
+    def is_regression(self) -> bool:
+        return self.num_labels == 1
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return ("train", *self.validation_splits, *self.test_splits)
+
+
+_NLI3 = {"entailment": 0, "neutral": 1, "contradiction": 2}
+_NLI2 = {"entailment": 0, "not_entailment": 1}
+
+GLUE_TASKS: dict[str, GlueTask] = {
+    task.name: task
+    for task in (
+        GlueTask("cola", ("sentence",), 2, ("matthews_correlation",), "matthews_correlation",
+                 folder_names=("CoLA",), tsv_headerless_fields=("source", "label", "original_label", "sentence")),
+        GlueTask("sst2", ("sentence",), 2, ("accuracy",), "accuracy", folder_names=("SST-2",)),
+        GlueTask("mrpc", ("sentence1", "sentence2"), 2, ("f1", "accuracy"), "f1", folder_names=("MRPC",),
+                 tsv_columns={"sentence1": "#1 String", "sentence2": "#2 String"}, tsv_label_column="Quality"),
+        GlueTask("qqp", ("question1", "question2"), 2, ("f1", "accuracy"), "accuracy", folder_names=("QQP",),
+                 tsv_label_column="is_duplicate"),
+        GlueTask("stsb", ("sentence1", "sentence2"), 1, ("pearson", "spearman"), "pearson",
+                 folder_names=("STS-B",), tsv_label_column="score"),
+        GlueTask("mnli", ("premise", "hypothesis"), 3, ("accuracy",), "accuracy",
+                 validation_splits=("validation_matched", "validation_mismatched"),
+                 test_splits=("test_matched", "test_mismatched"), folder_names=("MNLI",),
+                 tsv_columns={"premise": "sentence1", "hypothesis": "sentence2"}, tsv_label_column="gold_label",
+                 tsv_label_map=_NLI3),
+        GlueTask("qnli", ("question", "sentence"), 2, ("accuracy",), "accuracy", folder_names=("QNLI",),
+                 tsv_label_map=_NLI2),
+        GlueTask("rte", ("sentence1", "sentence2"), 2, ("accuracy",), "accuracy", folder_names=("RTE",),
+                 tsv_label_map=_NLI2),
+        # WNLI's TSV labels are already 0/1 with 1 = entailment, as on the hub.
+        GlueTask("wnli", ("sentence1", "sentence2"), 2, ("accuracy",), "accuracy", folder_names=("WNLI",)),
+    )
+}
+# The paper's Table 3 column order (WNLI is not in the table; `--task all` reports it after the average).
+TABLE3_TASKS = ("mnli", "qnli", "qqp", "rte", "sst2", "mrpc", "cola", "stsb")
+STSB_RANGE = (0.0, 5.0)
+
+
+def get_task(name: str) -> GlueTask:
+    if name not in GLUE_TASKS:
+        raise ValueError(f"unknown GLUE task {name!r}; known tasks: {sorted(GLUE_TASKS)}")
+    return GLUE_TASKS[name]
+
+
+def is_test_split(split: str) -> bool:
+    return split.startswith("test")
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def load_glue_split(task: GlueTask, split: str, path: str | Path | None = None):
+    """One split as a `datasets.Dataset` with the hub's columns, from the hub (`path=None`) or local files.
+    Labels are checked (see `check_labels`)."""
+    if split not in task.splits:
+        raise ValueError(f"GLUE {task.name} has no split {split!r}; its splits are {list(task.splits)}")
+    if path is None:
+        dataset = _load_from_hub(task, split)
+    else:
+        dataset = _load_local(task, split, Path(path))
+    missing = [c for c in (*task.text_columns, "label") if c not in dataset.column_names]
+    if missing:
+        raise ValueError(f"GLUE {task.name}/{split}: columns {missing} are missing (found {dataset.column_names})")
+    if "idx" not in dataset.column_names:
+        dataset = dataset.add_column("idx", list(range(len(dataset))))
+    check_labels(task, split, list(dataset["label"]))
+    return dataset
+
+
+def _load_from_hub(task: GlueTask, split: str):
+    try:
+        require_hub(HUB_DATASET, "data.path")
+    except HubUnreachableError as err:
+        raise HubUnreachableError(
+            f"{err} For example `data.path=/data/glue` with either the hub's parquet layout "
+            f"(/data/glue/{task.name}/train.parquet, validation.parquet, ...) or the original GLUE TSV layout "
+            f"(/data/glue/{task.name}/train.tsv, dev.tsv, ...)."
+        ) from err
+    from datasets import load_dataset
+
+    return load_dataset(HUB_DATASET, task.name, split=split)
+
+
+def task_directory(task: GlueTask, root: Path) -> Path:
+    """`root/<task>` (hub or original GLUE folder name), or `root` itself when it holds the split files."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"data.path={str(root)!r} is not a directory")
+    for name in (task.name, *task.folder_names):
+        if (root / name).is_dir():
+            return root / name
+    return root
+
+
+def _load_local(task: GlueTask, split: str, root: Path):
+    import pyarrow.parquet as pq
+    from datasets import Dataset, concatenate_datasets
+
+    directory = task_directory(task, root)
+    parquet = sorted(directory.glob(f"{split}.parquet")) or sorted(directory.glob(f"{split}-*.parquet"))
+    if parquet:
+        # Read in memory (no Arrow cache files written beside the user's data or in the HF cache).
+        return concatenate_datasets([Dataset(pq.read_table(str(p))) for p in parquet])
+    tsv = directory / _tsv_name(split)
+    if tsv.is_file():
+        return Dataset.from_dict(read_glue_tsv(task, split, tsv))
+    raise FileNotFoundError(
+        f"GLUE {task.name}/{split}: no {split}.parquet, {split}-*.parquet or {tsv.name} in {directory} "
+        f"(data.path={str(root)!r})"
+    )
+
+
+def _tsv_name(split: str) -> str:
+    return split.replace("validation", "dev") + ".tsv"  # validation_matched -> dev_matched.tsv
+
+
+def read_glue_tsv(task: GlueTask, split: str, path: Path) -> dict[str, list]:
+    """Reads an original GLUE TSV into hub columns. The files contain bare quote characters, so no quoting."""
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            headerless = task.tsv_headerless_fields is not None and not is_test_split(split)
+            reader = csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE,
+                                    fieldnames=task.tsv_headerless_fields if headerless else None)
+            rows = list(reader)
+            fieldnames = reader.fieldnames or []
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text: {err}") from err
+    columns = {hub: task.tsv_columns.get(hub, hub) for hub in task.text_columns}
+    absent = [tsv for tsv in columns.values() if tsv not in fieldnames]
+    if absent:
+        raise ValueError(f"{path}: columns {absent} are missing (header: {fieldnames})")
+    has_labels = task.tsv_label_column in fieldnames
+    if not has_labels and not is_test_split(split):
+        raise ValueError(f"{path}: the label column {task.tsv_label_column!r} is missing (header: {fieldnames})")
+    out: dict[str, list] = {hub: [] for hub in task.text_columns}
+    out["label"], out["idx"] = [], []
+    for line, row in enumerate(rows, start=1 if headerless else 2):
+        if None in row:  # DictReader files surplus fields under the key None
+            raise ValueError(f"{path}:{line}: {len(fieldnames) + len(row[None])} fields, expected {len(fieldnames)}")
+        for hub, tsv in columns.items():
+            if row[tsv] is None:
+                raise ValueError(f"{path}:{line}: column {tsv!r} is missing")
+            out[hub].append(row[tsv])
+        out["label"].append(_tsv_label(task, row[task.tsv_label_column], path, line) if has_labels else TEST_LABEL)
+        out["idx"].append(len(out["idx"]))
+    return out
+
+
+def _tsv_label(task: GlueTask, value: Optional[str], path: Path, line: int):
+    if value is None or value.strip() == "":
+        raise ValueError(f"{path}:{line}: the label is missing")
+    value = value.strip()
+    if task.tsv_label_map is not None:
+        if value not in task.tsv_label_map:
+            raise ValueError(f"{path}:{line}: label {value!r} is not one of {sorted(task.tsv_label_map)}")
+        return task.tsv_label_map[value]
+    try:
+        return float(value) if task.is_regression else int(value)
+    except ValueError:
+        raise ValueError(f"{path}:{line}: label {value!r} is not a number") from None
+
+
+def check_labels(task: GlueTask, split: str, labels: Sequence) -> None:
+    """Missing or out-of-range labels are an error; -1 (unlabelled) only in test splits, for prediction."""
+    bad = []
+    for i, label in enumerate(labels):
+        if label is None or (isinstance(label, float) and math.isnan(label)):
+            raise ValueError(f"GLUE {task.name}/{split}: row {i} has no label")
+        if is_test_split(split) and label == TEST_LABEL:
+            continue
+        if task.is_regression:
+            ok = STSB_RANGE[0] <= label <= STSB_RANGE[1]
+        else:
+            ok = float(label).is_integer() and 0 <= label < task.num_labels
+        if not ok:
+            bad.append((i, label))
+    if bad:
+        allowed = (f"scores in [{STSB_RANGE[0]}, {STSB_RANGE[1]}]" if task.is_regression
+                   else f"integers in [0, {task.num_labels})")
+        unlabelled = " (-1 marks unlabelled rows and is only allowed in test splits)" if any(
+            label == TEST_LABEL for _, label in bad) else ""
+        raise ValueError(f"GLUE {task.name}/{split}: {len(bad)} labels out of range, expected {allowed}{unlabelled}; "
+                         f"first (row, label): {bad[:5]}")
+
+
+# ------------------------------------------------------------------------------------------------ tokenization
+class TokenizedGlue(Dataset):
+    """Token ids per example, plus label and hub `idx`. Pairs are encoded as the tokenizer's pair template."""
+
+    def __init__(self, task: GlueTask, split: str, dataset, tokenizer, max_length: int):
+        self.task, self.split = task, split
+        texts = [list(dataset[column]) for column in task.text_columns]
+        for column, values in zip(task.text_columns, texts):
+            empty = [i for i, v in enumerate(values) if v is None]
+            if empty:
+                raise ValueError(f"GLUE {task.name}/{split}: column {column!r} is missing in rows {empty[:5]}")
+        encoded = tokenizer(*texts, truncation=True, max_length=max_length)
+        self.input_ids: list[list[int]] = encoded["input_ids"]
+        self.token_type_ids: Optional[list[list[int]]] = encoded.get("token_type_ids")
+        dtype = torch.float32 if task.is_regression else torch.long
+        self.labels = torch.tensor(list(dataset["label"]), dtype=dtype)
+        self.idx = torch.tensor(list(dataset["idx"]), dtype=torch.long)
+        truncated = sum(len(ids) >= max_length for ids in self.input_ids)
+        if truncated:
+            log.info("GLUE %s/%s: %d of %d examples truncated to %d tokens", task.name, split, truncated,
+                     len(self), max_length)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def __getitem__(self, i: int) -> dict:
+        item = {"input_ids": self.input_ids[i], "label": self.labels[i], "idx": self.idx[i]}
+        if self.token_type_ids is not None:
+            item["token_type_ids"] = self.token_type_ids[i]
+        return item
+
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.input_ids]
+
+
+class GlueCollator:
+    """Dynamic padding: each batch is padded to its own longest sequence (rounded up to `pad_to_multiple_of`)."""
+
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 8):
+        self.pad_token_id = pad_token_id
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def __call__(self, items: list[dict]) -> dict:
+        longest = max(len(item["input_ids"]) for item in items)
+        width = math.ceil(longest / self.pad_to_multiple_of) * self.pad_to_multiple_of
+        input_ids = torch.full((len(items), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(items), width), dtype=torch.long)
+        for row, item in enumerate(items):
+            n = len(item["input_ids"])
+            input_ids[row, :n] = torch.tensor(item["input_ids"])
+            attention_mask[row, :n] = 1
+        batch = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "labels": torch.stack([item["label"] for item in items]),
+            "idx": torch.stack([item["idx"] for item in items]),
+        }
+        if "token_type_ids" in items[0]:
+            token_type_ids = torch.zeros((len(items), width), dtype=torch.long)
+            for row, item in enumerate(items):
+                token_type_ids[row, : len(item["token_type_ids"])] = torch.tensor(item["token_type_ids"])
+            batch["token_type_ids"] = token_type_ids
+        return batch
+
+
+class LengthGroupedSampler(Sampler[int]):
+    """Shuffled, but examples of similar length end up in the same batch so padding stays small: shuffle, cut
+    into chunks of `batch_size * group_batches`, sort each chunk by length, then shuffle the batches (the longest
+    batch goes first so an out-of-memory error shows at once). Under DDP, Lightning's sampler wrapper splits this
+    order between ranks, which keeps the shuffle but loosens the grouping. A new order every epoch, from `seed + epoch`."""
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int = 0, group_batches: int = 50):
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.group_batches = group_batches
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self) -> Iterator[int]:
+        rng = random.Random(self.seed + self.epoch)
+        self.epoch += 1  # also advances when nobody calls set_epoch
+        order = list(range(len(self.lengths)))
+        rng.shuffle(order)
+        chunk = self.batch_size * self.group_batches
+        batches = []
+        for start in range(0, len(order), chunk):
+            group = sorted(order[start:start + chunk], key=lambda i: self.lengths[i], reverse=True)
+            batches += [group[i:i + self.batch_size] for i in range(0, len(group), self.batch_size)]
+        # Only the last chunk can leave a short batch; it stays last so the DataLoader's batches line up with ours.
+        short = [batches.pop()] if batches and len(batches[-1]) < self.batch_size else []
+        if batches:
+            longest = max(range(len(batches)), key=lambda b: self.lengths[batches[b][0]])
+            batches.insert(0, batches.pop(longest))
+            tail = batches[1:]
+            rng.shuffle(tail)
+            batches = batches[:1] + tail
+        for batch in batches + short:
+            yield from batch

@@ -1,0 +1,329 @@
+"""MTEB evaluation on mteb v2 (`mteb.evaluate`) for any of our checkpoints or any Hugging Face encoder, with the
+paper's per-task instructions actually applied (NEOBERT_SPEC sections 5 and 7: the released script wrote them and
+never used them).
+
+* `MtebEncoder`: mteb's encoder protocol around a `Backbone`: instruction prefix per task and side (queries;
+  documents for retrieval/reranking), length-sorted batches, masked mean pooling, bf16 autocast on GPU.
+* `LocalSTSTask` / `LocalRetrievalTask`: tasks read from local files (tests, firewalled machines).
+* `run_mteb`: evaluates, then writes `results.json` and the paper's Table 4 summary (`summary.json`, `summary.md`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+from mteb.abstasks import AbsTaskRetrieval, AbsTaskSTS
+from mteb.models.abs_encoder import AbsEncoder
+from torch import Tensor
+
+from neobert.data.contrastive import prepend_instruction, read_local_examples, read_sts_pairs
+from neobert.model.backbone import Backbone, load_backbone
+from neobert.model.modeling import pool_embeddings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INSTRUCTIONS = Path(__file__).resolve().parents[2] / "configs" / "mteb_instructions.json"
+ENGLISH_BENCHMARK = "MTEB(eng, v1)"  # the 56 English tasks of the paper's Table 4
+# Paper Table 4 columns: mteb task type -> column name.
+TABLE4_COLUMNS = {
+    "Classification": "Classification",
+    "Clustering": "Clustering",
+    "PairClassification": "Pair classification",
+    "Reranking": "Reranking",
+    "Retrieval": "Retrieval",
+    "STS": "STS",
+    "Summarization": "Summarization",
+}
+
+
+# ----------------------------------------------------------------------------------------------- instructions
+
+
+@dataclass
+class TaskInstructions:
+    """Per-task instruction prefixes: `query` for queries and symmetric tasks, `document` for the documents of
+    retrieval and reranking tasks. A task absent from the file gets no instruction (logged once)."""
+
+    query: dict[str, str] = field(default_factory=dict)
+    document: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: str | Path | None) -> "TaskInstructions":
+        """`path` = a JSON file {"query": {task: text}, "document": {task: text}}; None or "none" = no instructions."""
+        if path is None or str(path).lower() == "none":
+            return cls()
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"instruction file {str(path)!r} does not exist (config key `instructions`; "
+                                    f"'none' evaluates without instructions)")
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data.get("query"), dict):
+            raise ValueError(f"{path}: expected {{'query': {{task: instruction}}, 'document': {{...}}}}")
+        return cls(dict(data["query"]), dict(data.get("document", {})))
+
+    def for_task(self, task_name: str, prompt_type: Any = None) -> str:
+        is_document = str(getattr(prompt_type, "value", prompt_type)) == "document"
+        if is_document and task_name in self.document:
+            return self.document[task_name]
+        return self.query.get(task_name, "")
+
+
+# ----------------------------------------------------------------------------------------------- encoding
+
+
+@torch.inference_mode()
+def embed_texts(backbone: Backbone, texts: Sequence[str], batch_size: int = 64, max_length: int | None = None,
+                device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor:
+    """Masked-mean-pooled embeddings [N, hidden] (float32, on CPU) in the order of `texts`. Texts are batched by
+    token length (less padding), and autocast to `dtype` when one is given (bf16 on GPU)."""
+    if not texts:
+        return torch.empty(0, backbone.hidden_size)
+    device = torch.device(device) if device is not None else next(backbone.parameters()).device
+    tokenizer = backbone.tokenizer
+    max_length = max_length or tokenizer.model_max_length
+    encoded = tokenizer(list(texts), truncation=True, max_length=max_length, return_token_type_ids=False)
+    order = sorted(range(len(texts)), key=lambda i: len(encoded["input_ids"][i]), reverse=True)
+    output = torch.empty(len(texts), backbone.hidden_size)
+    was_training = backbone.training
+    backbone.eval()
+    for start in range(0, len(order), batch_size):
+        index = order[start:start + batch_size]
+        batch = tokenizer.pad({"input_ids": [encoded["input_ids"][i] for i in index]}, return_tensors="pt")
+        input_ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            hidden = backbone(input_ids, mask)
+        output[index] = pool_embeddings(hidden.float(), mask, "mean").cpu()
+    backbone.train(was_training)
+    return output
+
+
+class MtebEncoder(AbsEncoder):
+    """mteb v2 encoder protocol for a `Backbone` (ours or any Hugging Face encoder).
+
+    `texts_seen` keeps the last texts that reached the tokenizer (instruction included) for inspection."""
+
+    def __init__(self, backbone: Backbone, instructions: TaskInstructions | None = None, batch_size: int = 64,
+                 max_length: int | None = None, device: str | None = None, dtype: torch.dtype | None = None,
+                 name: str = "neobert-suite/encoder", revision: str = "local"):
+        from mteb.models.model_meta import ModelMeta
+
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = backbone.to(self.device)
+        self.instructions = instructions or TaskInstructions()
+        self.batch_size, self.max_length = batch_size, max_length
+        # bf16 on GPU (paper protocol), fp32 on CPU where bf16 matmuls are slow and less exact.
+        self.dtype = dtype if dtype is not None else (torch.bfloat16 if self.device.type == "cuda" else None)
+        self.mteb_model_meta = ModelMeta.create_empty(overwrites={"name": name, "revision": revision})
+        self.texts_seen: list[str] = []
+        self._missing_logged: set[str] = set()
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, **kwargs) -> "MtebEncoder":
+        """Any of our checkpoints, a local Hugging Face directory, a hub name or `preset:<name>`."""
+        name_or_path = str(name_or_path)
+        return cls(load_backbone(name_or_path), name=Path(name_or_path).name or name_or_path, **kwargs)
+
+    def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str, prompt_type=None, **kwargs):
+        instruction = self.instructions.for_task(task_metadata.name, prompt_type)
+        if not instruction and task_metadata.name not in self._missing_logged:
+            self._missing_logged.add(task_metadata.name)
+            log.info("no instruction for task %s (%s): texts are encoded as they are", task_metadata.name,
+                     prompt_type)
+        texts = [prepend_instruction(instruction, text) for batch in inputs for text in batch["text"]]
+        self.texts_seen = texts
+        batch_size = kwargs.get("batch_size") or self.batch_size
+        return embed_texts(self.model, texts, batch_size, self.max_length, self.device, self.dtype).numpy()
+
+
+# ----------------------------------------------------------------------------------------------- local tasks
+
+
+class _LocalTaskMixin:
+    """mteb declares `metadata` per class and drops instance copies when it unloads data; local tasks are named
+    per instance (one per file), so their metadata lives behind a property."""
+
+    @property
+    def metadata(self):
+        return self._local_metadata
+
+    @metadata.setter
+    def metadata(self, value) -> None:
+        self._local_metadata = value
+
+
+def _metadata(name: str, task_type: str, main_score: str, path: Path, split: str):
+    from mteb.abstasks.task_metadata import TaskMetadata
+
+    return TaskMetadata(name=name, description=f"Local {task_type} task read from {path}", type=task_type,
+                        main_score=main_score, dataset={"path": str(path), "revision": "local"},
+                        eval_langs=["eng-Latn"], eval_splits=[split], reference=None, category="t2t",
+                        modalities=["text"])
+
+
+class LocalSTSTask(_LocalTaskMixin, AbsTaskSTS):
+    """STS from an STS Benchmark release CSV (or sentence1/sentence2/score table); main score cosine Spearman."""
+
+    min_score, max_score = 0, 5
+
+    def __init__(self, path: str | Path, name: str | None = None, split: str = "test",
+                 max_examples: int | None = None, **kwargs):
+        self.path, self.split, self.max_examples = Path(path), split, max_examples
+        if not self.path.is_file():
+            raise FileNotFoundError(f"local STS file {str(self.path)!r} does not exist")
+        self.metadata = _metadata(name or f"LocalSTS-{self.path.stem}", "STS", "cosine_spearman", self.path, split)
+        super().__init__(**kwargs)
+
+    def load_data(self, **kwargs) -> None:
+        if self.data_loaded:
+            return
+        from datasets import Dataset, DatasetDict
+
+        pairs = read_sts_pairs(self.path)[: self.max_examples]
+        self.dataset = DatasetDict({self.split: Dataset.from_dict({
+            "sentence1": [a for a, _, _ in pairs], "sentence2": [b for _, b, _ in pairs],
+            "score": [s for _, _, s in pairs]})})
+        self.data_loaded = True
+
+
+class LocalRetrievalTask(_LocalTaskMixin, AbsTaskRetrieval):
+    """Retrieval from a jsonl of (query, positive[, negative]) examples (the contrastive layouts): the corpus is
+    every positive and negative, each query's relevant document its positive; main score nDCG@10."""
+
+    def __init__(self, path: str | Path, name: str | None = None, split: str = "test",
+                 max_examples: int | None = None, **kwargs):
+        self.path, self.split, self.max_examples = Path(path), split, max_examples
+        if not self.path.is_file():
+            raise FileNotFoundError(f"local retrieval file {str(self.path)!r} does not exist")
+        self.metadata = _metadata(name or f"LocalRetrieval-{self.path.stem}", "Retrieval", "ndcg_at_10",
+                                  self.path, split)
+        super().__init__(**kwargs)
+
+    def load_data(self, **kwargs) -> None:
+        if self.data_loaded:
+            return
+        from datasets import Dataset
+        from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
+
+        examples = read_local_examples(self.path)[: self.max_examples]
+        documents: dict[str, str] = {}  # text -> id, so a repeated document is one corpus entry
+
+        def doc_id(text: str) -> str:
+            return documents.setdefault(text, f"d{len(documents)}")
+
+        queries, relevant = {}, {}
+        for number, example in enumerate(examples):
+            query_id = f"q{number}"
+            queries[query_id] = example.query
+            relevant[query_id] = {doc_id(example.positive): 1}
+            if example.negative:
+                doc_id(example.negative)
+        self.dataset = {"default": {self.split: RetrievalSplitData(
+            queries=Dataset.from_dict({"id": list(queries), "text": list(queries.values())}),
+            corpus=Dataset.from_dict({"id": list(documents.values()), "text": list(documents)}),
+            relevant_docs=relevant, top_ranked=None)}}
+        self.data_loaded = True
+
+
+def resolve_tasks(specs: Sequence[str], max_examples: int | None = None) -> list:
+    """Task specs: mteb task names, `english` (the paper's 56 English tasks, MTEB(eng, v1)), or local tasks
+    `sts:<file>` / `retrieval:<file>` (optionally `sts:<name>=<file>`)."""
+    import mteb
+
+    tasks, names = [], []
+    for spec in specs:
+        kind, _, rest = spec.partition(":")
+        if rest and kind in ("sts", "retrieval"):
+            name, _, path = rest.rpartition("=") if "=" in rest else (None, "", rest)
+            cls = LocalSTSTask if kind == "sts" else LocalRetrievalTask
+            tasks.append(cls(path, name=name or None, max_examples=max_examples))
+        elif spec.lower() == "english":
+            tasks.extend(mteb.get_benchmark(ENGLISH_BENCHMARK).tasks)
+        else:
+            names.append(spec)
+    if names:
+        tasks.extend(mteb.get_tasks(tasks=names, languages=["eng"]))
+        found = {t.metadata.name for t in tasks}
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise ValueError(f"unknown MTEB task(s) {missing}; use mteb task names, 'english', or local tasks "
+                             f"'sts:<file>' / 'retrieval:<file>'")
+    if not tasks:
+        raise ValueError("no MTEB tasks given")
+    return tasks
+
+
+# ----------------------------------------------------------------------------------------------- running
+
+
+def run_mteb(encoder: MtebEncoder, tasks: Sequence, output_dir: str | Path | None = None,
+             batch_size: int = 64, show_progress_bar: bool = True) -> dict[str, Any]:
+    """Evaluates `encoder` on `tasks` (data sets come from the hub unless the tasks are local) and returns
+    {"tasks": {name: {type, main_score, scores}}, "summary": Table 4 averages}; writes them under output_dir."""
+    import mteb
+
+    for task in tasks:
+        _require_task_data(task)
+    result = mteb.evaluate(encoder, list(tasks), cache=None, encode_kwargs={"batch_size": batch_size},
+                           show_progress_bar=show_progress_bar, overwrite_strategy="always")
+    types = {task.metadata.name: task.metadata.type for task in tasks}
+    per_task = {}
+    for task_result in result.task_results:
+        per_task[task_result.task_name] = {
+            "type": types.get(task_result.task_name, "unknown"),
+            "main_score": float(task_result.get_score()),
+            "scores": task_result.to_dict()["scores"],
+        }
+    report = {"model": encoder.mteb_model_meta.name, "tasks": per_task, "summary": table4_summary(per_task)}
+    if output_dir is not None:
+        write_report(report, output_dir)
+    return report
+
+
+def _require_task_data(task) -> None:
+    """Hub tasks need the hub: fail in seconds, naming the way out, instead of after the datasets' retries."""
+    if isinstance(task, (LocalSTSTask, LocalRetrievalTask)):
+        return
+    from neobert.hub import require_hub
+
+    require_hub(f"MTEB task {task.metadata.name} ({task.metadata.dataset['path']})", "tasks (use local tasks "
+                "'sts:<file>' / 'retrieval:<file>')")
+
+
+def table4_summary(per_task: dict[str, dict]) -> dict[str, Optional[float]]:
+    """Mean main score x 100 per task type (the paper's Table 4 columns) and the average over all tasks (the
+    MTEB convention); None where no task of that type was run."""
+    summary: dict[str, Optional[float]] = {}
+    for task_type, column in TABLE4_COLUMNS.items():
+        scores = [t["main_score"] for t in per_task.values() if t["type"] == task_type]
+        summary[column] = 100 * float(np.mean(scores)) if scores else None
+    all_scores = [t["main_score"] for t in per_task.values()]
+    summary["Average"] = 100 * float(np.mean(all_scores)) if all_scores else None
+    return summary
+
+
+def write_report(report: dict[str, Any], output_dir: str | Path) -> None:
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "results.json").write_text(json.dumps(report["tasks"], indent=2) + "\n")
+    (output_dir / "summary.json").write_text(json.dumps({"model": report["model"], **report["summary"]},
+                                                        indent=2) + "\n")
+    (output_dir / "summary.md").write_text(summary_markdown(report))
+
+
+def summary_markdown(report: dict[str, Any]) -> str:
+    def cell(value: Optional[float]) -> str:
+        return "-" if value is None or math.isnan(value) else f"{value:.2f}"
+
+    columns = [*TABLE4_COLUMNS.values(), "Average"]
+    lines = [f"| Model | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|",
+             f"| {report['model']} | {' | '.join(cell(report['summary'][c]) for c in columns)} |", "",
+             "| Task | Type | Main score (x100) |", "|---|---|---|"]
+    lines += [f"| {name} | {t['type']} | {100 * t['main_score']:.2f} |" for name, t in report["tasks"].items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,36 @@
+"""Pseudo-perplexity against document length (paper Figure 2).
+
+    python -m experiments.pseudo_perplexity models=[runs/neobert/export]            # English Wikipedia (hub)
+    python -m experiments.pseudo_perplexity models=[runs/a/export,runs/b/export] \
+        data.source=my_docs/ data.text_sample_by=document bucket_edges=[128,512,1024,4096]
+
+Writes documents.csv, buckets.json, pseudo_perplexity.md and pseudo_perplexity.png under output_dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from neobert.config import load_config
+from neobert.eval.pseudo_perplexity import PseudoPerplexityConfig, run_pseudo_perplexity, write_reports
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML file with PseudoPerplexityConfig keys")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    config = load_config(PseudoPerplexityConfig, args.config, args.overrides)
+    scores, buckets = run_pseudo_perplexity(config)
+    paths = write_reports(scores, buckets, config.output_dir)
+    print(paths["markdown"].read_text())
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return paths
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,263 @@
+"""Pseudo-perplexity (Salazar et al., 2020) of a masked language model, per document, bucketed by length
+(paper Figure 2).
+
+Every scorable token of a document is masked exactly once: one masked copy of the document per token, many
+copies per forward pass (`tokens_per_forward`), and the decoder is applied at the masked position only.
+The pseudo-log-likelihood of a document is the sum over its tokens of log p(token | the rest); special
+tokens ([CLS], [SEP]) are never masked nor scored. PPPL = exp(-PLL / scored tokens), per document and per
+length bucket (token-weighted: exp of the mean NLL of all tokens of the bucket's documents).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from neobert.model.modeling import IGNORE_INDEX, NeoBERTForMaskedLM
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PseudoPerplexityData:
+    """Where documents come from: a hub dataset (default: English Wikipedia) or local files (a file, a directory
+    or a glob of .txt/.jsonl/.json/.parquet/.csv), read by the pretraining data code."""
+
+    source: str = "wikimedia/wikipedia"
+    hub_config: Optional[str] = "20231101.en"
+    split: str = "train"
+    text_column: str = "text"
+    text_sample_by: str = "document"  # .txt files: "document" (one per file), "paragraph" or "line"
+    # Read by the shared source code; pseudo-perplexity uses neither.
+    pretokenized_dir: Optional[str] = None
+    validation_docs: int = 0
+
+
+@dataclass
+class PseudoPerplexityConfig:
+    models: List[str] = field(default_factory=list)  # export directories (NeoBERT hub layout)
+    data: PseudoPerplexityData = field(default_factory=PseudoPerplexityData)
+    tokenizer: Optional[str] = None  # default: the one saved beside each model, else bert-base-uncased
+    max_length: Optional[int] = None  # truncation; default: each model's max_length
+    # Bucket upper bounds (tokens, special tokens included): a document of n tokens falls in the first edge >= n.
+    bucket_edges: List[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048, 4096])
+    docs_per_bucket: int = 8  # stop collecting a bucket once it holds this many documents
+    min_tokens: int = 8
+    max_scanned_documents: int = 5000  # give up filling buckets after reading this many documents
+    tokens_per_forward: int = 16384  # masked copies per forward pass = this // document length (at least 1)
+    device: str = "auto"
+    seed: int = 0
+    output_dir: str = "runs/pseudo_perplexity"
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+def masked_copies(input_ids: Tensor, positions: Tensor, mask_token_id: int) -> tuple[Tensor, Tensor]:
+    """One copy of `input_ids` [L] per position, with that position (only) replaced by [MASK].
+    Returns (ids [n, L], labels [n, L]: the original token at the masked position, -100 elsewhere)."""
+    rows = torch.arange(positions.numel(), device=input_ids.device)
+    ids = input_ids.repeat(positions.numel(), 1)
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    labels[rows, positions] = ids[rows, positions]
+    ids[rows, positions] = mask_token_id
+    return ids, labels
+
+
+@torch.inference_mode()
+def token_nlls(model: NeoBERTForMaskedLM, input_ids: Tensor, scored: Tensor, mask_token_id: int,
+               tokens_per_forward: int = 16384) -> Tensor:
+    """-log p(token_i | document without token_i) for every scored position i, in position order.
+
+    input_ids: [L] one document; scored: bool [L], False for special tokens."""
+    if input_ids.dim() != 1 or scored.shape != input_ids.shape:
+        raise ValueError(f"expected one document [L] and a scored mask of the same shape, got "
+                         f"{tuple(input_ids.shape)} and {tuple(scored.shape)}")
+    positions = scored.nonzero().squeeze(1)
+    copies_per_forward = max(1, tokens_per_forward // input_ids.numel())
+    nlls = []
+    for chunk in positions.split(copies_per_forward):
+        ids, labels = masked_copies(input_ids, chunk, mask_token_id)
+        # masked_only: the decoder runs at the one masked position of each copy; rows come back in copy order.
+        logits = model(ids, labels=labels, masked_only=True).logits
+        nlls.append(F.cross_entropy(logits.float(), labels[labels != IGNORE_INDEX], reduction="none"))
+    return torch.cat(nlls) if nlls else input_ids.new_zeros(0, dtype=torch.float32)
+
+
+@dataclass
+class DocumentScore:
+    model: str
+    document: int
+    num_tokens: int  # special tokens included (the bucketing length)
+    scored_tokens: int
+    nll_sum: float
+    pppl: float
+
+
+def score_documents(model: NeoBERTForMaskedLM, documents: Iterable[list[int]], special_ids: set[int],
+                    mask_token_id: int, model_name: str, tokens_per_forward: int = 16384,
+                    progress: Callable | None = None) -> list[DocumentScore]:
+    device = next(model.parameters()).device
+    model.eval()
+    scores = []
+    documents = list(documents)
+    iterator = progress(documents) if progress else documents
+    for index, ids in enumerate(iterator):
+        input_ids = torch.tensor(ids, device=device)
+        scored = torch.tensor([t not in special_ids for t in ids], device=device)
+        nll = token_nlls(model, input_ids, scored, mask_token_id, tokens_per_forward)
+        if nll.numel() == 0:
+            continue
+        total = float(nll.sum())
+        scores.append(DocumentScore(model_name, index, len(ids), nll.numel(), total, math.exp(total / nll.numel())))
+    return scores
+
+
+# ---------------------------------------------------------------------------------------------- buckets
+def bucket_of(num_tokens: int, edges: list[int]) -> int | None:
+    """Index of the first edge >= num_tokens (None when longer than the last edge)."""
+    return next((i for i, edge in enumerate(edges) if num_tokens <= edge), None)
+
+
+def select_documents(token_lists: Iterable[list[int]], edges: list[int], docs_per_bucket: int, min_tokens: int,
+                     max_scanned: int) -> list[list[int]]:
+    """Fills every length bucket with up to `docs_per_bucket` documents, in source order."""
+    counts = [0] * len(edges)
+    chosen = []
+    for scanned, ids in enumerate(token_lists, 1):
+        bucket = bucket_of(len(ids), edges)
+        if len(ids) >= min_tokens and bucket is not None and counts[bucket] < docs_per_bucket:
+            counts[bucket] += 1
+            chosen.append(ids)
+        if all(c >= docs_per_bucket for c in counts) or scanned >= max_scanned:
+            break
+    return chosen
+
+
+@dataclass
+class BucketScore:
+    model: str
+    bucket_low: int  # exclusive
+    bucket_high: int  # inclusive
+    documents: int
+    scored_tokens: int
+    pppl: float  # token-weighted: exp(sum NLL / sum scored tokens)
+    median_document_pppl: float
+
+
+def bucket_scores(scores: list[DocumentScore], edges: list[int]) -> list[BucketScore]:
+    out = []
+    for model in dict.fromkeys(s.model for s in scores):
+        for i, high in enumerate(edges):
+            low = edges[i - 1] if i else 0
+            group = [s for s in scores if s.model == model and low < s.num_tokens <= high]
+            if not group:
+                continue
+            tokens = sum(s.scored_tokens for s in group)
+            pppls = sorted(s.pppl for s in group)
+            median = pppls[len(pppls) // 2] if len(pppls) % 2 else 0.5 * (pppls[len(pppls) // 2 - 1] +
+                                                                           pppls[len(pppls) // 2])
+            out.append(BucketScore(model, low, high, len(group), tokens,
+                                   math.exp(sum(s.nll_sum for s in group) / tokens), median))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- runner
+def load_model_and_tokenizer(directory: str, tokenizer: str | None = None):
+    from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
+
+    path = Path(directory)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"models: {directory!r} is not a NeoBERT export directory (no config.json)")
+    model = NeoBERTForMaskedLM.from_pretrained(path)
+    if "decoder.weight" not in _weight_names(path):
+        raise ValueError(f"models: {directory!r} has no MLM head (decoder.*): pseudo-perplexity needs one")
+    has_tokenizer = (path / "tokenizer_config.json").is_file() or (path / "vocab.txt").is_file()
+    tok = load_tokenizer(tokenizer or (str(path) if has_tokenizer else BERT_BASE_UNCASED),
+                         max_length=model.config.max_length)
+    if tok.mask_token_id is None:
+        raise ValueError(f"the tokenizer of {directory!r} has no mask token")
+    return model, tok
+
+
+def _weight_names(path: Path) -> set[str]:
+    from safetensors import safe_open
+
+    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+        return set(f.keys())
+
+
+def run_pseudo_perplexity(config: PseudoPerplexityConfig) -> tuple[list[DocumentScore], list[BucketScore]]:
+    from tqdm import tqdm
+
+    from neobert.data.pretraining import iterate_documents, truncate
+    from neobert.eval.throughput import resolve_device
+
+    if not config.models:
+        raise ValueError("models: give at least one export directory, e.g. models=[runs/neobert/export]")
+    if sorted(config.bucket_edges) != list(config.bucket_edges) or not config.bucket_edges:
+        raise ValueError(f"bucket_edges must be increasing, got {config.bucket_edges}")
+    device = resolve_device(config.device)
+    torch.manual_seed(config.seed)
+    all_scores: list[DocumentScore] = []
+    for directory in config.models:
+        model, tokenizer = load_model_and_tokenizer(directory, config.tokenizer)
+        model.to(device)
+        max_length = config.max_length or model.config.max_length
+        special = set(tokenizer.all_special_ids)
+        documents = (truncate(ids, max_length, special) for ids in iterate_documents(config.data, tokenizer))
+        chosen = select_documents(documents, config.bucket_edges, config.docs_per_bucket, config.min_tokens,
+                                  config.max_scanned_documents)
+        if not chosen:
+            raise RuntimeError(f"data.source={config.data.source!r} gave no document of at least "
+                               f"{config.min_tokens} tokens")
+        name = Path(directory).name if Path(directory).name != "export" else Path(directory).parent.name
+        log.info("%s: scoring %d documents", name, len(chosen))
+        all_scores += score_documents(model, chosen, special, tokenizer.mask_token_id, name,
+                                      config.tokens_per_forward, progress=lambda d: tqdm(d, desc=name))
+    return all_scores, bucket_scores(all_scores, list(config.bucket_edges))
+
+
+def curves(buckets: list[BucketScore]) -> dict[str, list[tuple[int, float]]]:
+    out: dict[str, list[tuple[int, float]]] = {}
+    for b in buckets:
+        out.setdefault(b.model, []).append((b.bucket_high, b.pppl))
+    return out
+
+
+def markdown_table(buckets: list[BucketScore]) -> str:
+    lines = ["| model | length bucket (tokens) | documents | scored tokens | PPPL | median document PPPL |",
+             "|---|---|---:|---:|---:|---:|"]
+    for b in buckets:
+        lines.append(f"| {b.model} | {b.bucket_low + 1}-{b.bucket_high} | {b.documents} | {b.scored_tokens} | "
+                     f"{b.pppl:.2f} | {b.median_document_pppl:.2f} |")
+    return "\n".join(lines)
+
+
+def write_reports(scores: list[DocumentScore], buckets: list[BucketScore], output_dir: str | Path) -> dict:
+    from neobert.eval.plots import plot_pseudo_perplexity
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    documents_csv = output_dir / "documents.csv"
+    with documents_csv.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(asdict(scores[0])))
+        writer.writeheader()
+        writer.writerows(asdict(s) for s in scores)
+    buckets_json = output_dir / "buckets.json"
+    buckets_json.write_text(json.dumps([asdict(b) for b in buckets], indent=2) + "\n")
+    table = output_dir / "pseudo_perplexity.md"
+    table.write_text(markdown_table(buckets) + "\n")
+    plot = plot_pseudo_perplexity(curves(buckets), output_dir / "pseudo_perplexity.png")
+    return {"documents": documents_csv, "buckets": buckets_json, "markdown": table, "plot": plot}
+
+
+def read_buckets(path: str | Path) -> list[BucketScore]:
+    return [BucketScore(**b) for b in json.loads(Path(path).read_text())]

@@ -248,14 +248,15 @@ def resolve_tasks(specs: Sequence[str], max_examples: int | None = None) -> list
         else:
             names.append(spec)
     if names:
-        tasks.extend(mteb.get_tasks(tasks=names, languages=["eng"]))
-        found = {t.metadata.name for t in tasks}
-        missing = [n for n in names if n not in found]
-        if missing:
-            raise ValueError(f"unknown MTEB task(s) {missing}; use mteb task names, 'english', or local tasks "
-                             f"'sts:<file>' / 'retrieval:<file>'")
+        try:
+            tasks.extend(mteb.get_tasks(tasks=names, languages=["eng"]))
+        except KeyError as err:
+            raise ValueError(f"unknown MTEB task in {names} ({err.args[0]}); use mteb task names, 'english', or "
+                             f"local tasks 'sts:<file>' / 'retrieval:<file>'") from err
     if not tasks:
         raise ValueError("no MTEB tasks given")
+    for task in tasks:
+        _require_task_data(task)
     return tasks
 
 
@@ -268,8 +269,6 @@ def run_mteb(encoder: MtebEncoder, tasks: Sequence, output_dir: str | Path | Non
     {"tasks": {name: {type, main_score, scores}}, "summary": Table 4 averages}; writes them under output_dir."""
     import mteb
 
-    for task in tasks:
-        _require_task_data(task)
     result = mteb.evaluate(encoder, list(tasks), cache=None, encode_kwargs={"batch_size": batch_size},
                            show_progress_bar=show_progress_bar, overwrite_strategy="always")
     types = {task.metadata.name: task.metadata.type for task in tasks}
@@ -292,8 +291,8 @@ def _require_task_data(task) -> None:
         return
     from neobert.hub import require_hub
 
-    require_hub(f"MTEB task {task.metadata.name} ({task.metadata.dataset['path']})", "tasks (use local tasks "
-                "'sts:<file>' / 'retrieval:<file>')")
+    require_hub(f"MTEB task {task.metadata.name} ({task.metadata.dataset['path']}); local tasks are "
+                f"'sts:<file>' and 'retrieval:<file>'", "tasks")
 
 
 def table4_summary(per_task: dict[str, dict]) -> dict[str, Optional[float]]:
@@ -327,3 +326,27 @@ def summary_markdown(report: dict[str, Any]) -> str:
              "| Task | Type | Main score (x100) |", "|---|---|---|"]
     lines += [f"| {name} | {t['type']} | {100 * t['main_score']:.2f} |" for name, t in report["tasks"].items()]
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------- CLI entry
+
+
+@dataclass
+class MtebRunConfig:
+    model: str = "chandar-lab/NeoBERT"  # our checkpoint dir, any HF encoder dir or hub name, or preset:<name>
+    tokenizer: Optional[str] = None  # default: beside the weights (bert-base-uncased for NeoBERT without one)
+    tasks: list[str] = field(default_factory=lambda: ["english"])
+    instructions: str = str(DEFAULT_INSTRUCTIONS)  # JSON {"query": {...}, "document": {...}}, or "none"
+    batch_size: int = 64
+    max_length: Optional[int] = 512
+    max_examples: Optional[int] = None  # cap on the examples of local tasks (quick checks)
+    device: Optional[str] = None  # default: cuda if available
+    output_dir: str = "runs/mteb"
+
+
+def evaluate_model(config: MtebRunConfig, show_progress_bar: bool = True) -> dict[str, Any]:
+    tasks = resolve_tasks(config.tasks, config.max_examples)  # before loading the model: bad specs fail fast
+    backbone = load_backbone(config.model, tokenizer=config.tokenizer)
+    encoder = MtebEncoder(backbone, TaskInstructions.load(config.instructions), config.batch_size,
+                          config.max_length, config.device, name=config.model)
+    return run_mteb(encoder, tasks, config.output_dir, config.batch_size, show_progress_bar)

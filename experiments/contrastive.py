@@ -1,0 +1,46 @@
+"""Contrastive fine-tuning of any encoder with the paper's uniform protocol (NEOBERT_SPEC section 5), then export
+in our hub layout + sentence-transformers layout (`<output_dir>/export`).
+
+    python -m experiments.contrastive --config configs/contrastive.yaml --model chandar-lab/NeoBERT
+    python -m experiments.contrastive --config configs/contrastive.yaml --model runs/pretrain/export \
+        trainer.devices=8 trainer.strategy=ddp data.batch_size=64 train.grad_cache_chunk_size=32
+    # firewalled: local files replace hub data sets, a local STS file is scored before and after
+    python -m experiments.contrastive --config configs/contrastive.yaml --model preset:mini \
+        'data.datasets=[STSBenchmark]' data.local_files.STSBenchmark=sts-train.csv eval_sts=sts-dev.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from neobert.config import load_config
+from neobert.lit.contrastive import ContrastiveRunConfig, run_contrastive
+
+
+def parse_args(argv=None) -> ContrastiveRunConfig:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="YAML file with ContrastiveRunConfig keys")
+    parser.add_argument("--model", help="checkpoint directory, Hugging Face encoder (dir or hub name), preset:<name>")
+    parser.add_argument("--output-dir")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=100")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    if args.model:
+        overrides.append(f"model={args.model}")
+    if args.output_dir:
+        overrides.append(f"output_dir={args.output_dir}")
+    return load_config(ContrastiveRunConfig, args.config, overrides)
+
+
+def main(argv=None) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    result = run_contrastive(parse_args(argv))
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

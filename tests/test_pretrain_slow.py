@@ -1,0 +1,109 @@
+"""End-to-end pretraining runs through the command line: 2-process DDP on CPU, the embedded demo at a reduced
+size, and kill -9 followed by resume."""
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from neobert.config import to_yaml
+from neobert.lit.plotting import read_curves
+
+from test_pretrain import tiny_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args, **popen):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "experiments.pretrain", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def write_yaml(tmp_path, *overrides) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(to_yaml(tiny_config(tmp_path, *overrides)))
+    return path
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_on_cpu_write_a_checkpoint(tmp_path):
+    config = write_yaml(tmp_path, "trainer.strategy=ddp", "trainer.devices=2", "trainer.max_steps=2")
+    proc = cli("--config", str(config))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 2
+    data_state = checkpoint["PretrainingDataModule"]
+    assert data_state["num_streams"] == 2 and sorted(data_state["streams"]) == [0, 1]  # both ranks' positions
+    assert data_state["trained_batches"] == [2, 2]
+
+
+@pytest.mark.slow
+def test_demo_end_to_end_beats_the_unigram_baseline(tmp_path):
+    import neobert  # noqa: F401
+    from transformers import AutoModelForMaskedLM
+
+    from experiments.pretrain import main
+    from neobert.data.pretraining import unigram_entropy
+    from neobert.data.tokenizer import load_tokenizer
+    from neobert.config import load_config
+    from neobert.lit.pretrain_config import PretrainConfig
+    from experiments.pretrain import DEMO_CONFIG
+
+    # The demo's recipe at a reduced size: fewer, shorter steps.
+    overrides = [f"run_dir={tmp_path / 'demo'}", f"data.source={tmp_path / 'demo' / 'corpus.jsonl'}",
+                 "trainer.max_steps=60", "trainer.micro_batch_size=16", "data.max_length=64",
+                 "model.overrides.max_length=64", "trainer.progress_bar=false", "trainer.val_check_interval=30",
+                 "scheduler.warmup_steps=10", "optimizer.lr=3e-3"]
+    export_dir = main(overrides)
+    config = load_config(PretrainConfig, DEMO_CONFIG, overrides)
+    baseline = unigram_entropy(config.data, load_tokenizer())
+    csvs = sorted((tmp_path / "demo" / "logs").glob("version_*/metrics.csv"))
+    losses = read_curves(csvs, ["train/loss"])["train/loss"]
+    final = sum(losses[s] for s in sorted(losses)[-3:]) / 3  # the mean of the last logged steps
+    assert final < baseline - 0.2, (final, baseline)
+    assert (tmp_path / "demo" / "loss.png").stat().st_size > 10_000
+    model = AutoModelForMaskedLM.from_pretrained(str(export_dir))
+    assert model.config.hidden_size == 128
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_kill_minus_9_then_resume_continues_from_the_last_checkpoint(tmp_path):
+    config = write_yaml(tmp_path, "trainer.max_steps=24", "trainer.checkpoint_every_n_steps=4",
+                        "trainer.keep_checkpoints=-1", "trainer.micro_batch_size=8")
+    checkpoints = tmp_path / "run" / "checkpoints"
+    proc = cli("--config", str(config))
+    deadline = time.time() + 600
+    while len(list(checkpoints.glob("step-*.ckpt"))) < 2:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {p.name: sha(p) for p in checkpoints.glob("*.ckpt")}
+    metrics_before = (tmp_path / "run" / "logs" / "version_0" / "metrics.csv").read_bytes()
+    killed_at = torch.load(checkpoints / "last.ckpt", weights_only=False)["global_step"]
+    assert 4 <= killed_at < 24
+
+    proc = cli("--config", str(config), "resume=true")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    assert torch.load(checkpoints / "last.ckpt", weights_only=False)["global_step"] == 24
+    for name, digest in before.items():  # what was written before the kill is intact
+        if name != "last.ckpt":
+            assert sha(checkpoints / name) == digest
+            torch.load(checkpoints / name, weights_only=False)
+    assert (tmp_path / "run" / "logs" / "version_0" / "metrics.csv").read_bytes() == metrics_before
+    resumed = read_curves([tmp_path / "run" / "logs" / "version_1" / "metrics.csv"], ["train/loss"])["train/loss"]
+    assert min(resumed) >= killed_at and max(resumed) == 23  # continued from the checkpoint, not from step 0

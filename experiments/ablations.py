@@ -1,0 +1,45 @@
+"""The ablation ladder M0..M10 (paper Table 2, Figure 1): pretrain every step, fine-tune each checkpoint on a
+GLUE subset, write a results table.
+
+    python -m experiments.ablations --steps m00..m10 --budget tiny          # CPU, offline, minutes
+    python -m experiments.ablations --steps m00,m01,m02 --budget small --output-dir runs/ablations/small
+    python -m experiments.ablations --budget paper trainer.precision=bf16-mixed   # 8 GPUs per step
+
+`key=value` overrides apply to every step's PretrainConfig; `--budget-override glue.tasks=[rte,mrpc]` to the
+budget. Writes results.json, results.md and glue_per_step.png under the output directory; a step whose export
+already exists is not retrained (rerun to resume a ladder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from neobert.eval.ablations import load_budget, parse_steps, run_ladder, write_results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", default="m00..m10", help="e.g. m00..m10, m00,m03 or m00..m02,m05")
+    parser.add_argument("--budget", default="tiny", help="tiny, small, paper, or a budget YAML file")
+    parser.add_argument("--budget-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of the budget (repeatable)")
+    parser.add_argument("--output-dir", default=None, help="default: runs/ablations/<budget>")
+    parser.add_argument("--no-glue", action="store_true", help="pretrain only")
+    parser.add_argument("overrides", nargs="*", help="PretrainConfig key=value overrides for every step")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    steps = parse_steps(args.steps)
+    budget = load_budget(args.budget, args.budget_override)
+    output_dir = args.output_dir or f"runs/ablations/{budget.name}"
+    results = run_ladder(steps, budget, output_dir, evaluate=not args.no_glue, overrides=args.overrides)
+    paths = write_results(results, output_dir)
+    print(paths["markdown"].read_text())
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

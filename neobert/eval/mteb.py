@@ -105,9 +105,8 @@ def embed_texts(backbone: Backbone, texts: Sequence[str], batch_size: int = 64, 
 
 
 class MtebEncoder(AbsEncoder):
-    """mteb v2 encoder protocol for a `Backbone` (ours or any Hugging Face encoder).
-
-    `texts_seen` keeps the last texts that reached the tokenizer (instruction included) for inspection."""
+    """mteb v2 encoder protocol for a `Backbone` (ours or any Hugging Face encoder):
+    `MtebEncoder(load_backbone("runs/contrastive/export"), TaskInstructions.load(DEFAULT_INSTRUCTIONS))`."""
 
     def __init__(self, backbone: Backbone, instructions: TaskInstructions | None = None, batch_size: int = 64,
                  max_length: int | None = None, device: str | None = None, dtype: torch.dtype | None = None,
@@ -121,14 +120,7 @@ class MtebEncoder(AbsEncoder):
         # bf16 on GPU (paper protocol), fp32 on CPU where bf16 matmuls are slow and less exact.
         self.dtype = dtype if dtype is not None else (torch.bfloat16 if self.device.type == "cuda" else None)
         self.mteb_model_meta = ModelMeta.create_empty(overwrites={"name": name, "revision": revision})
-        self.texts_seen: list[str] = []
         self._missing_logged: set[str] = set()
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: str, **kwargs) -> "MtebEncoder":
-        """Any of our checkpoints, a local Hugging Face directory, a hub name or `preset:<name>`."""
-        name_or_path = str(name_or_path)
-        return cls(load_backbone(name_or_path), name=Path(name_or_path).name or name_or_path, **kwargs)
 
     def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str, prompt_type=None, **kwargs):
         instruction = self.instructions.for_task(task_metadata.name, prompt_type)
@@ -137,7 +129,6 @@ class MtebEncoder(AbsEncoder):
             log.info("no instruction for task %s (%s): texts are encoded as they are", task_metadata.name,
                      prompt_type)
         texts = [prepend_instruction(instruction, text) for batch in inputs for text in batch["text"]]
-        self.texts_seen = texts
         batch_size = kwargs.get("batch_size") or self.batch_size
         return embed_texts(self.model, texts, batch_size, self.max_length, self.device, self.dtype).numpy()
 

@@ -76,6 +76,7 @@ def test_tiny_budget_scales_shapes_and_batches():
     assert m8.model.overrides["num_hidden_layers"] == 6 and m8.data.source == "c.jsonl"
     assert m10.data.max_length == 128 == m10.model.overrides["max_length"]
     assert ab.tokens_per_step(m10) == 4096 and m10.trainer.max_steps == tiny.max_steps
+    assert m10.optimizer.lr == pytest.approx(6e-4 * tiny.lr_scale)
 
 
 def test_parse_steps_and_errors():

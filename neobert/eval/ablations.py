@@ -129,7 +129,10 @@ class GlueSubset:
 class AblationBudget:
     name: str = "paper"
     max_steps: Optional[int] = None  # None keeps the step's value
-    warmup_steps: Optional[int] = None
+    warmup_steps: Optional[int] = None  # caps every step's warm-up
+    # Multiplies every step's peak lr: tiny models trained for a few dozen steps need a larger one. Applied to
+    # the step and its parent alike, so the steps' relative lr (M4 changes it) is kept.
+    lr_scale: float = 1.0
     devices: Optional[int] = None
     micro_batch_size: Optional[int] = None  # most sequences per micro batch; accumulation makes up the rest
     shapes: Dict[str, ModelShape] = field(default_factory=dict)  # "12x768" -> the budget's shape
@@ -190,6 +193,7 @@ def apply_budget(config: PretrainConfig, budget: AblationBudget, corpus: str | N
         config.trainer.devices = budget.devices
     if budget.max_steps is not None:
         config.trainer.max_steps = budget.max_steps
+    config.optimizer.lr *= budget.lr_scale
     if budget.warmup_steps is not None:
         config.scheduler.warmup_steps = min(config.scheduler.warmup_steps, budget.warmup_steps)
     if budget.data_source is not None:
@@ -509,3 +513,62 @@ def results_markdown(rows: Sequence[dict]) -> str:
     if notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- exploring checkpoints
+def load_mlm(export_dir: str | Path):
+    """(NeoBERTForMaskedLM in eval mode, its tokenizer) from an export directory."""
+    from neobert.eval.pseudo_perplexity import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(str(export_dir))
+    return model.eval(), tokenizer
+
+
+def fill_mask(export_dir: str | Path, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
+    """Top-k predictions with probabilities for every [MASK] in `text` ("[MASK]" is replaced by the checkpoint's
+    own mask token, so the same sentence probes WordPiece and BPE checkpoints)."""
+    import torch
+
+    model, tokenizer = load_mlm(export_dir)
+    text = text.replace("[MASK]", tokenizer.mask_token)
+    encoded = tokenizer(text, return_tensors="pt", truncation=True)
+    positions = (encoded["input_ids"][0] == tokenizer.mask_token_id).nonzero().flatten()
+    if positions.numel() == 0:
+        raise ValueError(f"fill_mask: no [MASK] in {text!r}")
+    with torch.no_grad():
+        logits = model(encoded["input_ids"], encoded["attention_mask"]).logits[0, positions]
+    probs = logits.float().softmax(-1)
+    top = probs.topk(top_k, dim=-1)
+    return [[(tokenizer.decode([int(i)]).strip(), float(p)) for p, i in zip(values, indices)]
+            for values, indices in zip(top.values, top.indices)]
+
+
+def embedding_similarities(export_dir: str | Path, sentences: Sequence[str]):
+    """Cosine similarities [n, n] between mean-pooled sentence embeddings of the checkpoint's encoder."""
+    import torch
+
+    from neobert.model.backbone import load_backbone
+    from neobert.model.modeling import pool_embeddings
+
+    backbone = load_backbone(str(export_dir)).eval()
+    batch = backbone.tokenizer(list(sentences), padding=True, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = backbone(batch["input_ids"], batch["attention_mask"])
+    embeddings = torch.nn.functional.normalize(pool_embeddings(hidden, batch["attention_mask"], "mean"), dim=-1)
+    return (embeddings @ embeddings.T).numpy()
+
+
+def ladder_pseudo_perplexity(results: Sequence[dict], corpus: str | Path, bucket_edges: Sequence[int],
+                             docs_per_bucket: int = 2, steps: Sequence[str] | None = None):
+    """Per-bucket pseudo-perplexity of the ladder's checkpoints on `corpus` (Figure 2 over the ladder). Only
+    comparable between checkpoints that share a tokenizer."""
+    from neobert.eval.pseudo_perplexity import PseudoPerplexityConfig, run_pseudo_perplexity
+
+    chosen = [r for r in results if steps is None or r["step"] in steps]
+    config = PseudoPerplexityConfig(models=[r["export_dir"] for r in chosen], bucket_edges=list(bucket_edges),
+                                    docs_per_bucket=docs_per_bucket, device="cpu")
+    config.data.source = str(corpus)
+    config.data.hub_config = None
+    config.data.text_column = "content"
+    _, buckets = run_pseudo_perplexity(config)
+    return buckets

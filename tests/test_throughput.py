@@ -114,3 +114,14 @@ def test_tiny_end_to_end_writes_csv_png_markdown(tmp_path):
     assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = paths["markdown"].read_text()
     assert "| neobert / bert-base |" in table and "neobert-official: not available" in table
+
+
+def test_training_mode_times_a_backward_and_counts_3x_flops():
+    config = tp.ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], layouts=["full", "padded"],
+                                 batch_sizes=[2], repeats=1, mode="training")
+    rows = tp.run_throughput(config)
+    assert [(r.layout, r.batch_size) for r in rows] == [("full", 2), ("padded", 2)]
+    inference = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
+    assert rows[0].flops_per_token == 3 * inference.flops_per_token(16, training=False)
+    assert rows[1].tokens_per_s > 0 and rows[1].achieved_flops == pytest.approx(rows[1].tokens_per_s *
+                                                                                 rows[1].flops_per_token)

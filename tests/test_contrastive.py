@@ -138,6 +138,7 @@ def test_sentence_transformers_export_encodes_the_same_vectors(tmp_path):
     torch.testing.assert_close(reloaded, ours, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # ~10 s on an idle machine, up to ~50 s when the 2 cores are shared
 def test_short_contrastive_run_beats_zero_shot_sts(tmp_path, capsys):
     """A tiny random NeoBERT trained briefly on STS-B train pairs scores higher on STS-B dev pairs (local STS task
     with the STS instruction) than before training; the run exports a sentence-transformers directory."""

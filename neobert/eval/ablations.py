@@ -319,11 +319,11 @@ def write_fallback_glue(corpus: str | Path, directory: str | Path, train: int = 
     for index in range(train + validation):
         topic = rng.choice(topics)
         first, second = rng.sample(by_topic[topic], 2)
-        label = index % 2
+        label = index % 2  # balanced classes
         if label:
             other = rng.choice([t for t in topics if t != topic])
             second = rng.choice(by_topic[other])
-        rows.append({"sentence1": first, "sentence2": second, "label": label, "idx": index})
+        rows.append({"sentence1": first, "sentence2": second, "label": label})
     rng.shuffle(rows)
     directory.mkdir(parents=True, exist_ok=True)
     for split, part in (("train", rows[:train]), ("validation", rows[train:])):

@@ -31,16 +31,20 @@ def _finish(fig, path: str | Path | None):
 def plot_throughput(rows: Sequence, path: str | Path | None = None):
     """Figure 3: tokens/s against sequence length, one line per model, one panel per (mode, layout)."""
     groups = sorted({(r.mode, r.layout) for r in rows})
+    models = list(dict.fromkeys(r.model for r in rows))
+    colors = {model: f"C{i}" for i, model in enumerate(models)}  # one colour per model across panels
+    lengths = sorted({r.seq_len for r in rows if r.tokens_per_s})
     fig, axes = plt.subplots(1, max(1, len(groups)), figsize=(5.5 * max(1, len(groups)), 4), squeeze=False)
     for ax, (mode, layout) in zip(axes[0], groups):
-        models = sorted({r.model for r in rows if (r.mode, r.layout) == (mode, layout)})
         for model in models:
             points = sorted((r.seq_len, r.tokens_per_s) for r in rows
                             if (r.mode, r.layout, r.model) == (mode, layout, model) and r.tokens_per_s)
             if points:
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, marker="o", label=model)
+                ax.plot(xs, ys, marker="o", label=model, color=colors[model])
         ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("sequence length (tokens)")
         ax.set_ylabel("throughput (tokens/s)")
         ax.set_title(f"{mode}, {layout} batches")

@@ -419,20 +419,20 @@ def pretokenize(data, tokenizer, out_dir: str | Path, docs_per_shard: int = 100_
     tokenize, skipped = DocumentTokenizer(tokenizer, text_column(data)), {}
     shards, rows = [], []
 
-    def flush():
+    def flush(chunk: list) -> None:
         path = out_dir / f"shard-{len(shards):05d}.parquet"
-        table = pa.table({TOKENS_COLUMN: pa.array(rows, type=pa.list_(pa.int32()))})
+        table = pa.table({TOKENS_COLUMN: pa.array(chunk, type=pa.list_(pa.int32()))})
         pq.write_table(table, str(path) + ".tmp")
         os.replace(str(path) + ".tmp", path)
         shards.append(path)
-        rows.clear()
 
     for block in open_source(data).iter(batch_size=1000):
         rows.extend(tokenize(block, skipped))
-        if len(rows) >= docs_per_shard:
-            flush()
+        while len(rows) >= docs_per_shard:
+            flush(rows[:docs_per_shard])
+            rows = rows[docs_per_shard:]
     if rows:
-        flush()
+        flush(rows)
     if skipped:
         log.warning("pretokenize skipped documents: %s", skipped)
     return shards

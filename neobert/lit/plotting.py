@@ -22,9 +22,11 @@ def read_curves(csv_paths: str | Path | Iterable[str | Path], keys: Sequence[str
     return curves
 
 
-def final_value(csv_paths, key: str) -> float | None:
+def final_value(csv_paths, key: str, last_n: int = 1) -> float | None:
+    """The mean of the last `last_n` logged values of `key` (None when it was never logged)."""
     points = read_curves(csv_paths, [key])[key]
-    return points[max(points)] if points else None
+    last = sorted(points)[-last_n:]
+    return sum(points[s] for s in last) / len(last) if last else None
 
 
 def plot_curves(csv_paths, keys: Sequence[str], out_png: str | Path, hlines: dict[str, float] | None = None,

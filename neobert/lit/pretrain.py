@@ -375,8 +375,9 @@ def summarise(config: PretrainConfig, export_dir: Path, baseline: float | None) 
     lines = {"unigram-entropy baseline": baseline} if baseline is not None else {}
     plot = run_dir / "loss.png"
     plot_curves(csvs, ["train/loss", "val/loss"], plot, hlines=lines, title=f"MLM loss ({run_dir.name})")
-    final = final_value(csvs, "train/loss")
+    final = final_value(csvs, "train/loss", last_n=5)  # single steps are noisy: the mean of the last 5 logged
     final_val = final_value(csvs, "val/loss")
-    print(f"final train loss {final:.4f}" + (f", validation loss {final_val:.4f}" if final_val is not None else "")
+    print(f"final train loss (mean of the last 5 logged steps) {final:.4f}"
+          + (f", validation loss {final_val:.4f}" if final_val is not None else "")
           + (f", unigram baseline {baseline:.4f} nats" if baseline is not None else ""))
     print(f"export: {export_dir}\nloss plot: {plot}\nlogs: {run_dir / 'logs'} (CSV), {run_dir / 'tensorboard'}")

@@ -384,7 +384,7 @@ def run_ladder(steps: Sequence[str], budget: AblationBudget, output_dir: str | P
                                       output_dir / "tokenizers" / f"bpe-{budget.bpe_vocab_size}")
             result.notes.append(f"{config.data.tokenizer} is out of reach (hub unreachable): a byte-level BPE "
                                 f"tokenizer ({budget.bpe_vocab_size} tokens) was trained with `tokenizers` on the "
-                                f"same corpus instead ({bpe})")
+                                f"same corpus instead ({bpe}); its MLM loss is over other units, not comparable")
             config.data.tokenizer = str(bpe)
         if corpus is not None:
             result.notes.append(f"data: the offline demo corpus ({corpus}), not {_paper_source(step)}")
@@ -509,9 +509,15 @@ def results_markdown(rows: Sequence[dict]) -> str:
         cells += [f"{100 * r['glue'][t]:.1f}" if t in r["glue"] else "n/a" for t in tasks]
         cells += [f"{100 * r['glue_score']:.1f}" if r["glue_score"] is not None else "n/a", delta]
         lines.append("| " + " | ".join(cells) + " |")
-    notes = sorted({n for r in rows for n in r["notes"]})
-    if notes:
-        lines += ["", "Notes:"] + [f"- {n}" for n in notes]
+    steps_of: dict[str, list[str]] = {}
+    for r in rows:
+        for note in r["notes"]:
+            steps_of.setdefault(note, []).append(r["step"].upper())
+    if steps_of:
+        lines += ["", "Notes:"]
+        for note, steps in steps_of.items():
+            where = "all steps" if len(steps) == len(rows) > 1 else ", ".join(steps)
+            lines.append(f"- {where}: {note}")
     return "\n".join(lines)
 
 

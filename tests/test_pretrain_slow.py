@@ -46,6 +46,7 @@ def test_ddp_two_processes_on_cpu_write_a_checkpoint(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # minutes on an idle 2-core machine; far more on shared cores
 def test_demo_end_to_end_beats_the_unigram_baseline(tmp_path):
     import neobert  # noqa: F401
     from transformers import AutoModelForMaskedLM

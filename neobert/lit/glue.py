@@ -216,9 +216,9 @@ class GlueDataModule(L.LightningDataModule):
         return Subset(dataset, sorted(range(len(dataset)), key=lengths.__getitem__))
 
     def setup(self, stage: Optional[str] = None) -> None:
+        if stage in (None, "fit") and self.train is None:
+            self.train = self._tokenized("train", self.config.max_train_examples, shuffle_seed=0)
         if stage in (None, "fit", "validate") and not self.validation:
-            if stage != "validate":
-                self.train = self._tokenized("train", self.config.max_train_examples, shuffle_seed=0)
             self.validation = {s: self._by_length(self._tokenized(s, self.config.max_eval_examples))
                                for s in self.task.validation_splits}
         if stage == "predict" and not self.test:

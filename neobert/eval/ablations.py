@@ -422,7 +422,9 @@ def _glue_data_path(glue: GlueSubset, output_dir: Path, corpus: str | None) -> t
         return glue.data_path, ""
     shared = shared_glue_dir()
     if shared is not None:
-        return str(shared), ""
+        steps = f"{glue.max_train_steps} steps" if glue.max_train_steps else "full"
+        return str(shared), (f"GLUE: local files {shared} ({steps} fine-tuning on "
+                             f"{glue.max_train_examples or 'all'} training examples)")
     if corpus is None:
         from neobert.data.demo_corpus import write_demo_corpus
 

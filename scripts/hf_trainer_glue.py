@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> dict:
         output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=args.eval_batch_size, learning_rate=args.lr, weight_decay=args.weight_decay,
         adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-8, max_grad_norm=1.0, warmup_steps=0.06,
-        lr_scheduler_type="linear", num_train_epochs=args.epochs, max_steps=args.max_steps, eval_strategy="steps", eval_steps=args.eval_every,
+        lr_scheduler_type="linear", num_train_epochs=args.epochs, max_steps=args.max_steps,
+        eval_strategy="steps", eval_steps=args.eval_every,
         save_strategy="no", logging_steps=args.eval_every, seed=args.seed, report_to=[], use_cpu=True,
         dataloader_num_workers=0, disable_tqdm=True)
     trainer = Trainer(model=model, args=training_args, train_dataset=train, eval_dataset=validation,

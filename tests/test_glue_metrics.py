@@ -1,7 +1,6 @@
 """GLUE metrics against independent references (scikit-learn, scipy) on random predictions, accumulated over
 several batches as during validation."""
 
-import numpy as np
 import pytest
 import torch
 from scipy.stats import pearsonr, spearmanr

@@ -302,7 +302,8 @@ class LengthGroupedSampler(Sampler[int]):
     """Shuffled, but examples of similar length end up in the same batch so padding stays small: shuffle, cut
     into chunks of `batch_size * group_batches`, sort each chunk by length, then shuffle the batches (the longest
     batch goes first so an out-of-memory error shows at once). Under DDP, Lightning's sampler wrapper splits this
-    order between ranks, which keeps the shuffle but loosens the grouping. A new order every epoch, from `seed + epoch`."""
+    order between ranks, which keeps the shuffle but loosens the grouping. A new order every epoch, from
+    `seed + epoch`."""
 
     def __init__(self, lengths: Sequence[int], batch_size: int, seed: int = 0, group_batches: int = 50):
         self.lengths = list(lengths)

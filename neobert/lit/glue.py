@@ -33,10 +33,10 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, RandomSampler, Subset
 
 from neobert.config import to_yaml
-from neobert.data.glue import (GLUE_TASKS, HUB_DATASET, GlueCollator, GlueTask, LengthGroupedSampler, TokenizedGlue,
-                               get_task, load_glue_split)
-from neobert.hub import HubUnreachableError, hub_reachable
+from neobert.data.glue import (GLUE_TASKS, HUB_DATASET, GlueCollator, GlueTask, LengthGroupedSampler,
+                               TokenizedGlue, get_task, load_glue_split)
 from neobert.eval.glue_metrics import GlueMetrics, main_score_key, predictions, table3_markdown
+from neobert.hub import HubUnreachableError, hub_reachable
 from neobert.lit.optim import build_adamw, warmup_linear
 from neobert.model.backbone import Backbone, load_backbone
 from neobert.model.modeling import NeoBERTForSequenceClassification, SequenceClassifierOutput, classification_loss

@@ -1,5 +1,6 @@
 """GLUE during pretraining: every `every_n_steps` steps, fine-tune a copy of the encoder briefly on one small task
-and log its validation score as `glue/<task>/<metric>` (to the trainer's loggers, at that step), so a pretraining run shows downstream quality as it goes.
+and log its validation score as `glue/<task>/<metric>` (to the trainer's loggers, at that step), so a pretraining
+run shows downstream quality as it goes.
 
 The pretraining run is left exactly as it was: the encoder is deep-copied, the fine-tuning runs in its own
 Lightning Trainer (single device, no logger, no checkpoints) on rank 0, and every random number generator

@@ -377,7 +377,8 @@ def summarise(config: PretrainConfig, export_dir: Path, baseline: float | None) 
     plot_curves(csvs, ["train/loss", "val/loss"], plot, hlines=lines, title=f"MLM loss ({run_dir.name})")
     final = final_value(csvs, "train/loss", last_n=5)  # single steps are noisy: the mean of the last 5 logged
     final_val = final_value(csvs, "val/loss")
-    print(f"final train loss (mean of the last 5 logged steps) {final:.4f}"
+    print((f"final train loss (mean of the last 5 logged steps) {final:.4f}" if final is not None
+           else "no train loss logged (max_steps < trainer.log_every_n_steps)")
           + (f", validation loss {final_val:.4f}" if final_val is not None else "")
           + (f", unigram baseline {baseline:.4f} nats" if baseline is not None else ""))
     print(f"export: {export_dir}\nloss plot: {plot}\nlogs: {run_dir / 'logs'} (CSV), {run_dir / 'tensorboard'}")

@@ -130,12 +130,8 @@ class BackboneForSequenceClassification(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None,
                 token_type_ids: Tensor | None = None) -> SequenceClassifierOutput:
-        if token_type_ids is not None:
-            # Pair tasks: BERT-style encoders were pretrained with segment embeddings, so pass them through.
-            hidden = self.backbone.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                                           token_type_ids=token_type_ids).last_hidden_state
-        else:
-            hidden = self.backbone(input_ids, attention_mask)
+        # Pair tasks: BERT-style encoders were pretrained with segment embeddings, so they get them.
+        hidden = self.backbone(input_ids, attention_mask, token_type_ids)
         x = self.head_dropout(hidden[:, 0])
         x = self.head_dropout(torch.tanh(self.dense(x)))
         logits = self.classifier(x)

@@ -25,7 +25,7 @@ def is_neobert_dir(path: str | Path) -> bool:
 
 
 class Backbone(nn.Module):
-    """forward(input_ids, attention_mask) -> last hidden states [B, L, hidden]."""
+    """forward(input_ids, attention_mask, token_type_ids=None) -> last hidden states [B, L, hidden]."""
 
     def __init__(self, encoder: nn.Module, tokenizer, hidden_size: int, num_layers: int, is_neobert: bool):
         super().__init__()
@@ -35,10 +35,14 @@ class Backbone(nn.Module):
         self.num_layers = num_layers
         self.is_neobert = is_neobert
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None) -> Tensor:
+        """`token_type_ids` (segments of sentence pairs) reach encoders that were pretrained with them;
+        NeoBERT has no segment embeddings and ignores them."""
         if self.is_neobert:
             return self.encoder(input_ids, attention_mask).last_hidden_state
-        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        segments = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return self.encoder(input_ids=input_ids, attention_mask=attention_mask, **segments).last_hidden_state
 
 
 def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: str = "model",

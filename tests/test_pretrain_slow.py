@@ -35,8 +35,13 @@ def write_yaml(tmp_path, *overrides) -> Path:
 @pytest.mark.slow
 def test_ddp_two_processes_on_cpu_write_a_checkpoint(tmp_path):
     config = write_yaml(tmp_path, "trainer.strategy=ddp", "trainer.devices=2", "trainer.max_steps=2")
-    proc = cli("--config", str(config))
-    out, _ = proc.communicate(timeout=600)
+    proc = cli("--config", str(config), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # rank 0 and the rank-1 process Lightning started
+        out, _ = proc.communicate()
+        pytest.fail(f"2-process DDP run did not finish in 600 s; its output:\n{out[-5000:]}")
     assert proc.returncode == 0, out[-3000:]
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     assert checkpoint["global_step"] == 2

@@ -467,52 +467,43 @@ def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") ->
         header = "| model | " + " | ".join(str(n) for n in lengths) + " |"
         rule = "|---|" + "---:|" * len(lengths)
 
-        out.append(f"### {mode}, {layout} batches: tokens/s (best batch size)\n")
-        out += [header, rule]
-        for name in names:
-            cells = []
-            for length in lengths:
-                row = cell.get((name, length))
-                if row is None or row.tokens_per_s is None:
-                    cells.append("n/a")
-                else:
-                    cells.append(f"{row.tokens_per_s:,.0f} ({row.batch_size})")
-            out.append(f"| {name} | " + " | ".join(cells) + " |")
-        out.append("")
-        has_mfu = any(r.mfu is not None for r in group)
-        unit = "MFU %" if has_mfu else "achieved GFLOP/s"
-        out.append(f"### {mode}, {layout} batches: {unit} (tokens/s x FLOPs/token from neobert.eval.flops)\n")
-        out += [header, rule]
-        for name in names:
-            cells = []
-            for length in lengths:
-                row = cell.get((name, length))
-                value = None if row is None else (row.mfu * 100 if has_mfu and row.mfu is not None else
-                                                  None if row.achieved_flops is None else row.achieved_flops / 1e9)
-                cells.append(_fmt(value, digits=1))
-            out.append(f"| {name} | " + " | ".join(cells) + " |")
-        out.append("")
+        def section(title: str, models: Sequence[str], text: Callable[[str, int], str], label=lambda n: n) -> None:
+            out.extend([f"### {mode}, {layout} batches: {title}\n", header, rule])
+            for name in models:
+                out.append(f"| {label(name)} | " + " | ".join(text(name, length) for length in lengths) + " |")
+            out.append("")
 
         def measured(model: str, length: int) -> bool:
             return cell.get((model, length)) is not None and cell[(model, length)].tokens_per_s is not None
 
+        def tokens_per_s(name: str, length: int) -> str:
+            row = cell.get((name, length))
+            return f"{row.tokens_per_s:,.0f} ({row.batch_size})" if measured(name, length) else "n/a"
+
+        has_mfu = any(r.mfu is not None for r in group)
+
+        def rate(name: str, length: int) -> str:
+            row = cell.get((name, length))
+            value = None if row is None else (row.mfu * 100 if has_mfu and row.mfu is not None else
+                                              None if row.achieved_flops is None else row.achieved_flops / 1e9)
+            return _fmt(value, digits=1)
+
+        def ratio(name: str, length: int) -> str:
+            if not (measured(name, length) and measured(reference, length)):
+                return "n/a"
+            ours, theirs = cell[(reference, length)], cell[(name, length)]
+            speed = ours.tokens_per_s / theirs.tokens_per_s
+            per_flop = ours.achieved_flops / theirs.achieved_flops
+            return f"{speed:.2f}x; {per_flop:.2f}x"
+
+        section("tokens/s (best batch size)", names, tokens_per_s)
+        unit = "MFU %" if has_mfu else "achieved GFLOP/s"
+        section(f"{unit} (tokens/s x FLOPs/token from neobert.eval.flops)", names, rate)
         others = [n for n in names if n != reference and any(measured(n, x) and measured(reference, x)
                                                              for x in lengths)]
         if others:
-            out.append(f"### {mode}, {layout} batches: ratio {reference} / other (tokens/s; per FLOP)\n")
-            out += [header, rule]
-            for name in others:
-                cells = []
-                for length in lengths:
-                    if not (measured(name, length) and measured(reference, length)):
-                        cells.append("n/a")
-                        continue
-                    ours, theirs = cell[(reference, length)], cell[(name, length)]
-                    speed = ours.tokens_per_s / theirs.tokens_per_s
-                    per_flop = ours.achieved_flops / theirs.achieved_flops
-                    cells.append(f"{speed:.2f}x; {per_flop:.2f}x")
-                out.append(f"| {reference} / {name} | " + " | ".join(cells) + " |")
-            out.append("")
+            section(f"ratio {reference} / other (tokens/s; per FLOP)", others, ratio,
+                    label=lambda n: f"{reference} / {n}")
         for name, note in notes.items():
             out.append(f"- {name}: {note}")
         if notes:

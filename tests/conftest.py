@@ -25,10 +25,16 @@ def shared_data(*parts: str) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _seed_and_threads():
+def _seed_threads_and_environment():
+    """Each test starts from the same seed and environment. Lightning writes LOCAL_RANK, NODE_RANK and
+    MASTER_PORT into os.environ during an in-process fit; left behind, a later `-m experiments.pretrain`
+    subprocess with devices=2 believes a launcher already started its ranks and waits forever for rank 1."""
     torch.manual_seed(0)
     torch.set_num_threads(1)  # two xdist workers share two cores
+    environment = dict(os.environ)
     yield
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 @pytest.fixture

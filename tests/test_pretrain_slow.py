@@ -20,8 +20,15 @@ from test_pretrain import tiny_config
 REPO = Path(__file__).resolve().parents[1]
 
 
+# Set by a launcher (Lightning, torchrun, SLURM) for the ranks it starts: inherited, they make Lightning skip
+# starting rank 1 itself.
+LAUNCHER_VARIABLES = ("LOCAL_RANK", "NODE_RANK", "RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                      "SLURM_NTASKS", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+
+
 def cli(*args, **popen):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {key: value for key, value in os.environ.items() if key not in LAUNCHER_VARIABLES}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     return subprocess.Popen([sys.executable, "-m", "experiments.pretrain", *args], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 

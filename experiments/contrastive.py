@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 
-from neobert.config import load_config
+from neobert.config import flag_overrides, load_config
 from neobert.lit.contrastive import ContrastiveRunConfig, run_contrastive
 
 
@@ -27,12 +27,7 @@ def parse_args(argv=None) -> ContrastiveRunConfig:
     parser.add_argument("--output-dir")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=100")
     args = parser.parse_args(argv)
-    overrides = list(args.overrides)
-    if args.model:
-        overrides.append(f"model={args.model}")
-    if args.output_dir:
-        overrides.append(f"output_dir={args.output_dir}")
-    return load_config(ContrastiveRunConfig, args.config, overrides)
+    return load_config(ContrastiveRunConfig, args.config, flag_overrides(args, values=("model", "output_dir")))
 
 
 def main(argv=None) -> dict:

@@ -15,7 +15,7 @@ import argparse
 import logging
 import sys
 
-from neobert.config import load_config
+from neobert.config import flag_overrides, load_config
 from neobert.eval.mteb import MtebRunConfig, evaluate_model, summary_markdown
 
 
@@ -27,13 +27,7 @@ def parse_args(argv=None) -> MtebRunConfig:
     parser.add_argument("--output-dir")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of MtebRunConfig")
     args = parser.parse_args(argv)
-    overrides = list(args.overrides)
-    if args.model:
-        overrides.append(f"model={args.model}")
-    if args.tasks:
-        overrides.append(f"tasks=[{','.join(repr(t) for t in args.tasks.split(','))}]")
-    if args.output_dir:
-        overrides.append(f"output_dir={args.output_dir}")
+    overrides = flag_overrides(args, values=("model", "output_dir"), lists=("tasks",))
     return load_config(MtebRunConfig, args.config, overrides)
 
 

@@ -14,7 +14,7 @@ import argparse
 import logging
 import sys
 
-from neobert.config import load_config
+from neobert.config import flag_overrides, load_config
 from neobert.eval.throughput import ThroughputConfig, run_throughput, write_reports
 
 
@@ -30,16 +30,8 @@ def parse_args(argv=None):
     parser.add_argument("--output-dir")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of ThroughputConfig")
     args = parser.parse_args(argv)
-    overrides = list(args.overrides)
-    for flag, key in (("models", "models"), ("lengths", "lengths"), ("batch_sizes", "batch_sizes"),
-                      ("layouts", "layouts")):
-        value = getattr(args, flag)
-        if value:
-            overrides.append(f"{key}=[{value}]")
-    if args.mode:
-        overrides.append(f"mode={args.mode}")
-    if args.output_dir:
-        overrides.append(f"output_dir={args.output_dir}")
+    overrides = flag_overrides(args, values=("mode", "output_dir"),
+                               lists=("models", "lengths", "batch_sizes", "layouts"))
     return load_config(ThroughputConfig, args.config, overrides)
 
 

@@ -60,6 +60,23 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
         raise ConfigError(f"{source}: invalid config key {key!r}: {getattr(err, 'msg', err)}") from err
 
 
+def flag_overrides(args: Any, values: Sequence[str] = (), lists: Sequence[str] = ()) -> list[str]:
+    """The CLI's free `key=value` overrides (`args.overrides`) followed by one override per convenience flag that
+    was given: `--model X` becomes `model=X` for each name in `values`, and the comma-separated `--tasks a,b`
+    becomes `tasks=['a','b']` for each name in `lists` (items quoted, so paths and `sts:file` stay strings; the
+    schema still converts '128' to an int field). A flag's name is its config key; flags win over the free ones."""
+    overrides = list(args.overrides)
+    for name in values:
+        value = getattr(args, name)
+        if value is not None:
+            overrides.append(f"{name}={value}")
+    for name in lists:
+        value = getattr(args, name)
+        if value is not None:
+            overrides.append(f"{name}=[{','.join(repr(item.strip()) for item in value.split(','))}]")
+    return overrides
+
+
 def _open_free_form_dicts(node: DictConfig) -> None:
     """`Dict[str, X]` fields (e.g. model overrides) take any key; dataclass sections stay strict."""
     for key in node.keys():

@@ -40,3 +40,18 @@ def test_misspelt_or_ill_typed_keys_are_named(tmp_path, yaml, overrides, message
 def test_missing_config_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="nowhere.yaml"):
         load_config(Schema, tmp_path / "nowhere.yaml")
+
+
+def test_cli_flags_become_typed_overrides_and_win_over_free_ones():
+    from experiments import contrastive, mteb, throughput
+
+    config = throughput.parse_args(["--models", "neobert,bert-base", "--lengths", "128, 512", "--mode", "training",
+                                    "--output-dir", "/tmp/tp", "mode=inference"])
+    assert config.models == ["neobert", "bert-base"] and config.lengths == [128, 512]
+    assert config.mode == "training" and config.output_dir == "/tmp/tp"  # the flag wins over `mode=inference`
+    config = mteb.parse_args(["--model", "preset:tiny", "--tasks", "sts:/data/a b.csv,STSBenchmark"])
+    assert config.model == "preset:tiny" and config.tasks == ["sts:/data/a b.csv", "STSBenchmark"]
+    config = contrastive.parse_args(["--model", "runs/x/export", "train.max_steps=7"])
+    assert config.model == "runs/x/export" and config.train.max_steps == 7
+    with pytest.raises(ConfigError, match="lengths"):
+        throughput.parse_args(["--lengths", "128,long"])

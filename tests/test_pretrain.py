@@ -11,8 +11,8 @@ import torch
 from neobert.config import ConfigError, load_config
 from neobert.data.demo_corpus import demo_documents
 from neobert.hub import HubUnreachableError
-from neobert.lit.pretrain import (MLMPretrainingModule, build_strategy, build_trainer, init_weights, prepare,
-                                  resolve_precision, run_pretraining)
+from neobert.lit.pretrain import (MLMPretrainingModule, build_strategy, build_trainer, check_launch_environment,
+                                  init_weights, prepare, resolve_precision, run_pretraining)
 from neobert.lit.pretrain_config import PretrainConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -108,6 +108,16 @@ def test_paper_recipe_configs():
 
 
 # ---------------------------------------------------------------------------------------------- strategies
+def test_a_stale_local_rank_without_a_launcher_fails_instead_of_hanging(tmp_path):
+    two = tiny_config(tmp_path, "trainer.strategy=ddp", "trainer.devices=2").trainer
+    with pytest.raises(ConfigError, match="LOCAL_RANK=0 is set"):
+        check_launch_environment(two, {"LOCAL_RANK": "0", "NODE_RANK": "0", "MASTER_PORT": "1234"})
+    check_launch_environment(two, {"LOCAL_RANK": "0", "WORLD_SIZE": "2"})  # torchrun, or Lightning's own rank 1
+    check_launch_environment(two, {"LOCAL_RANK": "0", "SLURM_NTASKS": "2"})  # srun
+    check_launch_environment(two, {})  # Lightning starts rank 1 itself
+    check_launch_environment(tiny_config(tmp_path).trainer, {"LOCAL_RANK": "0"})  # one device: nothing to wait for
+
+
 def test_strategies_by_name_and_deepspeed_config_on_cpu(tmp_path, monkeypatch):
     from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, StrategyRegistry
 

@@ -6,6 +6,7 @@ its command line. The schema of `config` is `neobert.lit.pretrain_config.Pretrai
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Sequence
@@ -219,8 +220,27 @@ def build_callbacks(config: PretrainConfig) -> list:
     return callbacks
 
 
+# Set by a cluster manager that starts every rank itself; Lightning then does not start ranks 1..N-1.
+EXTERNAL_LAUNCHER_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS", "JSM_NAMESPACE_RANK")
+
+
+def check_launch_environment(trainer_cfg, environ=os.environ) -> None:
+    """Lightning takes a set LOCAL_RANK to mean that a launcher has started every rank, so it starts none itself.
+    Left behind by an earlier in-process run (a notebook, a test) with no launcher around, it makes a
+    multi-device run wait forever for ranks that never start: fail before that instead."""
+    devices = int(trainer_cfg.devices) if str(trainer_cfg.devices).isdigit() else 1
+    launched = any(key in environ for key in EXTERNAL_LAUNCHER_VARIABLES)
+    if devices * trainer_cfg.num_nodes > 1 and "LOCAL_RANK" in environ and not launched:
+        raise ConfigError(
+            f"LOCAL_RANK={environ['LOCAL_RANK']} is set but no launcher is (none of "
+            f"{', '.join(EXTERNAL_LAUNCHER_VARIABLES)}): with trainer.devices={trainer_cfg.devices} Lightning would "
+            "wait forever for ranks it never starts. Unset LOCAL_RANK (left over from an earlier run in this "
+            "process?), or start the ranks with torchrun/srun.")
+
+
 def build_trainer(config: PretrainConfig, extra_callbacks: Sequence[L.Callback] = ()) -> L.Trainer:
     trainer_cfg = config.trainer
+    check_launch_environment(trainer_cfg)
     validate = config.data.validation_docs > 0
     return L.Trainer(
         accelerator=trainer_cfg.accelerator,

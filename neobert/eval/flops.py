@@ -6,6 +6,7 @@ sequence length (q k^T and attention x v). Training is 3x the forward (backward 
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 # Dense bf16 tensor-core peaks per device, for MFU.
@@ -27,3 +28,11 @@ def flops_per_token(matmul_weights: float, num_layers: int, hidden_size: int, se
 
 def mfu(tokens_per_second: float, flops_per_tok: float, peak_flops: float) -> float:
     return tokens_per_second * flops_per_tok / peak_flops
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """The dense bf16 peak of a known GPU (PEAK_FLOPS, matched by name); None on CPU or an unknown device."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device).lower()
+    return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)

@@ -1,4 +1,6 @@
-"""AdamW parameter groups and the learning-rate schedules of the paper (pretraining) and of GLUE."""
+"""Optimizers and learning-rate schedules of every job, from the shared `optimizer` and `scheduler` config
+sections: AdamW (or the M0 baseline's Adam) with weight decay on matrices only, linear warm-up, then the
+paper's cosine decay (pretraining) or a linear decay to 0 (fine-tuning)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from typing import Callable
 
 import torch
 from torch import nn
+
+from neobert.config import OptimizerConfig, SchedulerConfig
 
 
 def parameter_groups(model: nn.Module, weight_decay: float, decay_norms_biases_embeddings: bool = False):
@@ -34,7 +38,7 @@ def build_adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.
 def warmup_cosine(warmup_steps: int, total_steps: int, decay_fraction: float = 0.9,
                   final_ratio: float = 0.1) -> Callable[[int], float]:
     """Multiplier of the peak lr: linear from 0 over `warmup_steps`, cosine down to `final_ratio` at
-    `decay_fraction * total_steps`, constant after (NEOBERT_SPEC section 2)."""
+    `decay_fraction * total_steps`, constant after (the paper's pretraining schedule)."""
     decay_end = max(int(decay_fraction * total_steps), warmup_steps + 1)
 
     def factor(step: int) -> float:
@@ -57,3 +61,28 @@ def warmup_linear(warmup_steps: int, total_steps: int) -> Callable[[int], float]
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
     return factor
+
+
+def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Optimizer:
+    if config.name == "adamw":
+        return build_adamw(model, config.lr, config.weight_decay, config.betas, config.eps,
+                           config.decay_norms_biases_embeddings)
+    # Adam with coupled L2 decay (the M0 baseline)
+    groups = parameter_groups(model, config.weight_decay, config.decay_norms_biases_embeddings)
+    return torch.optim.Adam(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
+
+
+def lr_factor(config: SchedulerConfig, total_steps: int) -> Callable[[int], float]:
+    warmup = config.warmup(total_steps)
+    if config.name == "cosine":
+        return warmup_cosine(warmup, total_steps, config.decay_fraction, config.final_ratio)
+    return warmup_linear(warmup, total_steps)
+
+
+def configure_optimizers(model: nn.Module, optimizer: OptimizerConfig, scheduler: SchedulerConfig,
+                         total_steps: int) -> dict:
+    """What a LightningModule's `configure_optimizers` returns: the optimizer and its per-step schedule over
+    `total_steps` optimizer steps."""
+    built = build_optimizer(model, optimizer)
+    schedule = torch.optim.lr_scheduler.LambdaLR(built, lr_factor(scheduler, total_steps))
+    return {"optimizer": built, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

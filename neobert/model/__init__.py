@@ -1,6 +1,6 @@
 """The NeoBERT architecture in plain PyTorch (no Lightning)."""
 
-from neobert.model.checkpoint import convert_official_state_dict, load_state_dict_strict
+from neobert.model.checkpoint import load_state_dict_strict
 from neobert.model.config import PRESETS, NeoBERTConfig
 from neobert.model.modeling import (
     EncoderOutput,
@@ -11,6 +11,7 @@ from neobert.model.modeling import (
     SequenceClassifierOutput,
     pool_embeddings,
 )
+from neobert.model.official import convert_official_state_dict
 
 __all__ = [
     "PRESETS", "NeoBERTConfig", "NeoBERT", "NeoBERTForMaskedLM", "NeoBERTForSequenceClassification",

@@ -11,29 +11,25 @@ import dataclasses
 import json
 import logging
 import os
-import re
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from neobert.layout import CONFIG_NAME, WEIGHTS_NAME
 from neobert.model.config import NeoBERTConfig
 
 log = logging.getLogger(__name__)
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 HEAD_PREFIXES = ("decoder.", "dense.", "classifier.")
 
 
 def save_pretrained(model, directory: str | os.PathLike, tokenizer=None) -> None:
-    from neobert.model.modeling import MODEL_CLASSES
-
+    """`model` is one of our modules; its class names its hub architecture (`hub_architecture`)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    architecture = next(name for name, cls in MODEL_CLASSES.items() if type(model) is cls)
-    config = {"architectures": [architecture], **model.config.to_hub_dict()}
+    config = {"architectures": [type(model).hub_architecture], **model.config.to_hub_dict()}
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     config["torch_dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
     # Write to temporary names first so a crash never leaves a half-written checkpoint under the real name.
@@ -78,9 +74,13 @@ def load_pretrained(cls, directory: str | os.PathLike, **config_overrides):
     return model
 
 
-def load_state_dict_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint"):
-    expected = model.state_dict()
-    state = _match_prefix(state, expected)
+def load_state_dict_strict(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str = "checkpoint",
+                           keep_fresh: tuple[str, ...] = ()):
+    """Loads `state` into `model`; any missing, unexpected or mis-shaped tensor is an error naming it. Tensors
+    under the `keep_fresh` prefixes are left as the model initialised them, on both sides (e.g. a classifier
+    layer whose label set differs)."""
+    expected = {k: v for k, v in model.state_dict().items() if not k.startswith(keep_fresh)}
+    state = {k: v for k, v in _match_prefix(state, expected).items() if not k.startswith(keep_fresh)}
     target_heads = {p for p in HEAD_PREFIXES if any(k.startswith(p) for k in expected)}
     state = {k: v for k, v in state.items() if not (k.startswith(HEAD_PREFIXES) and not k.startswith(tuple(target_heads)))}
 
@@ -120,35 +120,6 @@ def _match_prefix(state: dict[str, torch.Tensor], expected) -> dict[str, torch.T
     return state
 
 
-# --------------------------------------------------------------------------- official training checkpoints
-_OFFICIAL_RENAMES = [
-    (re.compile(r"^(module\.|_orig_mod\.)+"), ""),  # DDP / torch.compile wrappers
-    (re.compile(r"\.ffn\.0\.weight$"), ".ffn.w12.weight"),  # the official code's non-xFormers SwiGLU
-    (re.compile(r"\.ffn\.2\.weight$"), ".ffn.w3.weight"),
-]
-
-
-def convert_official_state_dict(
-    state_dict_path: str | os.PathLike, config: NeoBERTConfig, output_dir: str | os.PathLike, tokenizer=None
-):
-    """Converts a training checkpoint of the official repo (a plain `state_dict.pt`) to the hub layout."""
-    from neobert.model.modeling import NeoBERTForMaskedLM
-
-    path = Path(state_dict_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"official state dict {path} is missing")
-    try:
-        raw = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises several types for truncated or foreign files
-        raise ValueError(f"{path} is not a readable torch state dict: {err}") from err
-    if isinstance(raw, dict) and "module" in raw and isinstance(raw["module"], dict):
-        raw = raw["module"]  # DeepSpeed's model-states file
-    state = {}
-    for key, tensor in raw.items():
-        for pattern, replacement in _OFFICIAL_RENAMES:
-            key = pattern.sub(replacement, key)
-        state[key] = tensor
-    model = NeoBERTForMaskedLM(config)
-    load_state_dict_strict(model, state, source=str(path))
-    model.save_pretrained(output_dir, tokenizer=tokenizer)
-    return model
+def submodule_state(state: dict[str, torch.Tensor], prefix: str = "model.") -> dict[str, torch.Tensor]:
+    """The weights of one attribute of a LightningModule (e.g. its `model.`), with that prefix removed."""
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}

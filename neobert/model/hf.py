@@ -22,7 +22,7 @@ from transformers import (
 from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
 
 from neobert.model.config import NeoBERTConfig
-from neobert.model.modeling import NeoBERT, NeoBERTForMaskedLM, NeoBERTForSequenceClassification, NeoBERTPreTrained
+from neobert.model.modeling import ClassificationHead, NeoBERT, NeoBERTForMaskedLM, NeoBERTPreTrained
 
 _FIELDS = {f.name: f.default for f in dataclasses.fields(NeoBERTConfig)}
 
@@ -97,20 +97,19 @@ class NeoBERTHFForMaskedLM(NeoBERTHFPreTrainedModel):
         return MaskedLMOutput(loss=out.loss, logits=out.logits)
 
 
-class NeoBERTHFForSequenceClassification(NeoBERTHFPreTrainedModel):
+class NeoBERTHFForSequenceClassification(ClassificationHead, NeoBERTHFPreTrainedModel):
     def __init__(self, config: NeoBERTHFConfig):
         super().__init__(config)
         neo = config.to_neobert_config()
         self.model = NeoBERT(neo)
-        self.dense = nn.Linear(neo.hidden_size, neo.hidden_size)
-        self.classifier = nn.Linear(neo.hidden_size, neo.num_labels)
-        self.head_dropout = nn.Dropout(neo.classifier_dropout)
+        self.add_classification_head(neo.hidden_size, neo.num_labels, neo.classifier_dropout,
+                                     neo.classifier_init_range)
         self.post_init()
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 output_hidden_states=None, return_dict=None, **kwargs):
-        out = NeoBERTForSequenceClassification.forward(self, input_ids, attention_mask, labels=labels,
-                                                       position_ids=position_ids)
+        hidden = self.model(input_ids, attention_mask, position_ids).last_hidden_state
+        out = self.classify(hidden, labels)
         return SequenceClassifierOutput(loss=out.loss, logits=out.logits)
 
 

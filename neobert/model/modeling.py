@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from neobert.model import checkpoint
 from neobert.model.attention import AttentionLayout, apply_rope, attend, position_ids_from_cu_seqlens, rope_tables
 from neobert.model.config import NeoBERTConfig
 
@@ -127,19 +128,17 @@ class NeoBERTPreTrained(nn.Module):
         return sum(p.numel() for p in self.parameters() if not (exclude_embeddings and id(p) in skip))
 
     def save_pretrained(self, directory: str | os.PathLike, tokenizer=None) -> None:
-        from neobert.model.checkpoint import save_pretrained
-
-        save_pretrained(self, directory, tokenizer=tokenizer)
+        checkpoint.save_pretrained(self, directory, tokenizer=tokenizer)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, **config_overrides):
-        from neobert.model.checkpoint import load_pretrained
-
-        return load_pretrained(cls, directory, **config_overrides)
+        return checkpoint.load_pretrained(cls, directory, **config_overrides)
 
 
 class NeoBERT(NeoBERTPreTrained):
     """The encoder: token embedding, pre-norm blocks, final norm. Returns hidden states after the final norm."""
+
+    hub_architecture = "NeoBERT"
 
     def __init__(self, config: NeoBERTConfig):
         super().__init__()
@@ -264,6 +263,8 @@ class NeoBERT(NeoBERTPreTrained):
 class NeoBERTForMaskedLM(NeoBERTPreTrained):
     """The hub's `NeoBERTLMHead`: encoder + an untied Linear(hidden, vocab) decoder."""
 
+    hub_architecture = "NeoBERTLMHead"
+
     def __init__(self, config: NeoBERTConfig):
         super().__init__()
         self.config = config
@@ -303,32 +304,45 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
         return MaskedLMOutput(logits, loss, hidden)
 
 
-class NeoBERTForSequenceClassification(NeoBERTPreTrained):
-    """The paper's head: [CLS] -> dropout -> dense -> tanh -> dropout -> classifier. MSE when num_labels == 1."""
+class ClassificationHead:
+    """The paper's classification head, mixed into every classifier of this suite (NeoBERT's, the one over any
+    Hugging Face encoder, the `transformers` wrapper): [CLS] -> dropout -> dense -> tanh -> dropout -> classifier,
+    MSE when num_labels == 1. Its layers are attributes of the model itself (`dense`, `classifier`), the hub's
+    tensor names."""
+
+    def add_classification_head(self, hidden_size: int, num_labels: int, dropout: float, init_range: float) -> None:
+        self.num_labels = num_labels
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.classifier = nn.Linear(hidden_size, num_labels)
+        self.head_dropout = nn.Dropout(dropout)
+        for layer in (self.dense, self.classifier):
+            nn.init.normal_(layer.weight, mean=0.0, std=init_range)
+            nn.init.zeros_(layer.bias)
+
+    def classify(self, hidden: Tensor, labels: Tensor | None = None) -> SequenceClassifierOutput:
+        x = self.head_dropout(hidden[:, 0])  # [CLS]
+        x = self.head_dropout(torch.tanh(self.dense(x)))
+        logits = self.classifier(x)
+        loss = None if labels is None else classification_loss(logits, labels, self.num_labels)
+        return SequenceClassifierOutput(logits, loss, hidden)
+
+
+class NeoBERTForSequenceClassification(ClassificationHead, NeoBERTPreTrained):
+    """NeoBERT with the paper's classification head (`ClassificationHead`)."""
+
+    hub_architecture = "NeoBERTForSequenceClassification"
 
     def __init__(self, config: NeoBERTConfig):
         super().__init__()
         self.config = config
         self.model = NeoBERT(config)
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.head_dropout = nn.Dropout(config.classifier_dropout)
-        self.init_head()
-
-    def init_head(self) -> None:
-        for layer in (self.dense, self.classifier):
-            nn.init.normal_(layer.weight, mean=0.0, std=self.config.classifier_init_range)
-            nn.init.zeros_(layer.bias)
+        self.add_classification_head(config.hidden_size, config.num_labels, config.classifier_dropout,
+                                     config.classifier_init_range)
 
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None, **encoder_kwargs
     ) -> SequenceClassifierOutput:
-        hidden = self.model(input_ids, attention_mask, **encoder_kwargs).last_hidden_state
-        x = self.head_dropout(hidden[:, 0])  # [CLS]
-        x = self.head_dropout(torch.tanh(self.dense(x)))
-        logits = self.classifier(x)
-        loss = None if labels is None else classification_loss(logits, labels, self.config.num_labels)
-        return SequenceClassifierOutput(logits, loss, hidden)
+        return self.classify(self.model(input_ids, attention_mask, **encoder_kwargs).last_hidden_state, labels)
 
 
 def classification_loss(logits: Tensor, labels: Tensor, num_labels: int) -> Tensor:
@@ -352,10 +366,3 @@ def pool_embeddings(hidden: Tensor, attention_mask: Tensor | None, mode: str = "
         return hidden.mean(dim=1)
     mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
     return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
-
-
-MODEL_CLASSES = {
-    "NeoBERT": NeoBERT,
-    "NeoBERTLMHead": NeoBERTForMaskedLM,
-    "NeoBERTForSequenceClassification": NeoBERTForSequenceClassification,
-}

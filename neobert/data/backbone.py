@@ -1,4 +1,4 @@
-"""Any encoder behind one interface, so GLUE, contrastive training, MTEB and the benchmarks treat NeoBERT
+"""An encoder paired with its tokenizer: any encoder behind one interface, so GLUE, contrastive training, MTEB and the benchmarks treat NeoBERT
 and Hugging Face encoders (BERT, RoBERTa, ModernBERT, ...) identically.
 
 `name_or_path` is one of:
@@ -12,15 +12,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from huggingface_hub import snapshot_download
 from torch import Tensor, nn
+from transformers import AutoModel
 
+from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
 from neobert.hub import require_hub
+from neobert.layout import CONFIG_NAME, has_tokenizer
 from neobert.model.config import NeoBERTConfig
 from neobert.model.modeling import NeoBERT
 
 
 def is_neobert_dir(path: str | Path) -> bool:
-    config = Path(path) / "config.json"
+    config = Path(path) / CONFIG_NAME
     return config.is_file() and json.loads(config.read_text()).get("model_type") == "neobert"
 
 
@@ -49,8 +53,6 @@ def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: s
                   **neobert_overrides) -> Backbone:
     """`tokenizer` overrides where the tokenizer comes from (default: beside the weights, else bert-base-uncased
     for NeoBERT). `neobert_overrides` are NeoBERTConfig fields (e.g. attention_backend) for NeoBERT models."""
-    from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
-
     if name_or_path.startswith("preset:"):
         config = NeoBERTConfig.from_preset(name_or_path.removeprefix("preset:"), **neobert_overrides)
         encoder = NeoBERT(config)
@@ -63,12 +65,9 @@ def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: s
         path = Path(download_snapshot(name_or_path, config_key))
     if is_neobert_dir(path):
         encoder = NeoBERT.from_pretrained(path, **neobert_overrides)
-        has_tokenizer = (path / "tokenizer_config.json").is_file() or (path / "vocab.txt").is_file()
-        tok = load_tokenizer(tokenizer or (str(path) if has_tokenizer else BERT_BASE_UNCASED),
+        tok = load_tokenizer(tokenizer or (str(path) if has_tokenizer(path) else BERT_BASE_UNCASED),
                              max_length=encoder.config.max_length)
         return Backbone(encoder, tok, encoder.config.hidden_size, encoder.config.num_hidden_layers, True)
-    from transformers import AutoModel
-
     encoder = AutoModel.from_pretrained(str(path))
     tok = load_tokenizer(tokenizer or str(path), config_key=config_key)
     cfg = encoder.config
@@ -78,6 +77,4 @@ def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: s
 def download_snapshot(repo_id: str, config_key: str = "model") -> str:
     """Downloads a hub model's config, weights and tokenizer files; fails fast when the hub is unreachable."""
     require_hub(repo_id, config_key)
-    from huggingface_hub import snapshot_download
-
     return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"])

@@ -1,0 +1,109 @@
+"""The sections every training job shares: `trainer`, `optimizer`, `scheduler` and `logging`.
+
+Each job's schema holds these under the same keys with the same meaning (a job may add fields in a subclass, or
+change a default); `neobert.lit.trainer.build_trainer` and `neobert.lit.optim` are the only code that reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from neobert.config.loader import require
+
+PRECISIONS = ("32", "32-true", "16-mixed", "bf16-mixed", "bf16-true", "64", "64-true")
+OPTIMIZERS = ("adamw", "adam")
+SCHEDULERS = ("cosine", "linear")
+LOGGERS = ("csv", "tensorboard")
+
+
+@dataclass
+class TrainerConfig:
+    """Lightning's Trainer settings (neobert.lit.trainer.build_trainer)."""
+
+    accelerator: str = "auto"
+    devices: Any = "auto"  # "auto" or a number of devices per node
+    num_nodes: int = 1
+    # Lightning names (auto, ddp, fsdp, deepspeed_stage_2, ...) or "fsdp2" (ModelParallelStrategy + fully_shard).
+    strategy: str = "auto"
+    precision: Optional[str] = None  # None: bf16-mixed on GPU, 32-true on CPU
+    max_steps: int = -1  # optimizer steps; -1 = bounded by max_epochs
+    max_epochs: Optional[int] = None  # None = bounded by max_steps
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float = 1.0  # gradient-norm clipping; 0 = off
+    eval_every_n_steps: int = 0  # optimizer steps between validations; 0 = no validation during training
+    seed: int = 0
+
+    def validate(self, prefix: str = "trainer") -> None:
+        devices = self.devices
+        require(devices == "auto" or (isinstance(devices, int) and devices > 0)
+                or (isinstance(devices, str) and devices.isdigit() and int(devices) > 0),
+                f"{prefix}.devices", f"must be 'auto' or a positive integer, got {devices!r}")
+        require(self.num_nodes >= 1, f"{prefix}.num_nodes", "must be >= 1")
+        require(self.precision is None or str(self.precision) in PRECISIONS, f"{prefix}.precision",
+                f"{self.precision!r} is not a Lightning precision ({', '.join(PRECISIONS)})")
+        require(self.max_steps == -1 or self.max_steps > 0, f"{prefix}.max_steps", "must be positive (or -1)")
+        require(self.max_epochs is None or self.max_epochs == -1 or self.max_epochs > 0, f"{prefix}.max_epochs",
+                "must be positive, -1 or null")
+        require(self.accumulate_grad_batches > 0, f"{prefix}.accumulate_grad_batches", "must be positive")
+        require(self.gradient_clip_val >= 0, f"{prefix}.gradient_clip_val", "must be >= 0 (0 = off)")
+        require(self.eval_every_n_steps >= 0, f"{prefix}.eval_every_n_steps", "must be >= 0 (0 = off)")
+
+    @property
+    def num_devices(self) -> int:
+        """Devices per node as a number (1 for "auto": only an explicit count launches several processes)."""
+        return int(self.devices) if str(self.devices).isdigit() else 1
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "adamw"  # "adamw" | "adam" (coupled L2 decay, the M0 baseline)
+    lr: float = 6e-4
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    decay_norms_biases_embeddings: bool = False  # weight decay on matrices only, unless this is set
+
+    def validate(self, prefix: str = "optimizer") -> None:
+        require(self.name in OPTIMIZERS, f"{prefix}.name", f"must be one of {OPTIMIZERS}")
+        require(self.lr > 0, f"{prefix}.lr", "must be positive")
+        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"{prefix}.betas",
+                "must be two values in [0, 1)")
+        require(self.eps > 0, f"{prefix}.eps", "must be positive")
+        require(self.weight_decay >= 0, f"{prefix}.weight_decay", "must be >= 0")
+
+
+@dataclass
+class SchedulerConfig:
+    """Linear warm-up, then `cosine` (down to final_ratio x the peak at decay_fraction of the run, constant after;
+    the paper's pretraining) or `linear` (down to 0 at the end; fine-tuning)."""
+
+    name: str = "cosine"
+    warmup_steps: int = 2000
+    warmup_fraction: Optional[float] = None  # a fraction of the run's steps; when set, it replaces warmup_steps
+    decay_fraction: float = 0.9  # cosine only
+    final_ratio: float = 0.1  # cosine only
+
+    def validate(self, prefix: str = "scheduler") -> None:
+        require(self.name in SCHEDULERS, f"{prefix}.name", f"must be one of {SCHEDULERS}")
+        require(self.warmup_steps >= 0, f"{prefix}.warmup_steps", "must be >= 0")
+        require(self.warmup_fraction is None or 0 <= self.warmup_fraction < 1, f"{prefix}.warmup_fraction",
+                "must be in [0, 1) or null")
+        require(0 < self.decay_fraction <= 1, f"{prefix}.decay_fraction", "must be in (0, 1]")
+        require(0 <= self.final_ratio <= 1, f"{prefix}.final_ratio", "must be in [0, 1]")
+
+    def warmup(self, total_steps: int) -> int:
+        return int(self.warmup_fraction * total_steps) if self.warmup_fraction is not None else self.warmup_steps
+
+
+@dataclass
+class LoggingConfig:
+    log_every_n_steps: int = 10
+    progress_bar: bool = True
+    # Metrics files under output_dir: "csv" (logs/version_N/metrics.csv), "tensorboard" (tensorboard/version_N).
+    loggers: List[str] = field(default_factory=lambda: ["csv", "tensorboard"])
+
+    def validate(self, prefix: str = "logging") -> None:
+        require(self.log_every_n_steps > 0, f"{prefix}.log_every_n_steps", "must be positive")
+        unknown = sorted(set(self.loggers) - set(LOGGERS))
+        require(not unknown, f"{prefix}.loggers", f"unknown {unknown}; known: {list(LOGGERS)}")

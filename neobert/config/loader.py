@@ -1,0 +1,173 @@
+"""Typed run configurations: YAML files and `key=value` overrides merged over a dataclass schema.
+
+A misspelt key or a value of the wrong type is a `ConfigError` naming the key, before any work starts; then the
+schema's `validate()` (when it has one) checks what types cannot. A YAML file may start from another one with
+`inherit: other.yaml` (a path relative to the file), which is how the stage-2, GLUE and ablation configs state
+only what they change.
+
+A config is named by a path or by the name of one shipped with the package (`neobert/configs/`): `neobert`,
+`glue/rte`, `ablations/m05` (the `.yaml` may be left out). A key that moved is listed in the schema's
+`RENAMED_KEYS` (old dotted key -> new one): for one release the old key still works, with a warning that names
+the new key.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+T = TypeVar("T")
+INHERIT_KEY = "inherit"
+PACKAGED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the offending key or file."""
+
+
+def require(ok: bool, key: str, message: str) -> None:
+    """The one way schemas reject a value: the message names the key."""
+    if not ok:
+        raise ConfigError(f"invalid config key {key!r}: {message}")
+
+
+def packaged_config_names() -> list[str]:
+    return sorted(str(p.relative_to(PACKAGED_CONFIGS).with_suffix("")) for p in PACKAGED_CONFIGS.rglob("*.yaml"))
+
+
+def config_path(name_or_path: str | Path) -> Path:
+    """A config file: an existing path, else one shipped with the package (`neobert`, `glue/rte`, or a packaged
+    file such as `mteb_instructions.json`)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for candidate in (PACKAGED_CONFIGS / path, PACKAGED_CONFIGS / f"{name_or_path}.yaml"):
+        if not path.is_absolute() and candidate.is_file():
+            return candidate
+    raise ConfigError(f"config file {str(name_or_path)!r} does not exist (neither a path nor a packaged config; "
+                      f"packaged: {', '.join(packaged_config_names())})")
+
+
+def read_yaml(path: str | Path) -> DictConfig:
+    """Reads a YAML config, resolving `inherit:` chains (child keys win)."""
+    path = config_path(path)
+    try:
+        node = OmegaConf.load(path)
+    except Exception as err:  # yaml errors have several types
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
+    parent = node.pop(INHERIT_KEY, None)
+    if parent is None:
+        return node
+    return OmegaConf.merge(read_yaml(path.parent / str(parent)), node)
+
+
+def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Returns an instance of the dataclass `schema` with the file's values, then the overrides, applied, and
+    validated."""
+    return _build(OmegaConf.structured(schema), schema, path, overrides)
+
+
+def merge_overrides(config: T, overrides: Sequence[str]) -> T:
+    """A copy of `config` (a schema instance built in Python) with `key=value` overrides applied, validated."""
+    return _build(OmegaConf.structured(config), type(config), None, overrides)
+
+
+def _build(config: DictConfig, schema: type, path: str | Path | None, overrides: Sequence[str]):
+    OmegaConf.set_struct(config, True)
+    _open_free_form_dicts(config)
+    renamed = getattr(schema, "RENAMED_KEYS", {})
+    source = "defaults"
+    try:
+        if path is not None:
+            source = str(path)
+            config = OmegaConf.merge(config, _rename_keys(read_yaml(path), renamed, source))
+        if overrides:
+            source = "command-line overrides"
+            bad = [o for o in overrides if "=" not in o]
+            if bad:
+                raise ConfigError(f"overrides must look like key=value, got {bad}")
+            dotlist = [_rename_override(o, renamed) for o in overrides]
+            config = OmegaConf.merge(config, OmegaConf.from_dotlist(dotlist))
+        result = OmegaConf.to_object(config)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None)
+        raise ConfigError(f"{source}: invalid config key {key!r}: {getattr(err, 'msg', err)}") from err
+    if hasattr(result, "validate"):
+        result.validate()
+    return result
+
+
+def _warn_renamed(old: str, new: str, source: str) -> None:
+    warnings.warn(f"{source}: config key {old!r} is deprecated and will be removed in the next release; "
+                  f"use {new!r}", FutureWarning, stacklevel=4)
+
+
+def _rename_override(override: str, renamed: dict[str, str]) -> str:
+    key, _, value = override.partition("=")
+    key = key.strip()
+    if key in renamed:
+        _warn_renamed(key, renamed[key], "command line")
+        return f"{renamed[key]}={value}"
+    moved = sorted(new for old, new in renamed.items() if old.startswith(key + "."))
+    if moved:
+        raise ConfigError(f"invalid config key {key!r}: this section was split; set its keys one by one: "
+                          f"{', '.join(moved)}")
+    return override
+
+
+def _rename_keys(node: DictConfig, renamed: dict[str, str], source: str) -> DictConfig:
+    missing = object()
+    for old, new in renamed.items():
+        value = OmegaConf.select(node, old, default=missing)
+        if value is missing:
+            continue
+        if OmegaConf.select(node, new, default=missing) is not missing:
+            raise ConfigError(f"{source}: both {old!r} (deprecated) and {new!r} are set; keep {new!r}")
+        _warn_renamed(old, new, source)
+        parent_key, _, leaf = old.rpartition(".")
+        parent = OmegaConf.select(node, parent_key) if parent_key else node
+        del parent[leaf]
+        while parent_key and not OmegaConf.select(node, parent_key):  # drop sections the move emptied
+            grand_key, _, name = parent_key.rpartition(".")
+            del (OmegaConf.select(node, grand_key) if grand_key else node)[name]
+            parent_key = grand_key
+        OmegaConf.update(node, new, value, merge=True, force_add=True)
+    return node
+
+
+def flag_overrides(args: Any, values: Sequence[str] = (), lists: Sequence[str] = ()) -> list[str]:
+    """The CLI's free `key=value` overrides (`args.overrides`) followed by one override per convenience flag that
+    was given: `--model X` becomes `model=X` for each name in `values`, and the comma-separated `--tasks a,b`
+    becomes `tasks=['a','b']` for each name in `lists` (items quoted, so paths and `sts:file` stay strings; the
+    schema still converts '128' to an int field). A flag's name is its config key; flags win over the free ones."""
+    overrides = list(args.overrides)
+    for name in values:
+        value = getattr(args, name)
+        if value is not None:
+            overrides.append(f"{name}={value}")
+    for name in lists:
+        value = getattr(args, name)
+        if value is not None:
+            overrides.append(f"{name}=[{','.join(repr(item.strip()) for item in value.split(','))}]")
+    return overrides
+
+
+def _open_free_form_dicts(node: DictConfig) -> None:
+    """`Dict[str, X]` fields (e.g. model overrides) take any key; dataclass sections stay strict."""
+    for key in node.keys():
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            if OmegaConf.get_type(child) is dict:
+                OmegaConf.set_struct(child, False)
+            else:
+                _open_free_form_dicts(child)
+
+
+def to_yaml(config: Any) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))

@@ -1,0 +1,98 @@
+"""The one place a Lightning `Trainer` is built: strategy, precision, loggers, progress bar, validation cadence
+and the launch-environment check, from the shared `trainer` and `logging` config sections. Every job and every
+evaluation callback builds its Trainer here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
+
+from neobert.config import ConfigError, LoggingConfig, TrainerConfig
+from neobert.layout import LOGS_DIR, TENSORBOARD_DIR
+
+# Set by a cluster manager that starts every rank itself; Lightning then does not start ranks 1..N-1.
+EXTERNAL_LAUNCHER_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS", "JSM_NAMESPACE_RANK")
+
+
+def resolve_precision(config: TrainerConfig) -> str:
+    if config.precision is not None:
+        return str(config.precision)
+    on_gpu = torch.cuda.is_available() and config.accelerator in ("auto", "gpu", "cuda")
+    return "bf16-mixed" if on_gpu else "32-true"
+
+
+def build_strategy(config: TrainerConfig) -> str | Strategy:
+    """Lightning's strategy names pass through unchanged; "fsdp2" is Lightning's ModelParallelStrategy with
+    data parallelism only (the LightningModule applies `fully_shard` in configure_model)."""
+    if config.strategy == "fsdp2":
+        return ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+    return config.strategy
+
+
+def check_launch_environment(config: TrainerConfig, environ=os.environ) -> None:
+    """Lightning takes a set LOCAL_RANK to mean that a launcher has started every rank, so it starts none itself.
+    Left behind by an earlier in-process run (a notebook, a test) with no launcher around, it makes a
+    multi-device run wait forever for ranks that never start: fail before that instead."""
+    launched = any(key in environ for key in EXTERNAL_LAUNCHER_VARIABLES)
+    if config.num_devices * config.num_nodes > 1 and "LOCAL_RANK" in environ and not launched:
+        raise ConfigError(
+            f"LOCAL_RANK={environ['LOCAL_RANK']} is set but no launcher is (none of "
+            f"{', '.join(EXTERNAL_LAUNCHER_VARIABLES)}): with trainer.devices={config.devices} Lightning would "
+            "wait forever for ranks it never starts. Unset LOCAL_RANK (left over from an earlier run in this "
+            "process?), or start the ranks with torchrun/srun.")
+
+
+def build_loggers(logging: LoggingConfig, output_dir: str | Path | None) -> list:
+    """CSV (`output_dir/logs/version_N/metrics.csv`) and TensorBoard (`output_dir/tensorboard/version_N`)."""
+    if output_dir is None:
+        return []
+    makers = {"csv": lambda: CSVLogger(output_dir, name=LOGS_DIR),
+              "tensorboard": lambda: TensorBoardLogger(output_dir, name=TENSORBOARD_DIR)}
+    return [makers[name]() for name in logging.loggers]
+
+
+def build_trainer(config: TrainerConfig, logging: LoggingConfig, output_dir: str | Path | None, *,
+                  callbacks: Sequence[L.Callback] = (), validate: bool | None = None,
+                  strategy: str | Strategy | None = None, **overrides: Any) -> L.Trainer:
+    """A Trainer for `config`. Validation runs every `config.eval_every_n_steps` optimizer steps (when `validate`
+    is not False and the interval is set); metrics go to `output_dir` (None: no logger, nothing written).
+    `strategy` replaces the configured one (e.g. a SingleDeviceStrategy for an evaluation inside another run);
+    `overrides` are further Trainer arguments a job needs (e.g. use_distributed_sampler=False)."""
+    check_launch_environment(config)
+    every = config.eval_every_n_steps if validate is not False else 0
+    callbacks = list(callbacks)
+    if logging.progress_bar:
+        callbacks.append(TQDMProgressBar(refresh_rate=1))
+    loggers = build_loggers(logging, output_dir)
+    arguments = dict(
+        accelerator=config.accelerator,
+        devices=config.devices,
+        num_nodes=config.num_nodes,
+        strategy=strategy if strategy is not None else build_strategy(config),
+        precision=resolve_precision(config),
+        max_steps=config.max_steps,
+        max_epochs=config.max_epochs,
+        accumulate_grad_batches=config.accumulate_grad_batches,
+        gradient_clip_val=config.gradient_clip_val or None,
+        # Validation every N optimizer steps = N x accumulation batches, across epochs (streams are endless).
+        val_check_interval=every * config.accumulate_grad_batches if every else None,
+        check_val_every_n_epoch=None,
+        limit_val_batches=1.0 if every else 0,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        logger=loggers or False,
+        log_every_n_steps=min(logging.log_every_n_steps, every) if every else logging.log_every_n_steps,
+        enable_progress_bar=logging.progress_bar,
+        enable_model_summary=False,
+        enable_checkpointing=any(isinstance(c, L.pytorch.callbacks.ModelCheckpoint) for c in callbacks),
+        default_root_dir=output_dir,
+    )
+    arguments.update(overrides)
+    return L.Trainer(**arguments)

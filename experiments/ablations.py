@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from neobert.eval.ablations import load_budget, parse_steps, run_ladder, write_results
+from neobert.jobs.ablations import run_ablations
 
 
 def main(argv=None):
@@ -30,11 +30,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
-    steps = parse_steps(args.steps)
-    budget = load_budget(args.budget, args.budget_override)
-    output_dir = args.output_dir or f"runs/ablations/{budget.name}"
-    results = run_ladder(steps, budget, output_dir, evaluate=not args.no_glue, overrides=args.overrides)
-    paths = write_results(results, output_dir)
+    results, paths = run_ablations(args.steps, args.budget, args.budget_override, args.output_dir,
+                                   evaluate=not args.no_glue, overrides=args.overrides)
     print(paths["markdown"].read_text())
     for kind, path in paths.items():
         print(f"{kind}: {path}")

@@ -1,11 +1,11 @@
-"""Contrastive fine-tuning of any encoder with the paper's uniform protocol (NEOBERT_SPEC section 5), then export
-in our hub layout + sentence-transformers layout (`<output_dir>/export`).
+"""Contrastive fine-tuning of any encoder with the paper's uniform protocol (paper Section 5.2), then export in
+our hub layout + sentence-transformers layout (`<output_dir>/export`). Guide: docs/contrastive_mteb.md.
 
-    python -m experiments.contrastive --config configs/contrastive.yaml --model chandar-lab/NeoBERT
-    python -m experiments.contrastive --config configs/contrastive.yaml --model runs/pretrain/export \
-        trainer.devices=8 trainer.strategy=ddp data.batch_size=64 train.grad_cache_chunk_size=32
+    python -m experiments.contrastive --config contrastive --model chandar-lab/NeoBERT
+    python -m experiments.contrastive --config contrastive --model runs/pretrain/export \
+        trainer.devices=8 trainer.strategy=ddp data.batch_size=64 loss.grad_cache_chunk_size=32
     # firewalled: local files replace hub data sets, a local STS file is scored before and after
-    python -m experiments.contrastive --config configs/contrastive.yaml --model preset:mini \
+    python -m experiments.contrastive --config contrastive --model preset:mini \
         'data.datasets=[STSBenchmark]' data.local_files.STSBenchmark=sts-train.csv eval_sts=sts-dev.csv
 """
 
@@ -17,17 +17,19 @@ import logging
 import sys
 
 from neobert.config import flag_overrides, load_config
-from neobert.lit.contrastive import ContrastiveRunConfig, run_contrastive
+from neobert.config.contrastive import ContrastiveConfig
+from neobert.jobs.contrastive import run_contrastive
 
 
-def parse_args(argv=None) -> ContrastiveRunConfig:
+def parse_args(argv=None) -> ContrastiveConfig:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file with ContrastiveRunConfig keys")
+    parser.add_argument("--config", help="YAML file (or packaged config name, e.g. contrastive) with "
+                                         "ContrastiveConfig keys")
     parser.add_argument("--model", help="checkpoint directory, Hugging Face encoder (dir or hub name), preset:<name>")
     parser.add_argument("--output-dir")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=100")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=100")
     args = parser.parse_args(argv)
-    return load_config(ContrastiveRunConfig, args.config, flag_overrides(args, values=("model", "output_dir")))
+    return load_config(ContrastiveConfig, args.config, flag_overrides(args, values=("model", "output_dir")))
 
 
 def main(argv=None) -> dict:

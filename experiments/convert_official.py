@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from neobert.data.tokenizer import load_tokenizer
-from neobert.model import NeoBERTConfig, convert_official_state_dict
+from neobert.jobs.export import convert_official
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,9 +20,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="NeoBERTConfig fields, e.g. max_length=1024")
     args = parser.parse_args(argv)
     fields = dict(item.split("=", 1) for item in args.overrides)
-    config = NeoBERTConfig.from_preset(args.preset, **{k: _parse(v) for k, v in fields.items()})
-    tokenizer = load_tokenizer(args.tokenizer, max_length=config.max_length)
-    convert_official_state_dict(args.state_dict, config, args.output_dir, tokenizer=tokenizer)
+    convert_official(args.state_dict, args.output_dir, args.preset, args.tokenizer,
+                     **{k: _parse(v) for k, v in fields.items()})
     print(f"wrote {args.output_dir}")
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from neobert.jobs.export import export_from_checkpoint
+
 
 def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("checkpoint", help="a Lightning .ckpt written by experiments.pretrain (or a DeepSpeed dir)")
     parser.add_argument("export_dir", help="output directory (config.json, model.safetensors, tokenizer files)")
     args = parser.parse_args(argv)
-    from neobert.lit.pretrain import export_from_checkpoint
-
     out = export_from_checkpoint(args.checkpoint, args.export_dir)
     print(f"exported {args.checkpoint} -> {out}")
     return out

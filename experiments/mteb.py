@@ -1,10 +1,11 @@
-"""MTEB evaluation of any of our checkpoints or any Hugging Face encoder, with the per-task instructions applied.
+"""MTEB evaluation of any of our checkpoints or any Hugging Face encoder, with the per-task instructions applied
+(paper Section 5.2, Table 4). Guide: docs/contrastive_mteb.md.
 
     python -m experiments.mteb --model chandar-lab/NeoBERT --tasks english            # the paper's 56 tasks
     python -m experiments.mteb --model runs/contrastive/export --tasks STSBenchmark,SciFact
     python -m experiments.mteb --model runs/contrastive/export \
         --tasks sts:data/sts-dev.csv,retrieval:data/pairs.jsonl                      # local tasks, no hub
-    python -m experiments.mteb --config configs/mteb.yaml instructions=none batch_size=32
+    python -m experiments.mteb --config mteb instructions=none batch_size=32
 
 Writes results.json, summary.json and summary.md (paper Table 4 layout) under output_dir.
 """
@@ -14,21 +15,25 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from neobert.config import flag_overrides, load_config
-from neobert.eval.mteb import MtebRunConfig, evaluate_model, summary_markdown
+from neobert.config.mteb import MtebConfig
+from neobert.eval.mteb import summary_markdown
+from neobert.jobs.mteb import evaluate_model
+from neobert.layout import RESULTS_JSON
 
 
-def parse_args(argv=None) -> MtebRunConfig:
+def parse_args(argv=None) -> MtebConfig:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file with MtebRunConfig keys")
+    parser.add_argument("--config", help="YAML file (or packaged config name, e.g. mteb) with MtebConfig keys")
     parser.add_argument("--model", help="checkpoint directory, Hugging Face encoder (dir or hub name), preset:<name>")
     parser.add_argument("--tasks", help="comma-separated: mteb task names, 'english', sts:<file>, retrieval:<file>")
     parser.add_argument("--output-dir")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of MtebRunConfig")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides of MtebConfig")
     args = parser.parse_args(argv)
     overrides = flag_overrides(args, values=("model", "output_dir"), lists=("tasks",))
-    return load_config(MtebRunConfig, args.config, overrides)
+    return load_config(MtebConfig, args.config, overrides)
 
 
 def main(argv=None) -> dict:
@@ -36,7 +41,8 @@ def main(argv=None) -> dict:
     config = parse_args(argv)
     report = evaluate_model(config)
     print(summary_markdown(report))
-    print(f"results: {config.output_dir}/results.json, summary: {config.output_dir}/summary.md")
+    output_dir = Path(config.output_dir)
+    print(f"results: {output_dir / RESULTS_JSON}, summary: {output_dir / 'summary.md'}")
     return report
 
 

@@ -14,7 +14,8 @@ import logging
 import sys
 
 from neobert.config import load_config
-from neobert.eval.pseudo_perplexity import PseudoPerplexityConfig, run_pseudo_perplexity, write_reports
+from neobert.config.pseudo_perplexity import PseudoPerplexityConfig
+from neobert.jobs.pseudo_perplexity import run_pseudo_perplexity_job
 
 
 def main(argv=None) -> dict:
@@ -23,9 +24,7 @@ def main(argv=None) -> dict:
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    config = load_config(PseudoPerplexityConfig, args.config, args.overrides)
-    scores, buckets = run_pseudo_perplexity(config)
-    paths = write_reports(scores, buckets, config.output_dir)
+    paths = run_pseudo_perplexity_job(load_config(PseudoPerplexityConfig, args.config, args.overrides))
     print(paths["markdown"].read_text())
     for kind, path in paths.items():
         print(f"{kind}: {path}")

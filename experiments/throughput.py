@@ -3,7 +3,7 @@
     python -m experiments.throughput                                   # CPU: lengths 128, 512; GPU: 128 ... 4096
     python -m experiments.throughput --models neobert,bert-base,modernbert-base --lengths 512 \
         --batch-sizes 8 --mode inference
-    python -m experiments.throughput --config configs/throughput.yaml layouts=[full,padded,unpadded]
+    python -m experiments.throughput --config my_throughput.yaml layouts=[full,padded,unpadded]
 
 Writes throughput.csv, throughput.md (Table 9 layout, ratios per length) and throughput.png (Figure 3).
 """
@@ -15,7 +15,8 @@ import logging
 import sys
 
 from neobert.config import flag_overrides, load_config
-from neobert.eval.throughput import ThroughputConfig, run_throughput, write_reports
+from neobert.config.throughput import ThroughputConfig
+from neobert.jobs.throughput import run_throughput_job
 
 
 def parse_args(argv=None):
@@ -37,10 +38,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    config = parse_args(argv)
-    rows = run_throughput(config)
-    paths = write_reports(rows, config.output_dir)
-    print((paths["markdown"]).read_text())
+    paths = run_throughput_job(parse_args(argv))
+    print(paths["markdown"].read_text())
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     return paths

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from neobert.config import ConfigError, load_config
-from neobert.eval import ablations as ab
-from neobert.lit.pretrain_config import PretrainConfig, validate_config
+from neobert.config.pretrain import PretrainConfig
+from neobert.jobs import ablations as ab
 from neobert.model.config import NeoBERTConfig
 
 CHILDREN = [s for s in ab.LADDER if s.parent]
@@ -26,7 +28,7 @@ def test_ladder_shape_matches_the_paper():
 def test_paper_scale_diff_is_exactly_the_documented_change(step):
     parent = load_config(PretrainConfig, ab.step_config_path(step.parent))
     child = load_config(PretrainConfig, ab.step_config_path(step.step))
-    validate_config(child)
+    child.validate()
     diff = ab.config_diff(parent, child)
     assert set(diff) == set(step.changed_keys), diff
 
@@ -86,3 +88,38 @@ def test_parse_steps_and_errors():
         ab.parse_steps("m00..m11")
     with pytest.raises(ConfigError, match="known budgets"):
         ab.load_budget("huge")
+
+
+def test_shipped_ladder_configs_and_budgets_use_current_keys():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # a renamed key in a shipped file would warn
+        for budget in ("tiny", "small", "paper"):
+            scaled = ab.load_budget(budget)
+            for step in ab.LADDER:
+                ab.load_step_config(step.step, scaled, corpus="corpus.jsonl")
+    tiny = ab.load_step_config("m00", ab.load_budget("tiny"), corpus="c.jsonl")
+    assert tiny.logging.log_every_n_steps == 5 and tiny.logging.progress_bar is False
+    assert tiny.trainer.eval_every_n_steps == 1000
+
+
+def test_budget_pretrain_overrides_accept_a_renamed_key_with_a_warning():
+    budget = ab.load_budget("tiny")
+    budget.pretrain_overrides["trainer.log_every_n_steps"] = 3
+    with pytest.warns(FutureWarning, match="logging.log_every_n_steps"):
+        config = ab.load_step_config("m00", budget, corpus="c.jsonl")
+    assert config.logging.log_every_n_steps == 3
+    with pytest.warns(FutureWarning, match="output_dir"):
+        assert ab.load_step_config("m00", overrides=["run_dir=runs/x"]).output_dir == "runs/x"
+
+
+def test_auto_glue_files_come_from_the_environment_or_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "repo").mkdir()
+    monkeypatch.chdir(tmp_path / "repo")
+    monkeypatch.delenv("NEOBERT_SHARED_DATA", raising=False)
+    assert ab.shared_glue_dir() is None
+    (tmp_path / "shared" / "data" / "glue" / "rte").mkdir(parents=True)
+    assert ab.shared_glue_dir().resolve() == (tmp_path / "shared" / "data" / "glue").resolve()
+    monkeypatch.setenv("NEOBERT_SHARED_DATA", str(tmp_path / "elsewhere"))
+    assert ab.shared_glue_dir() is None  # set, without rte/: the fallback task
+    (tmp_path / "elsewhere" / "glue" / "rte").mkdir(parents=True)
+    assert ab.shared_glue_dir() == tmp_path / "elsewhere" / "glue"

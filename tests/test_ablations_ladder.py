@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from neobert.eval import ablations as ab
+from neobert.data.demo_corpus import write_demo_corpus, write_fallback_glue
+from neobert.eval.probes import embedding_similarities, fill_mask
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -27,7 +28,7 @@ def mini_ladder(tmp_path_factory):
               *[f"--budget-override={o}" for o in ("max_steps=3", "glue.max_train_steps=2",
                                                     "glue.max_train_examples=32", "glue.max_eval_examples=32",
                                                     "bpe_vocab_size=600")],
-              "trainer.log_every_n_steps=1"])
+              "logging.log_every_n_steps=1"])
     finally:
         if old is None:
             os.environ.pop("NEOBERT_SHARED_DATA")
@@ -57,21 +58,20 @@ def test_runner_writes_results_for_every_step(mini_ladder):
 
 
 def test_fallback_glue_task_layout(tmp_path):
-    from neobert.data.demo_corpus import write_demo_corpus
     from neobert.data.glue import get_task, load_glue_split
 
     corpus = write_demo_corpus(tmp_path / "corpus.jsonl")
-    root = ab.write_fallback_glue(corpus, tmp_path / "glue", train=40, validation=20)
+    root = write_fallback_glue(corpus, tmp_path / "glue", train=40, validation=20)
     train = load_glue_split(get_task("rte"), "train", root)
     assert len(train) == 40 and set(train["label"]) == {0, 1}
 
 
 def test_probes_on_a_checkpoint(mini_ladder):
     export = mini_ladder / "m00" / "export"
-    predictions = ab.fill_mask(export, "The [MASK] statement defines a function.", top_k=3)
+    predictions = fill_mask(export, "The [MASK] statement defines a function.", top_k=3)
     assert len(predictions) == 1 and len(predictions[0]) == 3
     assert all(0 <= p <= 1 for _, p in predictions[0])
-    sims = ab.embedding_similarities(export, ["a b c", "a b c", "something else entirely"])
+    sims = embedding_similarities(export, ["a b c", "a b c", "something else entirely"])
     assert sims.shape == (3, 3) and abs(sims[0, 1] - 1) < 1e-5
 
 

@@ -51,7 +51,7 @@ def test_cli_flags_become_typed_overrides_and_win_over_free_ones():
     assert config.mode == "training" and config.output_dir == "/tmp/tp"  # the flag wins over `mode=inference`
     config = mteb.parse_args(["--model", "preset:tiny", "--tasks", "sts:/data/a b.csv,STSBenchmark"])
     assert config.model == "preset:tiny" and config.tasks == ["sts:/data/a b.csv", "STSBenchmark"]
-    config = contrastive.parse_args(["--model", "runs/x/export", "train.max_steps=7"])
-    assert config.model == "runs/x/export" and config.train.max_steps == 7
+    config = contrastive.parse_args(["--model", "runs/x/export", "trainer.max_steps=7"])
+    assert config.model == "runs/x/export" and config.trainer.max_steps == 7
     with pytest.raises(ConfigError, match="lengths"):
         throughput.parse_args(["--lengths", "128,long"])

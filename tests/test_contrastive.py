@@ -4,21 +4,25 @@ short CPU run that lifts a local STS score above its zero-shot value."""
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from collections import Counter
 
 import pytest
 import torch
 from conftest import shared_data
 
+from neobert.config import ConfigError, load_config
+from neobert.config.contrastive import ContrastiveConfig, ContrastiveDataConfig
 from neobert.data.contrastive import (
     ContrastiveBatchSampler,
     ContrastiveCorpus,
-    ContrastiveDataConfig,
     ContrastiveExample,
     load_corpora,
     read_local_examples,
 )
 from neobert.hub import HubUnreachableError
+from neobert.layout import EXPORT_DIR, metrics_csvs
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +85,45 @@ def test_every_example_carries_its_datasets_instruction(tmp_path):
     assert all(e.negative is None for e in no_negatives[0].examples)
 
 
+def test_packaged_config_has_the_paper_protocol_and_the_old_keys_still_work():
+    """The shipped config loads without warnings and equals the schema's defaults (the paper's protocol); the
+    keys of the old `train` section and the trainer's logging keys still work, each warning with its new key."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        packaged = load_config(ContrastiveConfig, "contrastive")
+    assert packaged == ContrastiveConfig()
+    assert packaged.loss.temperature == 0.07 and packaged.trainer.max_steps == 2000
+    assert packaged.optimizer.lr == 2e-5 and packaged.optimizer.betas == [0.9, 0.999]
+    assert packaged.scheduler.name == "linear" and packaged.scheduler.warmup_steps == 100
+    assert packaged.trainer.gradient_clip_val == 1.0 and packaged.trainer.precision == "bf16-mixed"
+    renamed = {"train.max_steps=7": ("trainer.max_steps", 7), "train.lr=0.001": ("optimizer.lr", 1e-3),
+               "train.temperature=0.05": ("loss.temperature", 0.05),
+               "train.grad_cache_chunk_size=8": ("loss.grad_cache_chunk_size", 8),
+               "train.weight_decay=0.1": ("optimizer.weight_decay", 0.1),
+               "train.betas=[0.9,0.98]": ("optimizer.betas", [0.9, 0.98]), "train.eps=1e-6": ("optimizer.eps", 1e-6),
+               "train.warmup_steps=3": ("scheduler.warmup_steps", 3),
+               "train.gradient_clip=0.5": ("trainer.gradient_clip_val", 0.5),
+               "trainer.enable_progress_bar=false": ("logging.progress_bar", False),
+               "trainer.log_every_n_steps=2": ("logging.log_every_n_steps", 2)}
+    for override, (new_key, value) in renamed.items():
+        with pytest.warns(FutureWarning, match=re.escape(repr(new_key))):
+            config = load_config(ContrastiveConfig, None, [override])
+        section, _, name = new_key.partition(".")
+        assert getattr(getattr(config, section), name) == value, override
+    with pytest.raises(ConfigError, match=r"trainer\.accumulate_grad_batches"):
+        load_config(ContrastiveConfig, None, ["loss.grad_cache_chunk_size=8", "trainer.accumulate_grad_batches=2"])
+
+
+def test_old_yaml_sections_still_load(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("train:\n  lr: 1.0e-4\n  max_steps: 7\ntrainer:\n  devices: 1\n  enable_progress_bar: false\n")
+    with pytest.warns(FutureWarning) as warned:
+        config = load_config(ContrastiveConfig, old)
+    messages = " ".join(str(w.message) for w in warned)
+    assert all(f"use {key!r}" in messages for key in ("optimizer.lr", "trainer.max_steps", "logging.progress_bar"))
+    assert config.trainer.max_steps == 7 and config.optimizer.lr == 1e-4 and config.logging.progress_bar is False
+
+
 def test_unreachable_dataset_names_itself_and_the_config_key(tmp_path):
     with pytest.raises(HubUnreachableError, match=r"GooAQ.*sentence-transformers/gooaq.*`data\.local_files\.GooAQ`"):
         load_corpora(ContrastiveDataConfig(datasets=["GooAQ"]))
@@ -122,12 +165,12 @@ def test_ranks_share_the_dataset_and_split_the_global_batch():
 def test_sentence_transformers_export_encodes_the_same_vectors(tmp_path):
     from sentence_transformers import SentenceTransformer
 
+    from neobert.data.backbone import load_backbone
     from neobert.eval.mteb import embed_texts
-    from neobert.eval.sentence_transformers_export import export_sentence_transformers
-    from neobert.model.backbone import load_backbone
+    from neobert.model.sentence_transformers import export_sentence_transformers
 
     backbone = load_backbone("preset:tiny")
-    export_sentence_transformers(backbone, tmp_path / "st")
+    export_sentence_transformers(backbone.encoder, backbone.tokenizer, tmp_path / "st")
     texts = ["A man is playing a guitar.", "Hello", "A much longer sentence, with punctuation and more words in it."]
     ours = embed_texts(backbone, texts, batch_size=2)
     st_model = SentenceTransformer(str(tmp_path / "st"), device="cpu", trust_remote_code=True)
@@ -150,14 +193,14 @@ def test_short_contrastive_run_beats_zero_shot_sts(tmp_path, capsys):
     train_file = _jsonl(tmp_path / "train.jsonl", [{"query": a, "positive": b} for a, b, _ in train])
     dev_file = tmp_path / "dev.csv"
     dev_file.write_text("".join(f"g\tf\ty\t{i}\t{s}\t{a}\t{b}\n" for i, (a, b, s) in enumerate(dev)))
-    result = main(["--config", "configs/contrastive.yaml", "--model", "preset:tiny", "--output-dir",
+    result = main(["--config", "contrastive", "--model", "preset:tiny", "--output-dir",
                    str(tmp_path / "run"), "data.datasets=[STSBenchmark]",
                    f"data.local_files.STSBenchmark={train_file}", f"eval_sts={dev_file}", "data.batch_size=16",
-                   "data.max_length=48", "train.lr=1e-3", "train.warmup_steps=5", "train.max_steps=40",
-                   "trainer.precision=32-true", "trainer.accelerator=cpu", "trainer.enable_progress_bar=false"])
+                   "data.max_length=48", "optimizer.lr=1e-3", "scheduler.warmup_steps=5", "trainer.max_steps=40",
+                   "trainer.precision=32-true", "trainer.accelerator=cpu", "logging.progress_bar=false"])
     with capsys.disabled():
         print(f"\nlocal STS (300 dev pairs) zero-shot {result['sts_zero_shot']:.4f} -> tuned {result['sts_tuned']:.4f}")
     assert result["steps"] == 40
     assert result["sts_tuned"] > result["sts_zero_shot"] + 0.02, result
-    assert (tmp_path / "run" / "export" / "modules.json").is_file()
-    assert (tmp_path / "run" / "logs" / "metrics.csv").is_file()
+    assert (tmp_path / "run" / EXPORT_DIR / "modules.json").is_file()
+    assert len(metrics_csvs(tmp_path / "run")) == 1  # logs/version_0/metrics.csv

@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from neobert.lit.contrastive import ContrastiveConfig, ContrastiveModule, distributed_info_nce, info_nce
+from neobert.config.contrastive import ContrastiveConfig, ContrastiveLossConfig
+from neobert.lit.contrastive import ContrastiveModule, distributed_info_nce, info_nce
 
 
 def test_info_nce_matches_a_hand_computation_on_3x3():
@@ -100,7 +101,7 @@ def _batch(vocab: int, size: int, length: int, generator) -> dict:
 def test_grad_cache_gives_the_same_gradients_as_one_backward(dropout_on, chunk_size):
     """Chunked GradCache accumulates the gradients of one ordinary backward. With dropout on and one chunk per
     side, both paths draw the same masks only if GradCache replays each chunk's RNG state when re-embedding."""
-    from neobert.model.backbone import Backbone
+    from neobert.data.backbone import Backbone
     from neobert.model.config import NeoBERTConfig
     from neobert.model.modeling import NeoBERT
 
@@ -110,7 +111,9 @@ def test_grad_cache_gives_the_same_gradients_as_one_backward(dropout_on, chunk_s
     batch = {side: _batch(200, 6, 12, generator) for side in ("query", "positive", "negative")}
 
     def grads(chunk: int) -> dict[str, torch.Tensor]:
-        module = ContrastiveModule(Backbone(encoder, None, 64, 2, True), ContrastiveConfig(grad_cache_chunk_size=chunk))
+        config = ContrastiveConfig(loss=ContrastiveLossConfig(grad_cache_chunk_size=chunk))
+        module = ContrastiveModule(Backbone(encoder, None, 64, 2, True), config.loss, config.optimizer,
+                                   config.scheduler, config.trainer)
         module.zero_grad()
         torch.manual_seed(1)
         if chunk:

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from neobert.config import ConfigError
+from neobert.config.pretrain import MaskingConfig, PretrainDataConfig
+from neobert.data.corpus import open_source, pretokenize, text_column, unigram_entropy
 from neobert.data.demo_corpus import demo_documents
-from neobert.data.pretraining import (DATA_STATE_KEY, PretrainingDataModule, PretrainingStream, open_source,
-                                      pretokenize, text_column, unigram_entropy)
+from neobert.data.pretraining import DATA_STATE_KEY, PretrainingDataModule, PretrainingStream
 from neobert.data.tokenizer import load_tokenizer
 from neobert.hub import HubUnreachableError
-from neobert.lit.pretrain_config import DataSection, MaskingSection
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
 
@@ -35,7 +35,7 @@ def corpus(tmp_path_factory):
 def _data(corpus, **kw):
     values = dict(source=str(corpus), max_length=64, shuffle_buffer=50, num_workers=0)
     values.update(kw)
-    return DataSection(**values)
+    return PretrainDataConfig(**values)
 
 
 def _take(stream, n):
@@ -44,15 +44,15 @@ def _take(stream, n):
 
 def test_missing_local_source_and_unreachable_hub_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="data.source"):
-        PretrainingDataModule(_data(tmp_path / "nothing.jsonl"), MaskingSection(), None, 2).check_source()
+        PretrainingDataModule(_data(tmp_path / "nothing.jsonl"), MaskingConfig(), None, 2).check_source()
     with pytest.raises(ConfigError, match="matches no files"):
-        PretrainingDataModule(_data(str(tmp_path / "*.parquet")), MaskingSection(), None, 2).check_source()
+        PretrainingDataModule(_data(str(tmp_path / "*.parquet")), MaskingConfig(), None, 2).check_source()
     with pytest.raises(HubUnreachableError, match="data.source"):  # HF_HUB_OFFLINE=1 in conftest
-        PretrainingDataModule(DataSection(), MaskingSection(), None, 2).check_source()
+        PretrainingDataModule(PretrainDataConfig(), MaskingConfig(), None, 2).check_source()
 
 
 def test_wrong_text_column_is_named(corpus, tokenizer):
-    stream = PretrainingStream(_data(corpus, text_column="text"), MaskingSection(), tokenizer, 2)
+    stream = PretrainingStream(_data(corpus, text_column="text"), MaskingConfig(), tokenizer, 2)
     with pytest.raises(ConfigError, match="data.text_column='text'"):
         _take(stream, 1)
 
@@ -60,10 +60,10 @@ def test_wrong_text_column_is_named(corpus, tokenizer):
 def test_stream_resumes_exactly_from_any_batch(corpus, tokenizer):
     for packing in (False, True):
         data = _data(corpus, packing=packing)
-        straight = _take(PretrainingStream(data, MaskingSection(), tokenizer, 4), 85)  # crosses blocks (and an epoch)
+        straight = _take(PretrainingStream(data, MaskingConfig(), tokenizer, 4), 85)  # crosses blocks (and an epoch)
         for k in (2, 25, 79):
             state = straight[k][DATA_STATE_KEY]["state"]
-            resumed = _take(PretrainingStream(data, MaskingSection(), tokenizer, 4, start_states={0: state}), 5)
+            resumed = _take(PretrainingStream(data, MaskingConfig(), tokenizer, 4, start_states={0: state}), 5)
             for a, b in zip(straight[k + 1 :], resumed):
                 assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
         assert straight[-1][DATA_STATE_KEY]["state"]["epoch"] == (0 if packing else 1)
@@ -74,7 +74,7 @@ def test_streams_split_documents_without_duplication(corpus, tokenizer):
     seen = []
     for rank in range(2):
         for worker in range(2):  # stream ids rank * workers + worker
-            stream = PretrainingStream(data, MaskingSection(), tokenizer, 1, rank=rank, world_size=2, rotation=worker)
+            stream = PretrainingStream(data, MaskingConfig(), tokenizer, 1, rank=rank, world_size=2, rotation=worker)
             docs = []
             for batch in _take(stream, 300):
                 if batch[DATA_STATE_KEY]["state"]["epoch"] > 0:
@@ -88,7 +88,7 @@ def test_streams_split_documents_without_duplication(corpus, tokenizer):
 
 def test_packing_has_no_inner_pad_and_no_cross_document_attention(corpus, tokenizer):
     data = _data(corpus, packing=True, max_length=48)
-    batch = _take(PretrainingStream(data, MaskingSection(rate=0.15), tokenizer, 3), 2)[1]
+    batch = _take(PretrainingStream(data, MaskingConfig(rate=0.15), tokenizer, 3), 2)[1]
     assert (batch["input_ids"] != tokenizer.pad_token_id).all()
     cu = batch["cu_seqlens"]
     assert cu[-1] == batch["input_ids"].numel() and len(cu) > 4  # several documents in 3 rows
@@ -106,9 +106,9 @@ def test_packing_has_no_inner_pad_and_no_cross_document_attention(corpus, tokeni
 def test_length_buckets_follow_the_probabilities(corpus, tokenizer):
     def lengths(probabilities, n=150):
         data = _data(corpus, max_length=512, length_buckets=[0, 125], bucket_probabilities=probabilities)
-        return [int(b["attention_mask"].sum()) for b in _take(PretrainingStream(data, MaskingSection(), tokenizer, 1), n)]
+        return [int(b["attention_mask"].sum()) for b in _take(PretrainingStream(data, MaskingConfig(), tokenizer, 1), n)]
 
-    plain = [int(b["attention_mask"].sum()) for b in _take(PretrainingStream(_data(corpus, max_length=512), MaskingSection(), tokenizer, 1), 150)]
+    plain = [int(b["attention_mask"].sum()) for b in _take(PretrainingStream(_data(corpus, max_length=512), MaskingConfig(), tokenizer, 1), 150)]
     assert lengths([1.0, 0.0]) == plain  # bucket ">= 0" is the stream itself
     assert min(lengths([0.0, 1.0], 30)) >= 125  # bucket ">= 125" only long documents
     natural = sum(n >= 125 for n in plain) / len(plain)
@@ -122,7 +122,7 @@ def test_empty_and_undecodable_documents_are_skipped(tmp_path, tokenizer):
                      b"Second real paragraph about lexers.\n")
     data = _data(path, shuffle_buffer=1)
     assert text_column(data) == "text"
-    batches = _take(PretrainingStream(data, MaskingSection(), tokenizer, 1), 2)
+    batches = _take(PretrainingStream(data, MaskingConfig(), tokenizer, 1), 2)
     decoded = [tokenizer.decode(b["labels"][0].where(b["labels"][0] != -100, b["input_ids"][0])) for b in batches]
     assert "parsers" in decoded[0] and "lexers" in decoded[1]
     assert batches[-1][DATA_STATE_KEY]["state"]["skipped"]["undecodable"] == 1
@@ -132,8 +132,8 @@ def test_pretokenized_shards_give_the_same_batches(corpus, tokenizer, tmp_path):
     data = _data(corpus)
     pretokenize(data, tokenizer, tmp_path / "tok", docs_per_shard=120)
     assert len(list((tmp_path / "tok").glob("*.parquet"))) == 3
-    raw = _take(PretrainingStream(data, MaskingSection(), tokenizer, 4), 10)
-    tok = _take(PretrainingStream(_data(corpus, pretokenized_dir=str(tmp_path / "tok")), MaskingSection(), tokenizer, 4), 10)
+    raw = _take(PretrainingStream(data, MaskingConfig(), tokenizer, 4), 10)
+    tok = _take(PretrainingStream(_data(corpus, pretokenized_dir=str(tmp_path / "tok")), MaskingConfig(), tokenizer, 4), 10)
     for a, b in zip(raw, tok):
         assert torch.equal(a["input_ids"], b["input_ids"])
 
@@ -142,3 +142,12 @@ def test_unigram_entropy_is_positive_and_below_uniform(corpus, tokenizer):
     entropy = unigram_entropy(_data(corpus), tokenizer)
     assert 3.0 < entropy < torch.log(torch.tensor(float(len(tokenizer)))).item()
     assert open_source(_data(corpus)) is not None
+
+
+def test_data_pipeline_benchmark_measures_all_three_pipelines():
+    from neobert.eval.data_pipeline import measure_data_pipeline
+
+    results = measure_data_pipeline(docs=60, max_length=64, batch_size=8, repeats=1)
+    rates = [results[k] for k in ("hf_collator_tokens_per_s", "ours_truncate_tokens_per_s", "ours_pack_tokens_per_s")]
+    assert all(rate > 0 for rate in rates)
+    assert results["ratio_pack_vs_hf"] == pytest.approx(rates[2] / rates[0])

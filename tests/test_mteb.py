@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import pytest
 from conftest import shared_data
@@ -47,8 +48,8 @@ class _RecordingTokenizer:
 
 
 def test_instructions_reach_the_tokenizer_for_queries_and_documents(tmp_path):
+    from neobert.data.backbone import load_backbone
     from neobert.eval.mteb import LocalRetrievalTask, LocalSTSTask, MtebEncoder, TaskInstructions, run_mteb
-    from neobert.model.backbone import load_backbone
 
     sts = LocalSTSTask(_write_sts(tmp_path / "sts.csv", STS_ROWS), name="MySTS")
     pairs = tmp_path / "pairs.jsonl"
@@ -92,6 +93,26 @@ def test_instruction_file_covers_the_english_benchmark():
     assert instructions.for_task("MSMARCO", "document").endswith("Passage: ")
     assert instructions.for_task("MSMARCO", "query").endswith("Query: ")
     assert TaskInstructions.load("none").for_task("MSMARCO") == ""
+
+
+def test_config_resolves_the_packaged_instruction_file(tmp_path):
+    """`instructions` names the packaged file (no repository layout needed), any path, or "none"; a missing file
+    is a config error naming the key."""
+    from neobert.config import ConfigError, load_config
+    from neobert.config.mteb import MtebConfig
+    from neobert.eval.mteb import DEFAULT_INSTRUCTIONS
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        packaged = load_config(MtebConfig, "mteb")
+    assert packaged == MtebConfig()
+    assert packaged.instructions_file() == DEFAULT_INSTRUCTIONS and DEFAULT_INSTRUCTIONS.is_file()
+    assert load_config(MtebConfig, None, ["instructions=none"]).instructions_file() is None
+    own = tmp_path / "mine.json"
+    own.write_text(json.dumps({"query": {"MySTS": "Find similar text."}}))
+    assert load_config(MtebConfig, None, [f"instructions={own}"]).instructions_file() == own
+    with pytest.raises(ConfigError, match=r"'instructions'.*nowhere\.json"):
+        load_config(MtebConfig, None, ["instructions=nowhere.json"])
 
 
 def test_summary_has_the_table4_columns(tmp_path):

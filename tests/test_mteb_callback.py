@@ -6,7 +6,7 @@ import lightning as L
 import pytest
 import torch
 
-from neobert.lit.callback_configs import MtebCallbackConfig
+from neobert.config.pretrain import MtebCallbackConfig
 from neobert.lit.mteb_callback import MtebEvalCallback
 
 

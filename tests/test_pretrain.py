@@ -9,13 +9,12 @@ import pytest
 import torch
 
 from neobert.config import ConfigError, load_config
+from neobert.config.pretrain import PretrainConfig
 from neobert.data.demo_corpus import demo_documents
 from neobert.hub import HubUnreachableError
-from neobert.lit.pretrain import (MLMPretrainingModule, build_strategy, build_trainer, check_launch_environment,
-                                  init_weights, prepare, resolve_precision, run_pretraining)
-from neobert.lit.pretrain_config import PretrainConfig
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+from neobert.jobs.pretrain import init_weights, prepare, run_pretraining
+from neobert.lit.pretrain import MLMPretrainingModule
+from neobert.lit.trainer import build_strategy, build_trainer, check_launch_environment, resolve_precision
 
 
 def write_corpus(path: Path, n: int = 120) -> Path:
@@ -31,8 +30,8 @@ def tiny_config(tmp_path: Path, *overrides: str) -> PretrainConfig:
     base = [
         "model.preset=tiny", "model.overrides.max_length=64", f"data.source={corpus}", "data.max_length=32",
         "data.shuffle_buffer=40", "data.num_workers=0", "trainer.micro_batch_size=4", "trainer.max_steps=4",
-        "trainer.accelerator=cpu", "trainer.devices=1", "trainer.progress_bar=false", "trainer.log_every_n_steps=1",
-        "trainer.checkpoint_every_n_steps=2", "scheduler.warmup_steps=1", f"run_dir={tmp_path / 'run'}",
+        "trainer.accelerator=cpu", "trainer.devices=1", "logging.progress_bar=false", "logging.log_every_n_steps=1",
+        "trainer.checkpoint_every_n_steps=2", "scheduler.warmup_steps=1", f"output_dir={tmp_path / 'run'}",
     ]
     return load_config(PretrainConfig, None, base + list(overrides))
 
@@ -92,7 +91,7 @@ def test_config_errors_name_the_key(tmp_path):
 
 
 def test_paper_recipe_configs():
-    stage1 = load_config(PretrainConfig, CONFIGS / "neobert.yaml")
+    stage1 = load_config(PretrainConfig, "neobert")
     t = stage1.trainer
     assert stage1.model.preset == "neobert" and stage1.data.source == "tiiuae/falcon-refinedweb"
     assert t.max_steps == 1_000_000 and stage1.data.max_length == 1024 and t.strategy == "deepspeed_stage_2"
@@ -100,10 +99,10 @@ def test_paper_recipe_configs():
     assert (stage1.masking.rate, stage1.masking.strategy) == (0.2, "all_mask")
     assert (stage1.optimizer.lr, stage1.optimizer.weight_decay, stage1.scheduler.warmup_steps) == (6e-4, 0.1, 2000)
     assert not stage1.data.packing and t.gradient_clip_val == 1.0
-    stage2 = load_config(PretrainConfig, CONFIGS / "neobert-4096.yaml")
+    stage2 = load_config(PretrainConfig, "neobert-4096")
     assert stage2.data.max_length == 4096 and stage2.trainer.max_steps == 50_000
     assert stage2.data.length_buckets == [0, 1024, 2048] and stage2.data.bucket_probabilities == [0.2, 0.4, 0.4]
-    assert stage2.init_from == str(Path(stage1.run_dir) / "export")
+    assert stage2.init_from == str(Path(stage1.output_dir) / "export")
     assert stage2.trainer.strategy == "deepspeed_stage_2"  # inherited
 
 
@@ -129,7 +128,7 @@ def test_strategies_by_name_and_deepspeed_config_on_cpu(tmp_path, monkeypatch):
     assert strategy.config["zero_optimization"]["stage"] == 2
     assert strategy.config["zero_optimization"]["overlap_comm"] and strategy.config["zero_optimization"]["contiguous_gradients"]
     # Lightning refuses DeepSpeed without CUDA; it is run on GPUs, never forced onto a CPU.
-    trainer = build_trainer(config)
+    trainer = build_trainer(config.trainer, config.logging, config.output_dir)
     assert trainer.gradient_clip_val == 1.0 and trainer.accumulate_grad_batches == 1
     with pytest.raises(Exception, match="(?i)cuda|gpu"):
         run_pretraining(config)
@@ -186,13 +185,13 @@ def test_export_loads_in_transformers_and_initialises_stage_two(tmp_path):
     config = tiny_config(tmp_path, "trainer.max_steps=2")
     export_dir = run_pretraining(config)
     assert (export_dir / "config.json").is_file() and (export_dir / "model.safetensors").is_file()
-    assert (Path(config.run_dir) / "loss.png").stat().st_size > 0
+    assert (Path(config.output_dir) / "loss.png").stat().st_size > 0
 
-    again = export_main([str(Path(config.run_dir) / "checkpoints" / "last.ckpt"), str(tmp_path / "again")])
+    again = export_main([str(Path(config.output_dir) / "checkpoints" / "last.ckpt"), str(tmp_path / "again")])
     hf_model = AutoModelForMaskedLM.from_pretrained(str(again)).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(again))
     batch = tokenizer(["the assert statement"], return_tensors="pt")
-    ours = torch.load(Path(config.run_dir) / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    ours = torch.load(Path(config.output_dir) / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     stage2 = tiny_config(tmp_path / "stage2", f"init_from={export_dir}")
     tok, model_config, _ = prepare(stage2)
     module = MLMPretrainingModule(stage2, model_config, tok)

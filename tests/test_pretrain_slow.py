@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from neobert.config import to_yaml
-from neobert.lit.plotting import final_value, read_curves
+from neobert.eval.plots import final_value, read_curves
 
 from test_pretrain import tiny_config
 
@@ -64,17 +64,15 @@ def test_demo_end_to_end_beats_the_unigram_baseline(tmp_path):
     from transformers import AutoModelForMaskedLM
 
     from experiments.pretrain import main
-    from neobert.data.pretraining import unigram_entropy
+    from neobert.data.corpus import unigram_entropy
     from neobert.data.tokenizer import load_tokenizer
-    from neobert.config import load_config
-    from neobert.lit.pretrain_config import PretrainConfig
-    from experiments.pretrain import DEMO_CONFIG
+    from neobert.jobs.pretrain import load_pretrain_config
 
     # The demo itself, for 150 of its 250 steps.
-    overrides = [f"run_dir={tmp_path / 'demo'}", f"data.source={tmp_path / 'demo' / 'corpus.jsonl'}",
-                 "trainer.max_steps=150", "trainer.progress_bar=false", "trainer.val_check_interval=75"]
+    overrides = [f"output_dir={tmp_path / 'demo'}", f"data.source={tmp_path / 'demo' / 'corpus.jsonl'}",
+                 "trainer.max_steps=150", "logging.progress_bar=false", "trainer.eval_every_n_steps=75"]
     export_dir = main(overrides)
-    config = load_config(PretrainConfig, DEMO_CONFIG, overrides)
+    config = load_pretrain_config(None, overrides)
     baseline = unigram_entropy(config.data, load_tokenizer())
     csvs = sorted((tmp_path / "demo" / "logs").glob("version_*/metrics.csv"))
     assert final_value(csvs, "train/loss", last_n=5) < baseline

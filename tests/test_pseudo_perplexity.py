@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from neobert.config import ConfigError
+from neobert.config.pseudo_perplexity import PseudoPerplexityConfig
 from neobert.eval import pseudo_perplexity as pp
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
@@ -123,3 +125,10 @@ def test_cli_end_to_end_on_local_files(tmp_path):
 def test_missing_model_dir_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="models"):
         pp.load_model_and_tokenizer(str(tmp_path / "nope"))
+
+
+def test_bad_config_is_named():
+    with pytest.raises(ConfigError, match="'models'"):
+        PseudoPerplexityConfig().validate()
+    with pytest.raises(ConfigError, match="'bucket_edges'"):
+        PseudoPerplexityConfig(models=["runs/x/export"], bucket_edges=[128, 64]).validate()

@@ -7,6 +7,8 @@ import csv
 import pytest
 import torch
 
+from neobert.config import ConfigError
+from neobert.config.throughput import ThroughputConfig
 from neobert.eval import throughput as tp
 from neobert.eval.flops import flops_per_token
 
@@ -89,9 +91,11 @@ def test_official_code_unavailable_is_reported(tmp_path):
 
 def test_bad_config_is_named():
     with pytest.raises(ValueError, match="models"):
-        tp.ThroughputConfig(models=["gpt-2"]).validate()
+        ThroughputConfig(models=["gpt-2"]).validate()
     with pytest.raises(ValueError, match="layouts"):
-        tp.ThroughputConfig(layouts=["sparse"]).validate()
+        ThroughputConfig(layouts=["sparse"]).validate()
+    with pytest.raises(ConfigError, match="'repeats'"):
+        ThroughputConfig(repeats=0).validate()
 
 
 def test_tiny_end_to_end_writes_csv_png_markdown(tmp_path):
@@ -117,7 +121,7 @@ def test_tiny_end_to_end_writes_csv_png_markdown(tmp_path):
 
 
 def test_training_mode_times_a_backward_and_counts_3x_flops():
-    config = tp.ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], layouts=["full", "padded"],
+    config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], layouts=["full", "padded"],
                                  batch_sizes=[2], repeats=1, mode="training")
     rows = tp.run_throughput(config)
     assert [(r.layout, r.batch_size) for r in rows] == [("full", 2), ("padded", 2)]

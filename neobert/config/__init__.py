@@ -1,7 +1,7 @@
 """Every run's typed schema (one module per job) and the loader that fills them from YAML and `key=value`.
 
 Shared sections: `neobert.config.common` (TrainerConfig, OptimizerConfig, SchedulerConfig, LoggingConfig).
-Jobs: `pretrain`, `glue`, `contrastive`, `evaluation` (MTEB, throughput, pseudo-perplexity), `ablations`.
+Jobs: `pretrain`, `glue`, `contrastive`, `mteb`, `throughput`, `pseudo_perplexity`, `ablations`.
 The YAML files shipped with the package are in `neobert/configs/`.
 """
 

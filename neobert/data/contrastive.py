@@ -1,9 +1,10 @@
-"""Contrastive training data (NEOBERT_SPEC section 5): (query, positive[, hard negative]) examples from the
+"""Contrastive training data (paper Section 5.2): (query, positive[, hard negative]) examples from the
 paper's training sets, each prefixed with its data set's instruction, one data set per batch, data sets drawn in
 proportion to size**alpha, and no repeated text inside a batch (a repeat would be a false in-batch negative).
 
-Every data set is a hub data set by default (`CONTRASTIVE_DATASETS`) and can be replaced by a local file with
-`data.local_files.<name>=<path>`; a name that is not in the registry is a local-only data set. Local files:
+Every data set is a hub data set by default (`CONTRASTIVE_DATASETS`, in `neobert.config.contrastive`) and can be
+replaced by a local file with `data.local_files.<name>=<path>`; a name that is not in the registry is a local-only
+data set. Local files:
 * `.jsonl` / `.csv` / `.tsv` with columns `query` (or `anchor`), `positive` and optionally `negative`;
 * All-NLI format: columns `premise`, `hypothesis`, `label` (entailment / contradiction, or 0 / 2 as in SNLI);
   each premise becomes (premise, an entailed hypothesis, a contradicted hypothesis when there is one);
@@ -19,101 +20,19 @@ import json
 import logging
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
 import lightning as L
 import torch
+from datasets import load_dataset
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from neobert.config.contrastive import CONTRASTIVE_DATASETS, ContrastiveDataConfig, ContrastiveSource
 from neobert.hub import require_hub
 
 log = logging.getLogger(__name__)
-
-# ----------------------------------------------------------------------------------------------- registry
-
-
-@dataclass(frozen=True)
-class ContrastiveSource:
-    """A hub data set and how its columns map to (query, positive, negative)."""
-
-    hub: str
-    query: str
-    positive: str
-    negative: Optional[str] = None
-    subset: Optional[str] = None
-    split: str = "train"
-    # STS-style sources: the score column, pairs at or above data.sts_min_score become positives.
-    score: Optional[str] = None
-    query_instruction: str = ""
-    # None = the query instruction (symmetric tasks: both sides are the same kind of text).
-    document_instruction: Optional[str] = None
-
-
-_SIMILAR = "Retrieve semantically similar text."
-_DUPLICATE = "Retrieve duplicate questions. Question: "
-
-# The paper's training sets (NEOBERT_SPEC section 5). Hub names are the sentence-transformers / mteb copies;
-# they could not be checked from the firewalled machine this was written on (see docs/contrastive_mteb.md).
-CONTRASTIVE_DATASETS: dict[str, ContrastiveSource] = {
-    "AGNews": ContrastiveSource("sentence-transformers/agnews", "title", "description",
-                                query_instruction="Given a news title, retrieve the news article. Title: ",
-                                document_instruction=""),
-    "AllNLI": ContrastiveSource("sentence-transformers/all-nli", "anchor", "positive", "negative", subset="triplet",
-                                query_instruction=_SIMILAR),
-    "AmazonQA": ContrastiveSource("sentence-transformers/amazon-qa", "query", "answer",
-                                  query_instruction="Given a product question, retrieve the answer. Question: ",
-                                  document_instruction=""),
-    "ConcurrentQA": ContrastiveSource("stanfordnlp/concurrentqa-retrieval", "question", "positive_passage",
-                                      query_instruction="Given a multi-hop question, retrieve documents that "
-                                                        "can help answer it. Question: ", document_instruction=""),
-    "FEVER": ContrastiveSource("sentence-transformers/fever", "claim", "evidence", "negative",
-                               query_instruction="Given a claim, retrieve documents that support or refute "
-                                                 "the claim. Claim: ", document_instruction=""),
-    "GithubIssues": ContrastiveSource("sentence-transformers/github-issues", "title", "body",
-                                      query_instruction="Given a GitHub issue title, retrieve its description. "
-                                                        "Title: ", document_instruction=""),
-    "GooAQ": ContrastiveSource("sentence-transformers/gooaq", "question", "answer",
-                               query_instruction="Given a web search question, retrieve the answer. Question: ",
-                               document_instruction=""),
-    "MedMCQA": ContrastiveSource("sentence-transformers/medmcqa", "question", "answer",
-                                 query_instruction="Given a medical question, retrieve its explanation. "
-                                                   "Question: ", document_instruction=""),
-    "MSMARCO": ContrastiveSource("sentence-transformers/msmarco-bm25", "query", "positive", "negative",
-                                 subset="triplet",
-                                 query_instruction="Given a web search query, retrieve relevant passages that "
-                                                   "answer the query. Query: ", document_instruction=""),
-    "NPR": ContrastiveSource("sentence-transformers/npr", "title", "body",
-                             query_instruction="Given a news headline, retrieve the article. Headline: ",
-                             document_instruction=""),
-    "PubMedQA": ContrastiveSource("sentence-transformers/pubmedqa", "question", "context",
-                                  query_instruction="Given a biomedical question, retrieve the abstract that "
-                                                    "answers it. Question: ", document_instruction=""),
-    "QQP": ContrastiveSource("sentence-transformers/quora-duplicates", "anchor", "positive", "negative",
-                             subset="triplet", query_instruction=_DUPLICATE),
-    "SentenceCompression": ContrastiveSource("sentence-transformers/sentence-compression", "text", "simplified",
-                                             query_instruction="Given a sentence, retrieve its compressed "
-                                                               "version. Sentence: ", document_instruction=""),
-    "StackExchange": ContrastiveSource("sentence-transformers/stackexchange-duplicates", "title1", "title2",
-                                       subset="title-title-pair", query_instruction=_DUPLICATE),
-    "StackOverflowDupQuestions": ContrastiveSource("mteb/stackoverflowdupquestions-reranking", "query",
-                                                   "positive", "negative", query_instruction=_DUPLICATE),
-    "STS12": ContrastiveSource("mteb/sts12-sts", "sentence1", "sentence2", score="score",
-                               query_instruction=_SIMILAR),
-    "STSBenchmark": ContrastiveSource("sentence-transformers/stsb", "sentence1", "sentence2", score="score",
-                                      query_instruction=_SIMILAR),
-    "TriviaQA": ContrastiveSource("sentence-transformers/trivia-qa", "query", "answer",
-                                  query_instruction="Given a trivia question, retrieve passages that answer it. "
-                                                    "Question: ", document_instruction=""),
-    "WikiHow": ContrastiveSource("sentence-transformers/wikihow", "summary", "text",
-                                 query_instruction="Given a summary, retrieve the WikiHow article. Summary: ",
-                                 document_instruction=""),
-    "YahooAnswers": ContrastiveSource("sentence-transformers/yahoo-answers", "title", "answer",
-                                      subset="title-answer-pair",
-                                      query_instruction="Given a question, retrieve the best answer. Question: ",
-                                      document_instruction=""),
-}
 
 
 def prepend_instruction(instruction: str | None, text: str) -> str:
@@ -185,8 +104,6 @@ def read_local_examples(path: str | Path, sts_min_score: float = 4.0) -> list[Co
 
 def load_hub_examples(name: str, source: ContrastiveSource, sts_min_score: float) -> list[ContrastiveExample]:
     require_hub(f"{name} ({source.hub})", f"data.local_files.{name}")
-    from datasets import load_dataset
-
     table = load_dataset(source.hub, source.subset, split=source.split)
     if source.score is not None:
         return _examples_from_sts(zip(table[source.query], table[source.positive], table[source.score]),
@@ -263,23 +180,6 @@ def _text(row: dict, column: str, path: Path, number: int) -> str:
 
 
 @dataclass
-class ContrastiveDataConfig:
-    # Registry names (CONTRASTIVE_DATASETS) and/or names of local-only data sets listed in local_files.
-    datasets: list[str] = field(default_factory=lambda: list(CONTRASTIVE_DATASETS))
-    local_files: dict[str, str] = field(default_factory=dict)  # name -> local file, replaces the hub data set
-    # name -> instruction for both sides (overrides the registry's; local-only data sets have none by default)
-    instructions: dict[str, str] = field(default_factory=dict)
-    batch_size: int = 64  # per device; the negatives grow with the number of devices
-    alpha: float = 0.5  # data sets are drawn with probability proportional to size**alpha
-    use_hard_negatives: bool = True
-    max_length: int = 512
-    sts_min_score: float = 4.0
-    max_examples_per_dataset: Optional[int] = None
-    seed: int = 0
-    num_workers: int = 0
-
-
-@dataclass
 class ContrastiveCorpus:
     """One data set's examples, instructions already applied."""
 
@@ -288,8 +188,7 @@ class ContrastiveCorpus:
 
 
 def load_corpora(config: ContrastiveDataConfig) -> list[ContrastiveCorpus]:
-    if not config.datasets:
-        raise ValueError("data.datasets is empty: name at least one contrastive data set")
+    config.validate()  # also when built in Python rather than loaded from YAML
     corpora = []
     for name in config.datasets:
         source = CONTRASTIVE_DATASETS.get(name)

@@ -1,4 +1,5 @@
-"""GLUE: the task table, loading (hub or local files), tokenization, label checks and length-grouped batches.
+"""GLUE: the task table, loading (hub or local files), tokenization, label checks and length-grouped batches
+(the DataModule that serves them is `neobert.data.glue_datamodule.GlueDataModule`).
 
 Every source yields the same thing, a `datasets.Dataset` with the hub's `nyu-mll/glue` columns (text columns,
 `label`, `idx`), so everything after loading is one code path:
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+import datasets
+import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset, Sampler
 
@@ -127,9 +130,7 @@ def _load_from_hub(task: GlueTask, split: str):
             f"(/data/glue/{task.name}/train.parquet, validation.parquet, ...) or the original GLUE TSV layout "
             f"(/data/glue/{task.name}/train.tsv, dev.tsv, ...)."
         ) from err
-    from datasets import load_dataset
-
-    return load_dataset(HUB_DATASET, task.name, split=split)
+    return datasets.load_dataset(HUB_DATASET, task.name, split=split)
 
 
 def task_directory(task: GlueTask, root: Path) -> Path:
@@ -143,17 +144,14 @@ def task_directory(task: GlueTask, root: Path) -> Path:
 
 
 def _load_local(task: GlueTask, split: str, root: Path):
-    import pyarrow.parquet as pq
-    from datasets import Dataset, concatenate_datasets
-
     directory = task_directory(task, root)
     parquet = sorted(directory.glob(f"{split}.parquet")) or sorted(directory.glob(f"{split}-*.parquet"))
     if parquet:
         # Read in memory (no Arrow cache files written beside the user's data or in the HF cache).
-        return concatenate_datasets([Dataset(pq.read_table(str(p))) for p in parquet])
+        return datasets.concatenate_datasets([datasets.Dataset(pq.read_table(str(p))) for p in parquet])
     tsv = directory / _tsv_name(split)
     if tsv.is_file():
-        return Dataset.from_dict(read_glue_tsv(task, split, tsv))
+        return datasets.Dataset.from_dict(read_glue_tsv(task, split, tsv))
     raise FileNotFoundError(
         f"GLUE {task.name}/{split}: no {split}.parquet, {split}-*.parquet or {tsv.name} in {directory} "
         f"(data.path={str(root)!r})"

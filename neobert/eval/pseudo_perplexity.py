@@ -10,53 +10,27 @@ length bucket (token-weighted: exp of the mean NLL of all tokens of the bucket's
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, List, Optional
+from typing import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from torch import Tensor
+from tqdm import tqdm
 
+from neobert.config.pseudo_perplexity import PseudoPerplexityConfig
+from neobert.data.corpus import iterate_documents, truncate
+from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
+from neobert.eval.throughput import resolve_device
+from neobert.layout import CONFIG_NAME, EXPORT_DIR, WEIGHTS_NAME, has_tokenizer
 from neobert.model.modeling import IGNORE_INDEX, NeoBERTForMaskedLM
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class PseudoPerplexityData:
-    """Where documents come from: a hub dataset (default: English Wikipedia) or local files (a file, a directory
-    or a glob of .txt/.jsonl/.json/.parquet/.csv), read by the pretraining data code."""
-
-    source: str = "wikimedia/wikipedia"
-    hub_config: Optional[str] = "20231101.en"
-    split: str = "train"
-    text_column: str = "text"
-    text_sample_by: str = "document"  # .txt files: "document" (one per file), "paragraph" or "line"
-    # Read by the shared source code; pseudo-perplexity uses neither.
-    pretokenized_dir: Optional[str] = None
-    validation_docs: int = 0
-
-
-@dataclass
-class PseudoPerplexityConfig:
-    models: List[str] = field(default_factory=list)  # export directories (NeoBERT hub layout)
-    data: PseudoPerplexityData = field(default_factory=PseudoPerplexityData)
-    tokenizer: Optional[str] = None  # default: the one saved beside each model, else bert-base-uncased
-    max_length: Optional[int] = None  # truncation; default: each model's max_length
-    # Bucket upper bounds (tokens, special tokens included): a document of n tokens falls in the first edge >= n.
-    bucket_edges: List[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048, 4096])
-    docs_per_bucket: int = 8  # stop collecting a bucket once it holds this many documents
-    min_tokens: int = 8
-    max_scanned_documents: int = 5000  # give up filling buckets after reading this many documents
-    tokens_per_forward: int = 16384  # masked copies per forward pass = this // document length (at least 1)
-    device: str = "auto"
-    seed: int = 0
-    output_dir: str = "runs/pseudo_perplexity"
 
 
 # ---------------------------------------------------------------------------------------------- scoring
@@ -171,16 +145,14 @@ def bucket_scores(scores: list[DocumentScore], edges: list[int]) -> list[BucketS
 
 # ---------------------------------------------------------------------------------------------- runner
 def load_model_and_tokenizer(directory: str, tokenizer: str | None = None):
-    from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
-
+    """(NeoBERTForMaskedLM, its tokenizer) from an export directory; `tokenizer` overrides the one beside it."""
     path = Path(directory)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"models: {directory!r} is not a NeoBERT export directory (no config.json)")
+    if not (path / CONFIG_NAME).is_file():
+        raise FileNotFoundError(f"models: {directory!r} is not a NeoBERT export directory (no {CONFIG_NAME})")
     model = NeoBERTForMaskedLM.from_pretrained(path)
     if "decoder.weight" not in _weight_names(path):
         raise ValueError(f"models: {directory!r} has no MLM head (decoder.*): pseudo-perplexity needs one")
-    has_tokenizer = (path / "tokenizer_config.json").is_file() or (path / "vocab.txt").is_file()
-    tok = load_tokenizer(tokenizer or (str(path) if has_tokenizer else BERT_BASE_UNCASED),
+    tok = load_tokenizer(tokenizer or (str(path) if has_tokenizer(path) else BERT_BASE_UNCASED),
                          max_length=model.config.max_length)
     if tok.mask_token_id is None:
         raise ValueError(f"the tokenizer of {directory!r} has no mask token")
@@ -188,22 +160,13 @@ def load_model_and_tokenizer(directory: str, tokenizer: str | None = None):
 
 
 def _weight_names(path: Path) -> set[str]:
-    from safetensors import safe_open
-
-    with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+    with safe_open(str(path / WEIGHTS_NAME), framework="pt") as f:
         return set(f.keys())
 
 
 def run_pseudo_perplexity(config: PseudoPerplexityConfig) -> tuple[list[DocumentScore], list[BucketScore]]:
-    from tqdm import tqdm
-
-    from neobert.data.pretraining import iterate_documents, truncate
-    from neobert.eval.throughput import resolve_device
-
-    if not config.models:
-        raise ValueError("models: give at least one export directory, e.g. models=[runs/neobert/export]")
-    if sorted(config.bucket_edges) != list(config.bucket_edges) or not config.bucket_edges:
-        raise ValueError(f"bucket_edges must be increasing, got {config.bucket_edges}")
+    """Scores every model of the config on the same documents: (per-document scores, per-bucket scores)."""
+    config.validate()
     device = resolve_device(config.device)
     torch.manual_seed(config.seed)
     all_scores: list[DocumentScore] = []
@@ -218,7 +181,7 @@ def run_pseudo_perplexity(config: PseudoPerplexityConfig) -> tuple[list[Document
         if not chosen:
             raise RuntimeError(f"data.source={config.data.source!r} gave no document of at least "
                                f"{config.min_tokens} tokens")
-        name = Path(directory).name if Path(directory).name != "export" else Path(directory).parent.name
+        name = Path(directory).name if Path(directory).name != EXPORT_DIR else Path(directory).parent.name
         log.info("%s: scoring %d documents", name, len(chosen))
         all_scores += score_documents(model, chosen, special, tokenizer.mask_token_id, name,
                                       config.tokens_per_forward, progress=lambda d: tqdm(d, desc=name))
@@ -239,24 +202,6 @@ def markdown_table(buckets: list[BucketScore]) -> str:
         lines.append(f"| {b.model} | {b.bucket_low + 1}-{b.bucket_high} | {b.documents} | {b.scored_tokens} | "
                      f"{b.pppl:.2f} | {b.median_document_pppl:.2f} |")
     return "\n".join(lines)
-
-
-def write_reports(scores: list[DocumentScore], buckets: list[BucketScore], output_dir: str | Path) -> dict:
-    from neobert.eval.plots import plot_pseudo_perplexity
-
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    documents_csv = output_dir / "documents.csv"
-    with documents_csv.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(asdict(scores[0])))
-        writer.writeheader()
-        writer.writerows(asdict(s) for s in scores)
-    buckets_json = output_dir / "buckets.json"
-    buckets_json.write_text(json.dumps([asdict(b) for b in buckets], indent=2) + "\n")
-    table = output_dir / "pseudo_perplexity.md"
-    table.write_text(markdown_table(buckets) + "\n")
-    plot = plot_pseudo_perplexity(curves(buckets), output_dir / "pseudo_perplexity.png")
-    return {"documents": documents_csv, "buckets": buckets_json, "markdown": table, "plot": plot}
 
 
 def read_buckets(path: str | Path) -> list[BucketScore]:

@@ -16,64 +16,26 @@ are timed side by side in one run:
 
 from __future__ import annotations
 
-import csv
-import dataclasses
+import importlib.util
 import logging
-import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Sequence
 
 import torch
+from huggingface_hub import snapshot_download
 from torch import Tensor, nn
+from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, RobertaConfig
 
-from neobert.eval.flops import PEAK_FLOPS, flops_per_token, matmul_params
+from neobert.config.throughput import ThroughputConfig
+from neobert.eval.flops import flops_per_token, matmul_params, peak_flops
+from neobert.model import NeoBERT, NeoBERTConfig
 
 log = logging.getLogger(__name__)
 
-MODEL_NAMES = ("neobert", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
-LAYOUTS = ("full", "padded", "unpadded")
-MODES = ("inference", "training")
 OFFICIAL_HUB_NAME = "chandar-lab/NeoBERT"
-
-
-@dataclass
-class ThroughputConfig:
-    """`python -m experiments.throughput key=value ...`; empty lists take device-dependent defaults."""
-
-    models: List[str] = field(default_factory=lambda: ["neobert", "neobert-official", "bert-base", "roberta-base",
-                                                       "modernbert-base"])
-    lengths: List[int] = field(default_factory=list)  # CPU: 128, 512; GPU: 128 ... 4096
-    layouts: List[str] = field(default_factory=lambda: ["full"])
-    mode: str = "inference"  # inference | training (forward + backward, no optimizer update)
-    batch_sizes: List[int] = field(default_factory=list)  # candidates; default powers of two 1 ... 1024
-    max_tokens: int = 4096  # CPU memory budget per batch (batch x length); ignored on GPU (OOM probing instead)
-    search_top: int = 3  # how many of the largest fitting batch sizes are timed to pick the fastest
-    repeats: int = 3  # interleaved timed repetitions per model; the median is reported
-    warmup: int = 1
-    neobert_preset: str = "neobert"
-    official_code_dir: Optional[str] = None  # a local copy of the hub repo chandar-lab/NeoBERT (model.py + config)
-    device: str = "auto"  # auto | cpu | cuda
-    peak_flops: Optional[float] = None  # for MFU; default from flops.PEAK_FLOPS by GPU name
-    threads: int = 0  # torch CPU threads; 0 = leave as is
-    seed: int = 0
-    output_dir: str = "runs/throughput"
-
-    def validate(self) -> None:
-        unknown = sorted(set(self.models) - set(MODEL_NAMES))
-        if unknown:
-            raise ValueError(f"models: unknown {unknown}; known: {list(MODEL_NAMES)}")
-        bad = sorted(set(self.layouts) - set(LAYOUTS))
-        if bad:
-            raise ValueError(f"layouts: unknown {bad}; known: {list(LAYOUTS)}")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if any(n <= 0 for n in self.lengths) or any(b <= 0 for b in self.batch_sizes):
-            raise ValueError("lengths and batch_sizes must be positive integers")
-        if self.repeats < 1 or self.search_top < 1:
-            raise ValueError("repeats and search_top must be at least 1")
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -117,8 +79,6 @@ def _hf_forward(module: nn.Module, batch: "Batch") -> Tensor:
 
 
 def _hf_config(name: str):
-    from transformers import BertConfig, ModernBertConfig, RobertaConfig
-
     if name == "bert-base":
         return BertConfig()  # the defaults are bert-base-uncased: 12 x 768, 30,522 tokens, 512 positions
     if name == "roberta-base":
@@ -136,8 +96,6 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
                 official_code_dir: str | None = None) -> BenchModel:
     """A randomly initialised encoder (no download). Raises ModelUnavailable with the reason when it cannot."""
     if name == "neobert":
-        from neobert.model import NeoBERT, NeoBERTConfig
-
         config = NeoBERTConfig.from_preset(neobert_preset)
         module = NeoBERT(config)
         bench = BenchModel(name, module, config.num_hidden_layers, config.hidden_size, config.max_length,
@@ -145,8 +103,6 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
     elif name == "neobert-official":
         bench = _build_official(official_code_dir)
     else:
-        from transformers import AutoModel
-
         config = _hf_config(name)
         attn = "sdpa"
         if device.type == "cuda" and name == "modernbert-base" and _has_flash_attn():
@@ -159,19 +115,13 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
 
 
 def _has_flash_attn() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("flash_attn") is not None
 
 
 def _build_official(code_dir: str | None) -> BenchModel:
     """The hub's own modeling file (trust_remote_code), from `official_code_dir` or the local hub cache."""
-    from transformers import AutoConfig, AutoModel
-
     if code_dir is None:
         try:
-            from huggingface_hub import snapshot_download
-
             code_dir = snapshot_download(OFFICIAL_HUB_NAME, local_files_only=True, allow_patterns=["*.py", "*.json"])
         except Exception as err:  # not in the local cache; downloading is not this benchmark's job
             raise ModelUnavailable(
@@ -306,13 +256,6 @@ def default_lengths(device: torch.device) -> list[int]:
     return [128, 256, 512, 1024, 2048, 4096] if device.type == "cuda" else [128, 512]
 
 
-def default_peak_flops(device: torch.device) -> float | None:
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device).lower()
-    return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
-
-
 def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = log.info) -> list[ThroughputRow]:
     config.validate()
     if config.threads:
@@ -322,7 +265,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     training = config.mode == "training"
     lengths = config.lengths or default_lengths(device)
     candidates = config.batch_sizes or [2 ** i for i in range(11)]
-    peak = config.peak_flops or default_peak_flops(device)
+    peak = config.peak_flops or peak_flops(device)
 
     models: dict[str, BenchModel] = {}
     rows: list[ThroughputRow] = []
@@ -420,105 +363,3 @@ def _search(bench: BenchModel, layout: str, length: int, candidates: Sequence[in
         if size != best:
             del batches[size]
     return best, batch_of(best)
-
-
-# ---------------------------------------------------------------------------------------------- reports
-CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow)]
-
-
-def write_csv(rows: Sequence[ThroughputRow], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(dataclasses.asdict(row))
-    return path
-
-
-def read_csv(path: str | Path) -> list[ThroughputRow]:
-    """Reads a CSV written by `write_csv` (for the notebook and for re-plotting)."""
-    types = {"batch_size": int, "seq_len": int, "params": int, "tokens_per_s": float, "step_s": float,
-             "flops_per_token": float, "achieved_flops": float, "mfu": float}
-    rows = []
-    with Path(path).open() as handle:
-        for raw in csv.DictReader(handle):
-            values = {k: (types[k](v) if v not in ("", None) else None) if k in types else v for k, v in raw.items()}
-            rows.append(ThroughputRow(**values))
-    return rows
-
-
-def _fmt(value: float | None, scale: float = 1.0, digits: int = 0) -> str:
-    return "n/a" if value is None or math.isnan(value) else f"{value / scale:,.{digits}f}"
-
-
-def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") -> str:
-    """Table 9 layout per (mode, layout): models as rows, lengths as columns, tokens/s (batch size); then the
-    achieved FLOP/s, and the ratio of `reference` to every other model per length."""
-    out = []
-    groups = sorted({(r.mode, r.layout) for r in rows}, key=lambda g: (MODES.index(g[0]), LAYOUTS.index(g[1])))
-    for mode, layout in groups:
-        group = [r for r in rows if (r.mode, r.layout) == (mode, layout)]
-        lengths = sorted({r.seq_len for r in group if r.seq_len})
-        names = [n for n in MODEL_NAMES if any(r.model == n for r in group)]
-        cell = {(r.model, r.seq_len): r for r in group}
-        notes = {r.model: r.note for r in group if r.note.startswith("not available")}
-        header = "| model | " + " | ".join(str(n) for n in lengths) + " |"
-        rule = "|---|" + "---:|" * len(lengths)
-
-        def section(title: str, models: Sequence[str], text: Callable[[str, int], str], label=lambda n: n) -> None:
-            out.extend([f"### {mode}, {layout} batches: {title}\n", header, rule])
-            for name in models:
-                out.append(f"| {label(name)} | " + " | ".join(text(name, length) for length in lengths) + " |")
-            out.append("")
-
-        def measured(model: str, length: int) -> bool:
-            return cell.get((model, length)) is not None and cell[(model, length)].tokens_per_s is not None
-
-        def tokens_per_s(name: str, length: int) -> str:
-            row = cell.get((name, length))
-            return f"{row.tokens_per_s:,.0f} ({row.batch_size})" if measured(name, length) else "n/a"
-
-        has_mfu = any(r.mfu is not None for r in group)
-
-        def rate(name: str, length: int) -> str:
-            row = cell.get((name, length))
-            value = None if row is None else (row.mfu * 100 if has_mfu and row.mfu is not None else
-                                              None if row.achieved_flops is None else row.achieved_flops / 1e9)
-            return _fmt(value, digits=1)
-
-        def ratio(name: str, length: int) -> str:
-            if not (measured(name, length) and measured(reference, length)):
-                return "n/a"
-            ours, theirs = cell[(reference, length)], cell[(name, length)]
-            speed = ours.tokens_per_s / theirs.tokens_per_s
-            per_flop = ours.achieved_flops / theirs.achieved_flops
-            return f"{speed:.2f}x; {per_flop:.2f}x"
-
-        section("tokens/s (best batch size)", names, tokens_per_s)
-        unit = "MFU %" if has_mfu else "achieved GFLOP/s"
-        section(f"{unit} (tokens/s x FLOPs/token from neobert.eval.flops)", names, rate)
-        others = [n for n in names if n != reference and any(measured(n, x) and measured(reference, x)
-                                                             for x in lengths)]
-        if others:
-            section(f"ratio {reference} / other (tokens/s; per FLOP)", others, ratio,
-                    label=lambda n: f"{reference} / {n}")
-        for name, note in notes.items():
-            out.append(f"- {name}: {note}")
-        if notes:
-            out.append("")
-    return "\n".join(out)
-
-
-def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path) -> dict[str, Path]:
-    """CSV, Markdown table and the Figure 3 plot under `output_dir`."""
-    from neobert.eval.plots import plot_throughput
-
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": write_csv(rows, output_dir / "throughput.csv")}
-    paths["markdown"] = output_dir / "throughput.md"
-    paths["markdown"].write_text(markdown_table(rows) + "\n")
-    paths["plot"] = plot_throughput(rows, output_dir / "throughput.png")
-    return paths

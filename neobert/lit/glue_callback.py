@@ -11,32 +11,21 @@ masks and dropout with or without this callback.
 from __future__ import annotations
 
 import copy
-import random
-import tempfile
+import dataclasses
 
 import lightning as L
-import numpy as np
 import torch
+from lightning.pytorch.strategies import SingleDeviceStrategy
 
+from neobert.config import LoggingConfig, TrainerConfig
+from neobert.config.glue import GlueConfig, GlueDataConfig
+from neobert.config.pretrain import GlueCallbackConfig
+from neobert.data.backbone import Backbone
 from neobert.data.glue import get_task
-from neobert.lit.callback_configs import GlueCallbackConfig
-from neobert.lit.glue import GlueClassifier, GlueDataConfig, GlueDataModule, GlueOptimConfig, build_classifier
-from neobert.model.backbone import Backbone
-
-
-def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _restore_rng(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
+from neobert.data.glue_datamodule import GlueDataModule
+from neobert.lit.glue import GlueClassifier, build_classifier
+from neobert.lit.rng import RngState
+from neobert.lit.trainer import build_trainer
 
 
 class GlueEvalCallback(L.Callback):
@@ -46,8 +35,7 @@ class GlueEvalCallback(L.Callback):
 
     def __init__(self, config: GlueCallbackConfig):
         super().__init__()
-        if config.every_n_steps < 0 or config.max_train_steps <= 0:
-            raise ValueError("GlueCallbackConfig: every_n_steps must be >= 0 and max_train_steps > 0")
+        config.validate()
         self.config = config
         self.task = get_task(config.task)
         self._datamodule: GlueDataModule | None = None  # tokenized once, reused at every evaluation
@@ -69,30 +57,28 @@ class GlueEvalCallback(L.Callback):
 
     def evaluate(self, pl_module: L.LightningModule) -> dict[str, float]:
         """Fine-tunes a copy of the encoder for `max_train_steps` and returns the validation metrics at the end."""
-        rng = _rng_state()
+        rng = RngState.capture()
         try:
             torch.manual_seed(self.SEED)
             encoder = copy.deepcopy(pl_module.model.model)
             backbone = Backbone(encoder, pl_module.tokenizer, encoder.config.hidden_size,
                                 encoder.config.num_hidden_layers, is_neobert=True)
             classifier = build_classifier(backbone, self.task.num_labels)
-            module = GlueClassifier(self.task, classifier, GlueOptimConfig(lr=self.config.lr))
-            datamodule = self._data(pl_module.tokenizer)
+            # GLUE fine-tuning's optimizer and schedule, at this callback's learning rate.
+            defaults = GlueConfig()
+            module = GlueClassifier(self.task, classifier, dataclasses.replace(defaults.optimizer, lr=self.config.lr),
+                                    defaults.scheduler)
             device = pl_module.device
-            with tempfile.TemporaryDirectory() as scratch:
-                # An explicit single-device strategy: never joins the pretraining run's process group.
-                trainer = L.Trainer(
-                    accelerator="gpu" if device.type == "cuda" else "cpu",
-                    strategy=L.pytorch.strategies.SingleDeviceStrategy(device=device),
-                    max_steps=self.config.max_train_steps,
-                    precision="bf16-mixed" if device.type == "cuda" else "32-true", gradient_clip_val=1.0,
-                    val_check_interval=self.config.max_train_steps, check_val_every_n_epoch=None,
-                    num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                    enable_model_summary=False, default_root_dir=scratch)
-                trainer.fit(module, datamodule=datamodule)
+            steps = self.config.max_train_steps
+            settings = TrainerConfig(accelerator="gpu" if device.type == "cuda" else "cpu", max_steps=steps,
+                                     eval_every_n_steps=steps, gradient_clip_val=1.0, precision=None)
+            # An explicit single-device strategy: never joins the pretraining run's process group.
+            trainer = build_trainer(settings, LoggingConfig(progress_bar=False), None,
+                                    strategy=SingleDeviceStrategy(device=device))
+            trainer.fit(module, datamodule=self._data(pl_module.tokenizer))
             return {k: v for k, v in module.best_scores.items() if k != "score"}
         finally:
-            _restore_rng(rng)
+            rng.restore()
 
     def _data(self, tokenizer) -> GlueDataModule:
         if self._datamodule is None:

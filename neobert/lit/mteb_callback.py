@@ -12,28 +12,25 @@ import logging
 
 import lightning as L
 
-from neobert.lit.callback_configs import MtebCallbackConfig
-from neobert.model.backbone import Backbone
+from neobert.config.pretrain import MtebCallbackConfig
+from neobert.data.backbone import Backbone
 
 log = logging.getLogger(__name__)
 
 # The main scores logged per task kind (a few more than the main one, all cheap once embeddings exist).
-_LOGGED_SCORES = {"sts": ("cosine_spearman", "cosine_pearson"), "retrieval": ("ndcg_at_10", "mrr_at_10", "recall_at_10")}
+_LOGGED_SCORES = {"sts": ("cosine_spearman", "cosine_pearson"),
+                  "retrieval": ("ndcg_at_10", "mrr_at_10", "recall_at_10")}
 
 
 class MtebEvalCallback(L.Callback):
     def __init__(self, config: MtebCallbackConfig):
         super().__init__()
-        if config.task not in _LOGGED_SCORES:
-            raise ValueError(f"mteb callback task must be one of {sorted(_LOGGED_SCORES)}, got {config.task!r}")
-        if config.every_n_steps > 0 and not config.data_path:
-            raise ValueError("the MTEB callback needs a local task file: set `data_path` (an STS Benchmark CSV "
-                             "for task=sts, a query/positive jsonl for task=retrieval)")
+        config.validate()  # also when built in Python rather than loaded from YAML
         self.config = config
         self._task = None
 
     def _make_task(self):
-        from neobert.eval.mteb import LocalRetrievalTask, LocalSTSTask
+        from neobert.eval.mteb import LocalRetrievalTask, LocalSTSTask  # imports mteb (heavy): only when on
 
         cls = LocalSTSTask if self.config.task == "sts" else LocalRetrievalTask
         return cls(self.config.data_path, name=f"pretrain-{self.config.task}", max_examples=self.config.max_examples)
@@ -48,7 +45,7 @@ class MtebEvalCallback(L.Callback):
             pl_module.log(f"mteb/{self.config.task}/{name}", value, rank_zero_only=True)
 
     def evaluate(self, pl_module: L.LightningModule) -> dict[str, float]:
-        from neobert.eval.mteb import MtebEncoder, run_mteb
+        from neobert.eval.mteb import MtebEncoder, run_mteb  # imports mteb (heavy): only when on
 
         if self._task is None:
             self._task = self._make_task()

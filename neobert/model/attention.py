@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.varlen import varlen_attn
 
 _HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
 _HAS_XFORMERS = importlib.util.find_spec("xformers") is not None
@@ -87,15 +88,13 @@ def _attend_packed(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dro
     cu, max_len = layout.cu_seqlens, layout.max_seqlen
     if q.is_cuda and q.dtype in _HALF:
         if _HAS_FLASH_ATTN:
-            from flash_attn import flash_attn_varlen_func
+            from flash_attn import flash_attn_varlen_func  # optional GPU kernel package
 
             return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout_p)
         if dropout_p == 0.0:
-            from torch.nn.attention.varlen import varlen_attn
-
             return varlen_attn(q, k, v, cu, cu, max_len, max_len)
         if _HAS_XFORMERS:
-            from xformers.ops import fmha
+            from xformers.ops import fmha  # optional GPU kernel package
 
             lengths = (cu[1:] - cu[:-1]).tolist()
             bias = fmha.BlockDiagonalMask.from_seqlens(lengths)

@@ -14,7 +14,7 @@ ATTENTION_BACKENDS = ("sdpa", "varlen")
 
 @dataclass
 class NeoBERTConfig:
-    """Every architectural choice of the NeoBERT ablation ladder is a field (NEOBERT_SPEC section 1 and 3)."""
+    """Every architectural choice of the NeoBERT ablation ladder is a field (paper Table 1 and Table 2)."""
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -137,7 +137,7 @@ _EXTRA_HUB_FIELDS = ("activation", "norm", "position_encoding", "rope_theta", "d
                      "attention_backend", "num_labels")
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # The released NeoBERT (NEOBERT_SPEC section 1).
+    # The released NeoBERT (paper Table 1; the hub config).
     "neobert": {},
     # Ablation M0: a BERT-base-like encoder in the same code path.
     "bert-base": dict(num_hidden_layers=12, activation="gelu", norm="layernorm", norm_eps=1e-12,

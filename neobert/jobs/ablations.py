@@ -1,15 +1,15 @@
-"""The ablation ladder M0..M10 (NEOBERT_SPEC section 3, paper Table 2 and Figure 1): its definition, the
-budgets that rescale it, and the runner that pretrains and evaluates every step.
+"""The ablation ladder M0..M10 (paper Table 2 and Figure 1): its definition, the budgets that rescale it, and the
+job that pretrains and evaluates every step (`python -m experiments.ablations`; docs/ablations.md).
 
 Each step is one change on top of its parent, the previous *kept* step: the tokenizer (M3) and packing (M6)
-steps branch off and are reverted, so M4 starts from M2 and M7 from M5. `configs/ablations/mXX.yaml` holds
-each step at the paper's scale, `inherit:`ing its parent and stating only its change; `LADDER` lists the
+steps branch off and are reverted, so M4 starts from M2 and M7 from M5. The packaged config `ablations/mXX`
+holds each step at the paper's scale, `inherit:`ing its parent and stating only its change; `LADDER` lists the
 config keys each step changes, and `config_diff` (tested) proves that nothing else differs.
 
-A budget (`configs/ablations/budgets/{tiny,small,paper}.yaml`) maps the paper's shapes, lengths and batch
-sizes to smaller ones. It is a function of the config, applied alike to a step and to its parent, so a
-step's diff at any budget is a subset of its documented keys (it can become empty, e.g. M2's data change
-when both corpora are the offline demo corpus; the results say so).
+A budget (packaged `ablations/budgets/{tiny,small,paper}`, schema `AblationBudgetConfig`) maps the paper's
+shapes, lengths and batch sizes to smaller ones. It is a function of the config, applied alike to a step and to
+its parent, so a step's diff at any budget is a subset of its documented keys (it can become empty, e.g. M2's
+data change when both corpora are the offline demo corpus; the results say so).
 """
 
 from __future__ import annotations
@@ -18,27 +18,34 @@ import copy
 import dataclasses
 import functools
 import json
-import logging
 import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from omegaconf import OmegaConf
+from safetensors import safe_open
 
-from neobert.config import ConfigError, load_config
-from neobert.lit.pretrain_config import PretrainConfig
+from neobert.config import ConfigError, config_path, load_config, merge_overrides, packaged_config_names
+from neobert.config.ablations import AblationBudgetConfig, GlueSubsetConfig
+from neobert.config.glue import GlueConfig
+from neobert.config.pretrain import PretrainConfig
+from neobert.data.demo_corpus import write_demo_corpus, write_fallback_glue
+from neobert.data.tokenizer import BERT_BASE_UNCASED, train_bpe_tokenizer
+from neobert.eval.plots import final_value, plot_ablation_glue
+from neobert.hub import hub_reachable
+from neobert.jobs.glue import run_task
+from neobert.jobs.pretrain import run_pretraining
+from neobert.layout import EXPORT_DIR, RESULTS_JSON, WEIGHTS_NAME, metrics_csvs
+from neobert.model.config import NeoBERTConfig
 
-log = logging.getLogger(__name__)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO_ROOT / "configs" / "ablations"
-BUDGET_DIR = CONFIG_DIR / "budgets"
-BERT_TOKENIZERS = ("google-bert/bert-base-uncased", "bert-base-uncased")
+BUDGETS = "ablations/budgets"  # packaged budget configs: ablations/budgets/<name>
+BERT_TOKENIZERS = (BERT_BASE_UNCASED, "bert-base-uncased")
 MISSING = "<absent>"
+CORPUS_NAME = "corpus.jsonl"  # the demo corpus under the ladder's output directory (the notebook reads it)
+RESULTS_MD = "results.md"
+GLUE_PLOT = "glue_per_step.png"
 
 
 # ---------------------------------------------------------------------------------------------- the ladder
@@ -49,7 +56,7 @@ class AblationStep:
     title: str
     changed_keys: tuple[str, ...]  # PretrainConfig leaves that differ from the parent, at the paper's scale
     carried_forward: bool  # False: reverted, the next step starts from this step's parent
-    paper_glue_delta: str = ""  # the paper's reported effect, where NEOBERT_SPEC gives it
+    paper_glue_delta: str = ""  # the paper's reported effect, where it gives one
 
 
 _SIZE_KEYS = ("model.overrides.num_hidden_layers", "model.overrides.hidden_size", "model.overrides.intermediate_size")
@@ -94,77 +101,33 @@ def parse_steps(spec: str) -> list[str]:
 
 
 def step_config_path(step: str) -> Path:
+    """The step's packaged config (`ablations/mXX`)."""
     if step not in STEPS:
         raise ValueError(f"unknown ablation step {step!r}; steps are {list(STEPS)}")
-    return CONFIG_DIR / f"{step}.yaml"
+    return config_path(f"ablations/{step}")
 
 
 # ---------------------------------------------------------------------------------------------- budgets
-@dataclass
-class ModelShape:
-    num_hidden_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    intermediate_size: int
-
-
-@dataclass
-class GlueSubset:
-    """How each checkpoint is evaluated: a short fine-tune per task (neobert.lit.glue.run_task)."""
-
-    tasks: List[str] = field(default_factory=lambda: ["rte"])
-    # Local GLUE files (hub parquet or GLUE TSV layout); "auto": ../shared/data/glue when present, else the
-    # built-in fallback task; None: the hub's nyu-mll/glue.
-    data_path: Optional[str] = "auto"
-    max_train_steps: int = 0  # 0 = the full fine-tuning (10 epochs)
-    batch_size: int = 16
-    lr: float = 2e-5
-    max_length: int = 128
-    max_train_examples: int = 0
-    max_eval_examples: int = 0
-    seed: int = 0
-
-
-@dataclass
-class AblationBudget:
-    name: str = "paper"
-    max_steps: Optional[int] = None  # None keeps the step's value
-    warmup_steps: Optional[int] = None  # caps every step's warm-up
-    # Multiplies every step's peak lr: tiny models trained for a few dozen steps need a larger one. Applied to
-    # the step and its parent alike, so the steps' relative lr (M4 changes it) is kept.
-    lr_scale: float = 1.0
-    devices: Optional[int] = None
-    micro_batch_size: Optional[int] = None  # most sequences per micro batch; accumulation makes up the rest
-    shapes: Dict[str, ModelShape] = field(default_factory=dict)  # "12x768" -> the budget's shape
-    lengths: Dict[str, int] = field(default_factory=dict)  # paper max length -> budget max length
-    tokens_per_step: Dict[str, int] = field(default_factory=dict)  # paper tokens/step -> budget tokens/step
-    data_source: Optional[str] = None  # "demo": the offline demo corpus for every step; None keeps each step's
-    bpe_vocab_size: int = 32000  # the trained stand-in of the LLaMA tokenizer when the hub is out of reach
-    pretrain_overrides: Dict[str, Any] = field(default_factory=dict)  # dotted PretrainConfig keys for every step
-    glue: GlueSubset = field(default_factory=GlueSubset)
-
-
-def load_budget(name_or_path: str, overrides: Sequence[str] = ()) -> AblationBudget:
+def load_budget(name_or_path: str, overrides: Sequence[str] = ()) -> AblationBudgetConfig:
+    """A budget file, or the name of a packaged one (`tiny`, `small`, `paper`)."""
     path = Path(name_or_path)
     if not path.is_file():
-        path = BUDGET_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in BUDGET_DIR.glob("*.yaml"))
-        raise ConfigError(f"--budget {name_or_path!r}: no such budget file; known budgets: {known}")
-    return load_config(AblationBudget, path, overrides)
+        try:
+            path = config_path(f"{BUDGETS}/{name_or_path}")
+        except ConfigError:
+            known = sorted(n.removeprefix(f"{BUDGETS}/") for n in packaged_config_names() if n.startswith(BUDGETS))
+            raise ConfigError(f"--budget {name_or_path!r}: no such budget file; known budgets: {known}") from None
+    return load_config(AblationBudgetConfig, path, overrides)
 
 
 def tokens_per_step(config: PretrainConfig) -> int:
     trainer = config.trainer
-    devices = int(trainer.devices) if str(trainer.devices).isdigit() else 1
-    return trainer.micro_batch_size * trainer.accumulate_grad_batches * devices * trainer.num_nodes * \
+    return trainer.micro_batch_size * trainer.accumulate_grad_batches * trainer.num_devices * trainer.num_nodes * \
         config.data.max_length
 
 
-def apply_budget(config: PretrainConfig, budget: AblationBudget, corpus: str | None = None) -> PretrainConfig:
+def apply_budget(config: PretrainConfig, budget: AblationBudgetConfig, corpus: str | None = None) -> PretrainConfig:
     """The step's config at the budget's scale. A pure function of the config: equal inputs map alike."""
-    from neobert.model.config import NeoBERTConfig
-
     config = copy.deepcopy(config)
     paper_tokens = tokens_per_step(config)
     model = NeoBERTConfig.from_preset(config.model.preset, **config.model.overrides)
@@ -201,9 +164,8 @@ def apply_budget(config: PretrainConfig, budget: AblationBudget, corpus: str | N
         config.data.hub_config = None
         config.data.text_column = "content"
     if budget.pretrain_overrides:
-        dotlist = [f"{key}={_yaml_value(value)}" for key, value in budget.pretrain_overrides.items()]
-        merged = OmegaConf.merge(OmegaConf.structured(config), OmegaConf.from_dotlist(dotlist))
-        config = OmegaConf.to_object(merged)
+        config = merge_overrides(config, [f"{key}={_yaml_value(value)}"
+                                          for key, value in budget.pretrain_overrides.items()])
     return config
 
 
@@ -216,15 +178,14 @@ def _paper_config(step: str) -> PretrainConfig:
     return load_config(PretrainConfig, step_config_path(step))
 
 
-def load_step_config(step: str, budget: AblationBudget | None = None, corpus: str | None = None,
+def load_step_config(step: str, budget: AblationBudgetConfig | None = None, corpus: str | None = None,
                      overrides: Sequence[str] = ()) -> PretrainConfig:
     """The step's PretrainConfig (a fresh copy), at the budget's scale when one is given."""
     config = copy.deepcopy(_paper_config(step))
     if budget is not None:
         config = apply_budget(config, budget, corpus)
     if overrides:
-        merged = OmegaConf.merge(OmegaConf.structured(config), OmegaConf.from_dotlist(list(overrides)))
-        config = OmegaConf.to_object(merged)
+        config = merge_overrides(config, overrides)
     return config
 
 
@@ -252,86 +213,6 @@ def config_diff(parent: PretrainConfig, child: PretrainConfig) -> dict[str, tupl
             if a.get(k, MISSING) != b.get(k, MISSING)}
 
 
-# ---------------------------------------------------------------------------------------------- offline stand-ins
-def train_bpe_tokenizer(data, vocab_size: int, directory: str | Path, max_docs: int = 100_000) -> Path:
-    """A byte-level BPE tokenizer trained with `tokenizers` on the step's own corpus, saved as a Hugging Face
-    tokenizer directory: the offline stand-in of the LLaMA tokenizer (a SentencePiece BPE of 32,000 tokens).
-    Specials: <pad> (id 0) <s> </s> <unk> <mask>; documents are encoded as <s> ... </s>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from neobert.data.pretraining import open_source, text_column
-
-    directory = Path(directory)
-    if (directory / "tokenizer.json").is_file():
-        return directory
-    column = text_column(data)
-    texts = (row[column] for row, _ in zip(open_source(data), range(max_docs)) if row.get(column))
-    specials = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(texts, trainer)
-    bos, eos = tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", mask_token="<mask>", cls_token="<s>", sep_token="</s>")
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    fast.save_pretrained(str(tmp))
-    os.replace(tmp, directory)
-    return directory
-
-
-def shared_glue_dir() -> Path | None:
-    """../shared/data/glue beside the repository (or $NEOBERT_SHARED_DATA/glue) when it holds RTE."""
-    root = Path(os.environ.get("NEOBERT_SHARED_DATA", REPO_ROOT.parent / "shared" / "data")) / "glue"
-    return root if (root / "rte").is_dir() else None
-
-
-def write_fallback_glue(corpus: str | Path, directory: str | Path, train: int = 480, validation: int = 160,
-                        seed: int = 0) -> Path:
-    """A small pair-classification task in GLUE RTE's parquet layout, built from the demo corpus, for machines
-    with neither the hub nor GLUE files: sentence1 is a passage of a document, sentence2 is either another
-    passage of the same document (label 0, "entailment") or of a document on another topic (label 1). It is
-    not RTE; it only tells whether pretraining taught the encoder something about topical coherence."""
-    import random
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    directory = Path(directory) / "rte"
-    if (directory / "validation.parquet").is_file():
-        return directory.parent
-    documents = [json.loads(line) for line in Path(corpus).read_text(encoding="utf-8").splitlines() if line]
-    by_topic: dict[str, list[str]] = {}
-    for doc in documents:
-        sentences = [s.strip() for s in doc["content"].replace("\n", " ").split(". ") if len(s.split()) >= 4]
-        by_topic.setdefault(doc["topic"], []).extend(sentences)
-    topics = [t for t, s in by_topic.items() if len(s) >= 2]
-    if len(topics) < 2:
-        raise RuntimeError(f"{corpus}: too few topics to build the fallback pair task")
-    rng = random.Random(seed)
-    rows = []
-    for index in range(train + validation):
-        topic = rng.choice(topics)
-        first, second = rng.sample(by_topic[topic], 2)
-        label = index % 2  # balanced classes
-        if label:
-            other = rng.choice([t for t in topics if t != topic])
-            second = rng.choice(by_topic[other])
-        rows.append({"sentence1": first, "sentence2": second, "label": label})
-    rng.shuffle(rows)
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, part in (("train", rows[:train]), ("validation", rows[train:])):
-        table = pa.Table.from_pylist([{**r, "idx": i} for i, r in enumerate(part)])
-        pq.write_table(table, directory / f"{split}.parquet")
-    return directory.parent
-
-
 # ---------------------------------------------------------------------------------------------- the runner
 @dataclass
 class StepResult:
@@ -352,20 +233,26 @@ class StepResult:
     notes: List[str] = field(default_factory=list)
 
 
-def run_ladder(steps: Sequence[str], budget: AblationBudget, output_dir: str | Path, evaluate: bool = True,
-               overrides: Sequence[str] = ()) -> list[StepResult]:
-    """Pretrains every step (through `neobert.lit.pretrain.run_pretraining`), fine-tunes each checkpoint on the
-    budget's GLUE subset (through `neobert.lit.glue.run_task`) and writes results.json / results.md /
-    glue_per_step.png under `output_dir`. A step whose export already exists is not retrained."""
-    from neobert.hub import hub_reachable
+def run_ablations(steps: str, budget: str, budget_overrides: Sequence[str] = (), output_dir: str | None = None,
+                  evaluate: bool = True, overrides: Sequence[str] = ()) -> tuple[list[StepResult], dict[str, Path]]:
+    """The command line's job: `steps` as `parse_steps` reads them, a budget name or file with its overrides,
+    PretrainConfig overrides for every step; the output directory defaults to runs/ablations/<budget name>.
+    Returns the results and the paths of the files written."""
+    chosen = parse_steps(steps)
+    scaled = load_budget(budget, budget_overrides)
+    output_dir = output_dir or f"runs/ablations/{scaled.name}"
+    results = run_ladder(chosen, scaled, output_dir, evaluate=evaluate, overrides=overrides)
+    return results, write_results(results, output_dir)
 
+
+def run_ladder(steps: Sequence[str], budget: AblationBudgetConfig, output_dir: str | Path, evaluate: bool = True,
+               overrides: Sequence[str] = ()) -> list[StepResult]:
+    """Pretrains every step (through `neobert.jobs.pretrain.run_pretraining`), fine-tunes each checkpoint on the
+    budget's GLUE subset (through `neobert.jobs.glue.run_task`) and writes results.json / results.md /
+    glue_per_step.png under `output_dir`. A step whose export already exists is not retrained."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    corpus = None
-    if budget.data_source == "demo":
-        from neobert.data.demo_corpus import write_demo_corpus
-
-        corpus = str(write_demo_corpus(output_dir / "corpus.jsonl"))
+    corpus = str(write_demo_corpus(output_dir / CORPUS_NAME)) if budget.data_source == "demo" else None
     glue_path, glue_note = _glue_data_path(budget.glue, output_dir, corpus) if evaluate else (None, "")
     results = []
     for step in steps:
@@ -387,20 +274,19 @@ def run_ladder(steps: Sequence[str], budget: AblationBudget, output_dir: str | P
                                 f"same corpus instead ({bpe}); its MLM loss is over other units, not comparable")
             config.data.tokenizer = str(bpe)
         if corpus is not None:
-            result.notes.append(f"data: the offline demo corpus ({corpus}), not {_paper_source(step)}")
-        config.run_dir = str(output_dir / step)
-        config.export_dir = str(output_dir / step / "export")
+            result.notes.append(f"data: the offline demo corpus ({corpus}), not {_paper_config(step).data.source}")
+        config.output_dir = str(output_dir / step)
+        config.export_dir = str(output_dir / step / EXPORT_DIR)
         result.export_dir = config.export_dir
         export = Path(config.export_dir)
         started = time.perf_counter()
-        if not (export / "model.safetensors").is_file():
-            from neobert.lit.pretrain import run_pretraining
-
+        if not (export / WEIGHTS_NAME).is_file():
             config.resume = True
             run_pretraining(config)
             result.pretrain_seconds = round(time.perf_counter() - started, 1)
         result.parameters = _count_parameters(export)
-        result.train_loss = _final_train_loss(Path(config.run_dir))
+        csvs = metrics_csvs(config.output_dir)
+        result.train_loss = final_value(csvs, "train/loss") if csvs else None
         if evaluate:
             started = time.perf_counter()
             result.glue = evaluate_glue(export, budget.glue, glue_path, output_dir / step / "glue")
@@ -413,11 +299,14 @@ def run_ladder(steps: Sequence[str], budget: AblationBudget, output_dir: str | P
     return results
 
 
-def _paper_source(step: str) -> str:
-    return _paper_config(step).data.source
+def shared_glue_dir() -> Path | None:
+    """$NEOBERT_SHARED_DATA/glue (unset: ../shared/data/glue from the working directory) when it holds RTE."""
+    shared = os.environ.get("NEOBERT_SHARED_DATA")
+    root = (Path(shared) if shared else Path.cwd().parent / "shared" / "data") / "glue"
+    return root if (root / "rte").is_dir() else None
 
 
-def _glue_data_path(glue: GlueSubset, output_dir: Path, corpus: str | None) -> tuple[str | None, str]:
+def _glue_data_path(glue: GlueSubsetConfig, output_dir: Path, corpus: str | None) -> tuple[str | None, str]:
     if glue.data_path != "auto":
         return glue.data_path, ""
     shared = shared_glue_dir()
@@ -425,19 +314,14 @@ def _glue_data_path(glue: GlueSubset, output_dir: Path, corpus: str | None) -> t
         steps = f"{glue.max_train_steps} steps" if glue.max_train_steps else "full"
         return str(shared), (f"GLUE: local files {shared} ({steps} fine-tuning on "
                              f"{glue.max_train_examples or 'all'} training examples)")
-    if corpus is None:
-        from neobert.data.demo_corpus import write_demo_corpus
-
-        corpus = str(write_demo_corpus(output_dir / "corpus.jsonl"))
+    corpus = corpus or str(write_demo_corpus(output_dir / CORPUS_NAME))
     fallback = write_fallback_glue(corpus, output_dir / "glue_fallback")
     return str(fallback), (f"GLUE: no GLUE files here; scored on the built-in fallback pair task built from the "
                            f"demo corpus ({fallback}/rte), not on RTE")
 
 
-def evaluate_glue(export_dir: str | Path, glue: GlueSubset, data_path: str | None, output_dir: Path) -> dict:
+def evaluate_glue(export_dir: str | Path, glue: GlueSubsetConfig, data_path: str | None, output_dir: Path) -> dict:
     """Main score (a fraction) per task of the subset, from a short fine-tune of the checkpoint."""
-    from neobert.lit.glue import GlueConfig, run_task
-
     scores = {}
     for task in glue.tasks:
         config = GlueConfig(task=task, model=str(export_dir), output_dir=str(output_dir))
@@ -446,9 +330,9 @@ def evaluate_glue(export_dir: str | Path, glue: GlueSubset, data_path: str | Non
         config.data.max_length = glue.max_length
         config.data.max_train_examples = glue.max_train_examples
         config.data.max_eval_examples = glue.max_eval_examples
-        config.optim.lr = glue.lr
+        config.optimizer.lr = glue.lr
         config.trainer.seed = glue.seed
-        config.trainer.enable_progress_bar = False
+        config.logging.progress_bar = False
         if glue.max_train_steps:
             config.trainer.max_steps = glue.max_train_steps
             config.trainer.eval_every_n_steps = max(1, glue.max_train_steps // 3)
@@ -458,38 +342,27 @@ def evaluate_glue(export_dir: str | Path, glue: GlueSubset, data_path: str | Non
 
 
 def _count_parameters(export: Path) -> int | None:
-    from safetensors import safe_open
-
-    path = export / "model.safetensors"
+    path = export / WEIGHTS_NAME
     if not path.is_file():
         return None
     with safe_open(str(path), framework="pt") as f:
         return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
 
 
-def _final_train_loss(run_dir: Path) -> float | None:
-    from neobert.lit.plotting import final_value
-
-    csvs = sorted((run_dir / "logs").glob("version_*/metrics.csv"))
-    return final_value(csvs, "train/loss") if csvs else None
-
-
 # ---------------------------------------------------------------------------------------------- results
 def write_results(results: Sequence[StepResult], output_dir: str | Path) -> dict[str, Path]:
-    from neobert.eval.plots import plot_ablation_glue
-
     output_dir = Path(output_dir)
     rows = [dataclasses.asdict(r) for r in results]
-    paths = {"json": output_dir / "results.json", "markdown": output_dir / "results.md"}
+    paths = {"json": output_dir / RESULTS_JSON, "markdown": output_dir / RESULTS_MD}
     paths["json"].write_text(json.dumps(rows, indent=2, default=str) + "\n")
     paths["markdown"].write_text(results_markdown(rows) + "\n")
     if any(r["glue_score"] is not None for r in rows):
-        paths["plot"] = plot_ablation_glue(rows, output_dir / "glue_per_step.png")
+        paths["plot"] = plot_ablation_glue(rows, output_dir / GLUE_PLOT)
     return paths
 
 
 def read_results(output_dir: str | Path) -> list[dict]:
-    path = Path(output_dir) / "results.json"
+    path = Path(output_dir) / RESULTS_JSON
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: run `python -m experiments.ablations` first")
     return json.loads(path.read_text())
@@ -521,62 +394,3 @@ def results_markdown(rows: Sequence[dict]) -> str:
             where = "all steps" if len(steps) == len(rows) > 1 else ", ".join(steps)
             lines.append(f"- {where}: {note}")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------------- exploring checkpoints
-def load_mlm(export_dir: str | Path):
-    """(NeoBERTForMaskedLM in eval mode, its tokenizer) from an export directory."""
-    from neobert.eval.pseudo_perplexity import load_model_and_tokenizer
-
-    model, tokenizer = load_model_and_tokenizer(str(export_dir))
-    return model.eval(), tokenizer
-
-
-def fill_mask(export_dir: str | Path, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
-    """Top-k predictions with probabilities for every [MASK] in `text` ("[MASK]" is replaced by the checkpoint's
-    own mask token, so the same sentence probes WordPiece and BPE checkpoints)."""
-    import torch
-
-    model, tokenizer = load_mlm(export_dir)
-    text = text.replace("[MASK]", tokenizer.mask_token)
-    encoded = tokenizer(text, return_tensors="pt", truncation=True)
-    positions = (encoded["input_ids"][0] == tokenizer.mask_token_id).nonzero().flatten()
-    if positions.numel() == 0:
-        raise ValueError(f"fill_mask: no [MASK] in {text!r}")
-    with torch.no_grad():
-        logits = model(encoded["input_ids"], encoded["attention_mask"]).logits[0, positions]
-    probs = logits.float().softmax(-1)
-    top = probs.topk(top_k, dim=-1)
-    return [[(tokenizer.decode([int(i)]).strip(), float(p)) for p, i in zip(values, indices)]
-            for values, indices in zip(top.values, top.indices)]
-
-
-def embedding_similarities(export_dir: str | Path, sentences: Sequence[str]):
-    """Cosine similarities [n, n] between mean-pooled sentence embeddings of the checkpoint's encoder."""
-    import torch
-
-    from neobert.model.backbone import load_backbone
-    from neobert.model.modeling import pool_embeddings
-
-    backbone = load_backbone(str(export_dir)).eval()
-    batch = backbone.tokenizer(list(sentences), padding=True, truncation=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden = backbone(batch["input_ids"], batch["attention_mask"])
-    embeddings = torch.nn.functional.normalize(pool_embeddings(hidden, batch["attention_mask"], "mean"), dim=-1)
-    return (embeddings @ embeddings.T).numpy()
-
-
-def ladder_pseudo_perplexity(results: Sequence[dict], corpus: str | Path, bucket_edges: Sequence[int],
-                             docs_per_bucket: int = 2, steps: Sequence[str] | None = None):
-    """Per-bucket pseudo-perplexity of the ladder's checkpoints on `corpus` (Figure 2 over the ladder). Only
-    comparable between checkpoints that share a tokenizer."""
-    from neobert.eval.pseudo_perplexity import PseudoPerplexityConfig, run_pseudo_perplexity
-
-    chosen = [r for r in results if steps is None or r["step"] in steps]
-    config = PseudoPerplexityConfig(models=[r["export_dir"] for r in chosen], bucket_edges=list(bucket_edges),
-                                    docs_per_bucket=docs_per_bucket, device="cpu")
-    config.data.source = str(corpus)
-    config.data.hub_config = None
-    config.data.text_column = "content"
-    _, buckets = run_pseudo_perplexity(config)
-    return buckets

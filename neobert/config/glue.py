@@ -1,0 +1,108 @@
+"""The schema of a GLUE fine-tuning run (`python -m experiments.glue --task rte key=value ...`; docs/glue.md).
+
+Defaults are the paper's fine-tuning protocol (paper Table 3 and the fine-tuning appendix): AdamW with betas
+(0.9, 0.95), 6% linear warm-up then linear decay to 0, up to 10 epochs with validation every n steps, the best
+checkpoint kept. The same for every backbone, so NeoBERT and any Hugging Face encoder are compared alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Optional
+
+from neobert.config.common import LoggingConfig, OptimizerConfig, SchedulerConfig, TrainerConfig
+from neobert.config.loader import require
+
+
+@dataclass
+class GlueDataConfig:
+    path: Optional[str] = None  # local GLUE files (hub parquet or original TSV layout); None = the hub's nyu-mll/glue
+    max_length: int = 1024  # the paper's NeoBERT value; clipped to what the tokenizer/model accepts
+    batch_size: int = 16
+    eval_batch_size: int = 64
+    group_by_length: bool = True  # length-grouped batches: short sentences do not pay for long ones
+    num_workers: int = 0
+    max_train_examples: int = 0  # 0 = all; otherwise a seeded random subset (quick runs)
+    max_eval_examples: int = 0  # 0 = all; otherwise the first N of each validation split
+
+    def validate(self, prefix: str = "data") -> None:
+        require(self.max_length >= 8, f"{prefix}.max_length", "must be at least 8")
+        require(self.batch_size > 0, f"{prefix}.batch_size", "must be positive")
+        require(self.eval_batch_size > 0, f"{prefix}.eval_batch_size", "must be positive")
+        require(self.num_workers >= 0, f"{prefix}.num_workers", "must be >= 0")
+        require(self.max_train_examples >= 0, f"{prefix}.max_train_examples", "must be >= 0 (0 = all)")
+        require(self.max_eval_examples >= 0, f"{prefix}.max_eval_examples", "must be >= 0 (0 = all)")
+
+
+@dataclass
+class GlueTrainerConfig(TrainerConfig):
+    devices: Any = 1
+    max_epochs: Optional[int] = 10  # the paper: 10 epochs, evaluate every n steps, keep the best
+    eval_every_n_steps: int = 500  # validation every n training steps, across epochs
+    precision: Optional[str] = "32-true"  # "bf16-mixed" on GPUs; null = bf16-mixed on GPU, 32-true on CPU
+    early_stopping_patience: int = 5  # evaluations without improvement before stopping; 0 = off
+
+    def validate(self, prefix: str = "trainer") -> None:
+        super().validate(prefix)
+        require(self.max_epochs is not None and self.max_epochs > 0, f"{prefix}.max_epochs",
+                "must be positive (trainer.max_steps may cap the run further)")
+        require(self.eval_every_n_steps > 0, f"{prefix}.eval_every_n_steps",
+                "must be positive: validation picks the best checkpoint")
+        require(self.early_stopping_patience >= 0, f"{prefix}.early_stopping_patience", "must be >= 0 (0 = off)")
+
+
+@dataclass
+class GlueSweepConfig:
+    """The paper's grid. Every (batch size, lr, weight decay) runs once per seed; the median over seeds ranks it."""
+
+    batch_sizes: List[int] = field(default_factory=lambda: [2, 4, 8, 16, 32])
+    lrs: List[float] = field(default_factory=lambda: [5e-6, 6e-6, 8e-6, 1e-5, 2e-5, 3e-5])
+    weight_decays: List[float] = field(default_factory=lambda: [1e-2, 1e-5])
+    seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
+
+    def validate(self, prefix: str = "sweep") -> None:
+        for name in ("batch_sizes", "lrs", "weight_decays", "seeds"):
+            require(len(getattr(self, name)) > 0, f"{prefix}.{name}", "must list at least one value")
+        require(all(b > 0 for b in self.batch_sizes), f"{prefix}.batch_sizes", "must be positive")
+        require(all(lr > 0 for lr in self.lrs), f"{prefix}.lrs", "must be positive")
+        require(all(wd >= 0 for wd in self.weight_decays), f"{prefix}.weight_decays", "must be >= 0")
+
+
+@dataclass
+class GlueConfig:
+    task: str = "rte"
+    model: str = "chandar-lab/NeoBERT"  # our export, a local HF directory, a hub name, or preset:tiny
+    tokenizer: Optional[str] = None  # default: the one beside the model
+    classifier_dropout: float = 0.1
+    # "mnli": start from the best MNLI model under output_dir (the paper does this for RTE, MRPC, STS-B);
+    # or a directory holding a fine-tuned model.safetensors of the same backbone.
+    transfer_from: Optional[str] = None
+    output_dir: Optional[str] = None  # default: runs/glue/<model name>, so transfers never mix backbones
+    predict: bool = False  # write test-split predictions of the best model (GLUE submission TSVs)
+    keep_run_checkpoints: bool = False  # the per-run best checkpoints; the task's best model is always kept
+    data: GlueDataConfig = field(default_factory=GlueDataConfig)
+    optimizer: OptimizerConfig = field(
+        default_factory=lambda: OptimizerConfig(lr=2e-5, weight_decay=1e-2, betas=[0.9, 0.95], eps=1e-8))
+    # 6% warm-up, then linear decay to 0
+    scheduler: SchedulerConfig = field(
+        default_factory=lambda: SchedulerConfig(name="linear", warmup_steps=0, warmup_fraction=0.06))
+    trainer: GlueTrainerConfig = field(default_factory=GlueTrainerConfig)
+    logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(log_every_n_steps=50, loggers=["csv"]))
+    sweep: GlueSweepConfig = field(default_factory=GlueSweepConfig)
+
+    RENAMED_KEYS: ClassVar[Dict[str, str]] = {
+        "optim.lr": "optimizer.lr",
+        "optim.weight_decay": "optimizer.weight_decay",
+        "optim.betas": "optimizer.betas",
+        "optim.eps": "optimizer.eps",
+        "optim.warmup_fraction": "scheduler.warmup_fraction",
+        "optim.gradient_clip_val": "trainer.gradient_clip_val",
+        "trainer.enable_progress_bar": "logging.progress_bar",
+        "trainer.log_every_n_steps": "logging.log_every_n_steps",
+    }
+
+    def validate(self) -> None:
+        """Checks the values the types cannot; every message names the key."""
+        for section in (self.data, self.optimizer, self.scheduler, self.trainer, self.logging, self.sweep):
+            section.validate()
+        require(0 <= self.classifier_dropout < 1, "classifier_dropout", "must be in [0, 1)")

@@ -1,0 +1,41 @@
+"""The schema of an MTEB evaluation (`python -m experiments.mteb --config mteb`; paper Section 5.2, Table 4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from neobert.config.loader import ConfigError, config_path, require
+
+NO_INSTRUCTIONS = "none"
+
+
+@dataclass
+class MtebConfig:
+    model: str = "chandar-lab/NeoBERT"  # our checkpoint dir, any HF encoder dir or hub name, or preset:<name>
+    tokenizer: Optional[str] = None  # default: beside the weights (bert-base-uncased for NeoBERT without one)
+    tasks: List[str] = field(default_factory=lambda: ["english"])
+    # JSON {"query": {task: text}, "document": {task: text}}: a path or a packaged file; "none" = no instructions.
+    instructions: str = "mteb_instructions.json"
+    batch_size: int = 64
+    max_length: Optional[int] = 512
+    max_examples: Optional[int] = None  # cap on the examples of local tasks (quick checks)
+    device: Optional[str] = None  # default: cuda if available
+    output_dir: str = "runs/mteb"
+
+    def instructions_file(self) -> Optional[Path]:
+        """The instruction file, or None for "none"."""
+        if self.instructions.lower() == NO_INSTRUCTIONS:
+            return None
+        return config_path(self.instructions)
+
+    def validate(self) -> None:
+        require(bool(self.tasks), "tasks", "no MTEB tasks given")
+        require(self.batch_size > 0, "batch_size", "must be positive")
+        require(self.max_length is None or self.max_length > 0, "max_length", "must be positive or null")
+        require(self.max_examples is None or self.max_examples > 0, "max_examples", "must be positive or null")
+        try:
+            self.instructions_file()
+        except ConfigError as err:
+            require(False, "instructions", f"{err} ('{NO_INSTRUCTIONS}' evaluates without instructions)")

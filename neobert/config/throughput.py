@@ -1,0 +1,46 @@
+"""The schema of a throughput measurement (`python -m experiments.throughput key=value ...`; paper Figure 3 and
+Table 9, docs/ablations.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from neobert.config.loader import require
+
+MODEL_NAMES = ("neobert", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
+LAYOUTS = ("full", "padded", "unpadded")
+MODES = ("inference", "training")
+
+
+@dataclass
+class ThroughputConfig:
+    """Empty lists take device-dependent defaults."""
+
+    models: List[str] = field(default_factory=lambda: list(MODEL_NAMES))
+    lengths: List[int] = field(default_factory=list)  # CPU: 128, 512; GPU: 128 ... 4096
+    layouts: List[str] = field(default_factory=lambda: ["full"])
+    mode: str = "inference"  # inference | training (forward + backward, no optimizer update)
+    batch_sizes: List[int] = field(default_factory=list)  # candidates; default powers of two 1 ... 1024
+    max_tokens: int = 4096  # CPU memory budget per batch (batch x length); ignored on GPU (OOM probing instead)
+    search_top: int = 3  # how many of the largest fitting batch sizes are timed to pick the fastest
+    repeats: int = 3  # interleaved timed repetitions per model; the median is reported
+    warmup: int = 1
+    neobert_preset: str = "neobert"
+    official_code_dir: Optional[str] = None  # a local copy of the hub repo chandar-lab/NeoBERT (model.py + config)
+    device: str = "auto"  # auto | cpu | cuda
+    peak_flops: Optional[float] = None  # for MFU; default: neobert.eval.flops.peak_flops by GPU name
+    threads: int = 0  # torch CPU threads; 0 = leave as is
+    seed: int = 0
+    output_dir: str = "runs/throughput"
+
+    def validate(self) -> None:
+        unknown = sorted(set(self.models) - set(MODEL_NAMES))
+        require(not unknown, "models", f"unknown {unknown}; known: {list(MODEL_NAMES)}")
+        bad = sorted(set(self.layouts) - set(LAYOUTS))
+        require(not bad, "layouts", f"unknown {bad}; known: {list(LAYOUTS)}")
+        require(self.mode in MODES, "mode", f"must be one of {MODES}, got {self.mode!r}")
+        require(all(n > 0 for n in self.lengths), "lengths", "must be positive integers")
+        require(all(b > 0 for b in self.batch_sizes), "batch_sizes", "must be positive integers")
+        require(self.repeats >= 1, "repeats", "must be at least 1")
+        require(self.search_top >= 1, "search_top", "must be at least 1")

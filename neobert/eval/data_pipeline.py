@@ -1,0 +1,81 @@
+"""Data-pipeline throughput: tokens/s of one worker for tokenize + mask (+ pack), this suite's pipeline
+against Hugging Face's `DataCollatorForLanguageModeling` doing the same work on the same documents in the
+same process (`python -m experiments.bench_data`; figures in docs/benchmarks.md).
+
+Both sides start from raw text and end with masked, padded (multiple of 8) int64 batches: ours through
+`PretrainingStream`'s parts (DocumentTokenizer -> BatchBuilder -> MLMMasker), Hugging Face's through
+`tokenizer(..., truncation=True)` -> `DataCollatorForLanguageModeling(mlm_probability=0.2,
+mask_replace_prob=1.0, random_replace_prob=0.0, pad_to_multiple_of=8)`. Tokens counted are real (non-pad)
+tokens of the batches produced. The corpus is the demo's (CPython documentation), cycled to `docs`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import torch
+# Imported up front so that no timing includes an import.
+from transformers import DataCollatorForLanguageModeling
+
+from neobert.config.pretrain import MaskingConfig, PretrainDataConfig
+from neobert.data.demo_corpus import demo_documents
+from neobert.data.masking import MLMMasker
+from neobert.data.corpus import DocumentTokenizer
+from neobert.data.pretraining import BatchBuilder
+from neobert.data.tokenizer import load_tokenizer
+
+
+def run_ours(texts, tokenizer, data, masking, batch_size: int) -> int:
+    masker = MLMMasker.from_tokenizer(tokenizer, masking.rate, masking.strategy, masking.pad_to_multiple_of)
+    builder = BatchBuilder(masker, batch_size, data.max_length, data.packing, set(tokenizer.all_special_ids))
+    tokenize, generator, tokens = DocumentTokenizer(tokenizer, "content"), torch.Generator().manual_seed(0), 0
+    for start in range(0, len(texts), 1000):  # blocks, as the stream reads them
+        for ids in tokenize({"content": texts[start : start + 1000]}, {}):
+            builder.add(ids)
+            while builder.ready():
+                batch = builder.pop(generator)
+                tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+    return tokens
+
+
+def run_hf(texts, tokenizer, max_length: int, batch_size: int) -> int:
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.2, mask_replace_prob=1.0,
+                                               random_replace_prob=0.0, pad_to_multiple_of=8, return_tensors="pt")
+    tokens = 0
+    for start in range(0, len(texts), 1000):
+        encoded = tokenizer(texts[start : start + 1000], truncation=True, max_length=max_length,
+                            return_special_tokens_mask=True)["input_ids"]
+        for i in range(0, len(encoded) - batch_size + 1, batch_size):
+            batch = collator([{"input_ids": ids} for ids in encoded[i : i + batch_size]])
+            tokens += int(batch["attention_mask"].sum())
+    return tokens
+
+
+def best_rate(fn, repeats: int) -> float:
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tokens = fn()
+        rates.append(tokens / (time.perf_counter() - start))
+    return max(rates)
+
+
+def measure_data_pipeline(docs: int = 3000, max_length: int = 128, batch_size: int = 32,
+                          repeats: int = 3) -> dict[str, float]:
+    """Best-of-`repeats` tokens/s of the three pipelines on one thread, and our ratios to Hugging Face's."""
+    torch.set_num_threads(1)  # one worker's worth of CPU
+    texts = [d["content"] for d in itertools.islice(itertools.cycle(demo_documents()), docs)]
+    tokenizer = load_tokenizer()
+    masking = MaskingConfig(rate=0.2, strategy="all_mask")
+    truncated = PretrainDataConfig(max_length=max_length, packing=False)
+    packed = PretrainDataConfig(max_length=max_length, packing=True)
+    results = {
+        "hf_collator_tokens_per_s": best_rate(lambda: run_hf(texts, tokenizer, max_length, batch_size), repeats),
+        "ours_truncate_tokens_per_s": best_rate(lambda: run_ours(texts, tokenizer, truncated, masking, batch_size),
+                                                repeats),
+        "ours_pack_tokens_per_s": best_rate(lambda: run_ours(texts, tokenizer, packed, masking, batch_size), repeats),
+    }
+    results["ratio_truncate_vs_hf"] = results["ours_truncate_tokens_per_s"] / results["hf_collator_tokens_per_s"]
+    results["ratio_pack_vs_hf"] = results["ours_pack_tokens_per_s"] / results["hf_collator_tokens_per_s"]
+    return results

@@ -1,0 +1,65 @@
+"""Contrastive fine-tuning, the whole job (paper Section 5.2): load the encoder and the data, train, export in our
+hub layout + sentence-transformers layout, and score an optional local STS task before and after.
+`python -m experiments.contrastive` is its command line; docs/contrastive_mteb.md the guide.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import lightning as L
+
+from neobert.config.contrastive import ContrastiveConfig
+from neobert.data.backbone import Backbone, load_backbone
+from neobert.data.contrastive import ContrastiveDataModule
+from neobert.layout import EXPORT_DIR, RESULTS_JSON
+from neobert.lit.contrastive import ContrastiveModule
+from neobert.lit.trainer import build_trainer
+
+STS_TASK = "ContrastiveEvalSTS"
+
+
+def run_contrastive(config: ContrastiveConfig) -> dict:
+    """Fine-tunes, exports to `<output_dir>/export` (hub + sentence-transformers layout) and returns the
+    summary (also in `<output_dir>/results.json`)."""
+    L.seed_everything(config.trainer.seed, workers=True)
+    output_dir = Path(config.output_dir)
+    backbone = load_backbone(config.model, tokenizer=config.tokenizer)
+    datamodule = ContrastiveDataModule(config.data, backbone.tokenizer)
+    datamodule.setup("fit")  # reads (or fails to reach) every data set before the model work starts
+
+    before = sts_score(config, backbone, output_dir / "sts_zero_shot")
+    module = ContrastiveModule(backbone, config.loss, config.optimizer, config.scheduler, config.trainer)
+    # GradCache steps and clips itself (manual optimisation), and Lightning refuses a clip value then.
+    clip = {} if module.automatic_optimization else {"gradient_clip_val": None}
+    # Each rank takes its own slice of the same global batch (ContrastiveBatchSampler).
+    trainer = build_trainer(config.trainer, config.logging, output_dir, use_distributed_sampler=False, **clip)
+    trainer.fit(module, datamodule=datamodule)
+    export_dir = after = None
+    if trainer.is_global_zero:  # one process writes; the others return what they know
+        export_dir = module.export(output_dir / EXPORT_DIR)
+        after = sts_score(config, backbone, output_dir / "sts_tuned")
+    result = {"model": config.model, "steps": trainer.global_step,
+              "export": str(export_dir) if export_dir else None, "sts_zero_shot": before, "sts_tuned": after,
+              "datasets": [c.name for c in datamodule.corpora]}
+    if trainer.is_global_zero:
+        (output_dir / RESULTS_JSON).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def sts_score(config: ContrastiveConfig, backbone: Backbone, output_dir: Path) -> Optional[float]:
+    """The cosine Spearman of `backbone` on the local STS file `config.eval_sts` (None when there is none), with
+    the instruction MTEB's STS tasks get (STSBenchmark's in the instruction file)."""
+    if config.eval_sts is None:
+        return None
+    # mteb is heavy: imported only when an STS file is scored.
+    from neobert.eval.mteb import DEFAULT_INSTRUCTIONS, LocalSTSTask, MtebEncoder, TaskInstructions, run_mteb
+
+    instruction = TaskInstructions.load(DEFAULT_INSTRUCTIONS).for_task("STSBenchmark")
+    encoder = MtebEncoder(backbone, TaskInstructions(query={STS_TASK: instruction}),
+                          batch_size=config.data.batch_size, name=config.model)
+    report = run_mteb(encoder, [LocalSTSTask(config.eval_sts, name=STS_TASK)], output_dir,
+                      config.data.batch_size, show_progress_bar=False)
+    return report["tasks"][STS_TASK]["main_score"]

@@ -1,0 +1,268 @@
+"""GLUE fine-tuning runs (paper Table 3 and the fine-tuning appendix; docs/glue.md): one run, the paper's grid
+with several seeds, every task, and the files they write.
+
+Files of a task under `output_dir/<task>/`: one folder per run (`bs16_lr2e-05_wd0.01_seed0/` with the CSV log
+`logs/version_0/metrics.csv`, `config.yaml`, `results.json`), `best/` (the weights of the best run, the start
+point of `transfer_from: mnli`), `results.json` (and `sweep.json`, `sweep.md` for a grid), `predictions/` when
+asked. `--task all` adds `glue_results.json` and `.md` (the paper's Table 3 layout) under `output_dir`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import json
+import math
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from safetensors.torch import save_file
+from torch import nn
+
+from neobert.config import ConfigError, load_config, to_yaml
+from neobert.config.glue import GlueConfig
+from neobert.data.backbone import Backbone, load_backbone
+from neobert.data.glue import GLUE_TASKS, HUB_DATASET, GlueTask, get_task
+from neobert.data.glue_datamodule import GlueDataModule
+from neobert.eval.glue_metrics import main_score_key, table3_markdown
+from neobert.hub import HubUnreachableError, hub_reachable
+from neobert.layout import RESULTS_JSON, RUN_CONFIG, WEIGHTS_NAME, checkpoint_dir
+from neobert.lit.glue import GlueClassifier, build_classifier, load_transfer_weights
+from neobert.lit.trainer import build_trainer
+from neobert.model.checkpoint import submodule_state
+from neobert.model.modeling import NeoBERTForSequenceClassification
+
+# MNLI first: RTE, MRPC and STS-B can start from its fine-tuned model (`transfer_from: mnli`).
+ALL_TASKS = ("mnli", "qnli", "qqp", "sst2", "cola", "mrpc", "stsb", "rte", "wnli")
+
+# The files of a task directory (besides the run folders).
+BEST_DIR = "best"  # the best run's model
+BEST_CHECKPOINT = "best"  # a run's best Lightning checkpoint: <run>/checkpoints/best.ckpt
+RUN_INFO = "glue_run.json"  # in best/: which run it is and its scores
+PREDICTIONS_DIR = "predictions"
+SWEEP_JSON, SWEEP_MD = "sweep.json", "sweep.md"
+TABLE_JSON, TABLE_MD = "glue_results.json", "glue_results.md"  # `--task all`, under output_dir
+DEFAULT_OUTPUT_ROOT = Path("runs/glue")
+
+
+def load_task_config(task: str, config: str | Path | None = None, model: str | None = None,
+                     overrides: Sequence[str] = ()) -> GlueConfig:
+    """The config of one task: `config` (a path or packaged name; default the packaged `glue/<task>`), then the
+    `key=value` overrides, then `task` and `model` (when given)."""
+    extra = [f"task={task}"] + ([f"model={model}"] if model else [])
+    return load_config(GlueConfig, config or f"glue/{task}", [*overrides, *extra])
+
+
+def run_glue(task: str, config: str | Path | None = None, model: str | None = None, overrides: Sequence[str] = (),
+             sweep: bool = False) -> dict:
+    """What `python -m experiments.glue` runs: one task (its summary), or `task="all"` (every task in ALL_TASKS
+    order, each from its packaged config; a summary per task)."""
+    if task != "all":
+        return run_task(load_task_config(task, config, model, overrides), sweep=sweep)
+    if config:
+        raise ConfigError("--task all uses the packaged glue/<task> config of each task; pass key=value "
+                          "overrides instead of --config")
+    return run_all({name: load_task_config(name, None, model, overrides) for name in ALL_TASKS}, sweep=sweep)
+
+
+def output_root(config: GlueConfig) -> Path:
+    if config.output_dir:
+        return Path(config.output_dir)
+    return DEFAULT_OUTPUT_ROOT / config.model.strip("/").replace("/", "--").replace(":", "-")
+
+
+def run_name(batch_size: int, lr: float, weight_decay: float, seed: int) -> str:
+    return f"bs{batch_size}_lr{lr:g}_wd{weight_decay:g}_seed{seed}"
+
+
+def transfer_directory(config: GlueConfig) -> Optional[Path]:
+    if config.transfer_from is None:
+        return None
+    if config.transfer_from in GLUE_TASKS:
+        return output_root(config) / config.transfer_from / BEST_DIR
+    return Path(config.transfer_from)
+
+
+def fine_tune(config: GlueConfig, datamodule: GlueDataModule, backbone_source: Backbone, run_dir: Path) -> dict:
+    """One fine-tuning run: seeded head, validation every n steps, early stopping and the best weights kept in
+    `run_dir/checkpoints/best.ckpt`. Returns the run's result record."""
+    task = datamodule.task
+    L.seed_everything(config.trainer.seed, workers=True, verbose=False)
+    datamodule.batch_size, datamodule.seed = config.data.batch_size, config.trainer.seed
+    datamodule.setup("fit")
+    # Each run starts from the pretrained weights, never from a previous run's.
+    model = build_classifier(copy.deepcopy(backbone_source), task.num_labels, config.classifier_dropout)
+    source = transfer_directory(config)
+    if source is not None:
+        load_transfer_weights(model, source)
+    module = GlueClassifier(task, model, config.optimizer, config.scheduler)
+
+    steps_per_epoch = math.ceil(datamodule.steps_per_epoch() / config.trainer.accumulate_grad_batches)
+    total_steps = steps_per_epoch * config.trainer.max_epochs
+    if config.trainer.max_steps > 0:
+        total_steps = min(total_steps, config.trainer.max_steps)
+    # At least one validation, even in a run shorter than the interval.
+    eval_every = max(1, min(config.trainer.eval_every_n_steps, total_steps))
+    checkpoint = ModelCheckpoint(dirpath=checkpoint_dir(run_dir), filename=BEST_CHECKPOINT, monitor="val/score",
+                                 mode="max", save_top_k=1, save_weights_only=True, auto_insert_metric_name=False)
+    callbacks: list[L.Callback] = [checkpoint]
+    if config.logging.loggers:  # the monitor needs a logger
+        callbacks.append(LearningRateMonitor("step"))
+    if config.trainer.early_stopping_patience > 0:
+        callbacks.append(EarlyStopping(monitor="val/score", mode="max",
+                                       patience=config.trainer.early_stopping_patience))
+    trainer = build_trainer(dataclasses.replace(config.trainer, eval_every_n_steps=eval_every), config.logging,
+                            run_dir, callbacks=callbacks)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_CONFIG).write_text(to_yaml(config))
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=datamodule)
+    if not module.best_scores:
+        raise RuntimeError(f"{run_dir}: no validation ran (eval_every_n_steps={eval_every})")
+    result = {
+        "task": task.name, "model": config.model, "run": run_dir.name, "batch_size": config.data.batch_size,
+        "lr": config.optimizer.lr, "weight_decay": config.optimizer.weight_decay, "seed": config.trainer.seed,
+        "transfer_from": config.transfer_from, "best_step": module.best_step, "steps": trainer.global_step,
+        "train_seconds": time.perf_counter() - start, "scores": module.best_scores,
+        "checkpoint": checkpoint.best_model_path,
+    }
+    (run_dir / RESULTS_JSON).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def export_best(result: dict, config: GlueConfig, datamodule: GlueDataModule, backbone_source: Backbone,
+                directory: Path) -> nn.Module:
+    """Writes the best run's weights to `directory` (hub layout for NeoBERT, plus the tokenizer) and returns the
+    loaded model."""
+    task = datamodule.task
+    model = build_classifier(copy.deepcopy(backbone_source), task.num_labels, config.classifier_dropout)
+    state = torch.load(result["checkpoint"], map_location="cpu", weights_only=True)["state_dict"]
+    model.load_state_dict(submodule_state(state))
+    if directory.exists():
+        shutil.rmtree(directory)
+    if isinstance(model, NeoBERTForSequenceClassification):
+        model.save_pretrained(directory, tokenizer=datamodule.tokenizer)
+    else:
+        directory.mkdir(parents=True)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / WEIGHTS_NAME))
+        datamodule.tokenizer.save_pretrained(str(directory))
+    meta = {k: result[k] for k in ("task", "model", "run", "scores", "transfer_from")}
+    (directory / RUN_INFO).write_text(json.dumps(meta, indent=2) + "\n")
+    return model
+
+
+def write_predictions(config: GlueConfig, datamodule: GlueDataModule, model: nn.Module, directory: Path) -> None:
+    """Test-split predictions in the GLUE submission layout: `index<TAB>prediction`, label names for NLI tasks."""
+    task = datamodule.task
+    datamodule.setup("predict")
+    trainer = build_trainer(dataclasses.replace(config.trainer, devices=1), config.logging, None, validate=False)
+    outputs = trainer.predict(GlueClassifier(task, model, config.optimizer, config.scheduler), datamodule=datamodule)
+    if len(task.test_splits) == 1:
+        outputs = [outputs]
+    names = {v: k for k, v in task.tsv_label_map.items()} if task.tsv_label_map else None
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, batches in zip(task.test_splits, outputs):
+        rows = sorted((int(i), p) for b in batches for i, p in zip(b["idx"], b["prediction"].tolist()))
+        lines = ["index\tprediction"] + [
+            f"{i}\t{names[p] if names else (f'{p:.3f}' if task.is_regression else p)}" for i, p in rows]
+        (directory / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+
+
+def check_hub_sources(config: GlueConfig) -> None:
+    """Before any work: when the hub is unreachable, name every config key that would need it."""
+    needs_hub = []
+    if config.data.path is None:
+        needs_hub.append(f"`data.path` (GLUE {config.task} would come from the hub's {HUB_DATASET})")
+    if not (config.model.startswith("preset:") or Path(config.model).exists()):
+        needs_hub.append(f"`model` ({config.model!r} would be downloaded)")
+    if needs_hub and not hub_reachable():
+        raise HubUnreachableError(
+            "the Hugging Face hub cannot be reached (or HF_HUB_OFFLINE is set), so set " + " and ".join(needs_hub)
+            + f" to local files. GLUE files: `data.path=/data/glue` holding either the hub's parquet layout "
+            f"(/data/glue/{config.task}/train.parquet, validation.parquet, ...) or the original GLUE TSV layout "
+            f"(/data/glue/{config.task}/train.tsv, dev.tsv, ...); model: a local directory or --model preset:tiny.")
+
+
+def run_task(config: GlueConfig, sweep: bool = False) -> dict:
+    """Fine-tunes one task: a single run with the config's hyperparameters, or (sweep=True) the grid with
+    several seeds, ranked by the median over seeds. Keeps the best run's model in `<output_dir>/<task>/best/`."""
+    task = get_task(config.task)
+    check_hub_sources(config)
+    task_dir = output_root(config) / task.name
+    backbone = load_backbone(config.model, tokenizer=config.tokenizer)
+    datamodule = GlueDataModule(task, backbone.tokenizer, config.data, seed=config.trainer.seed)
+    if sweep:
+        grid = list(itertools.product(config.sweep.batch_sizes, config.sweep.lrs, config.sweep.weight_decays))
+        seeds = config.sweep.seeds
+    else:
+        grid = [(config.data.batch_size, config.optimizer.lr, config.optimizer.weight_decay)]
+        seeds = [config.trainer.seed]
+    runs, best = [], None
+    for (batch_size, lr, weight_decay), seed in itertools.product(grid, seeds):
+        run_config = copy.deepcopy(config)
+        run_config.data.batch_size, run_config.optimizer.lr = batch_size, lr
+        run_config.optimizer.weight_decay, run_config.trainer.seed = weight_decay, seed
+        result = fine_tune(run_config, datamodule, backbone, task_dir / run_name(batch_size, lr, weight_decay, seed))
+        runs.append(result)
+        if best is None or result["scores"]["score"] > best["scores"]["score"]:
+            best = result
+            best_model = export_best(result, run_config, datamodule, backbone, task_dir / BEST_DIR)
+        if not config.keep_run_checkpoints:
+            shutil.rmtree(Path(result["checkpoint"]).parent, ignore_errors=True)
+    summary = summarize_runs(task, runs)
+    summary["best_run"] = best["run"]
+    (task_dir / RESULTS_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+    if sweep:
+        (task_dir / SWEEP_JSON).write_text(json.dumps(runs, indent=2) + "\n")
+        (task_dir / SWEEP_MD).write_text(sweep_markdown(task, summary))
+    if config.predict:
+        write_predictions(config, datamodule, best_model, task_dir / PREDICTIONS_DIR)
+    return summary
+
+
+def summarize_runs(task: GlueTask, runs: list[dict]) -> dict:
+    """Groups runs by hyperparameters; each group's score is the median over its seeds (every metric, separately);
+    the task's result is the group with the best median main score."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["batch_size"], run["lr"], run["weight_decay"]), []).append(run)
+    table = []
+    for (batch_size, lr, weight_decay), members in groups.items():
+        medians = {k: statistics.median(r["scores"][k] for r in members) for k in members[0]["scores"]}
+        table.append({"batch_size": batch_size, "lr": lr, "weight_decay": weight_decay,
+                      "seeds": [r["seed"] for r in members], "median": medians,
+                      "per_seed": [r["scores"]["score"] for r in members]})
+    table.sort(key=lambda row: row["median"]["score"], reverse=True)
+    return {"task": task.name, "model": runs[0]["model"], "scores": table[0]["median"],
+            "hyperparameters": {k: table[0][k] for k in ("batch_size", "lr", "weight_decay")},
+            "grid": table, "train_seconds": sum(r["train_seconds"] for r in runs)}
+
+
+def sweep_markdown(task: GlueTask, summary: dict) -> str:
+    key = main_score_key(task)
+    lines = [f"# {task.name}: grid ranked by the median {key} over seeds", "",
+             "| batch | lr | weight decay | median | per seed |", "|---|---|---|---|---|"]
+    for row in summary["grid"]:
+        per_seed = ", ".join(f"{100 * s:.1f}" for s in row["per_seed"])
+        lines.append(f"| {row['batch_size']} | {row['lr']:g} | {row['weight_decay']:g} | "
+                     f"{100 * row['median']['score']:.1f} | {per_seed} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_all(configs: dict[str, GlueConfig], sweep: bool = False) -> dict:
+    """Every task in `configs` (in ALL_TASKS order), then one results table in the paper's Table 3 layout:
+    `<output_dir>/glue_results.json` and `.md` (output_dir of the first task's config)."""
+    order = [t for t in ALL_TASKS if t in configs]
+    results = {task: run_task(configs[task], sweep=sweep) for task in order}
+    output_dir = output_root(configs[order[0]])
+    model = configs[order[0]].model
+    (output_dir / TABLE_JSON).write_text(json.dumps({"model": model, "tasks": results}, indent=2) + "\n")
+    (output_dir / TABLE_MD).write_text(table3_markdown(model, {t: r["scores"] for t, r in results.items()}))
+    return results

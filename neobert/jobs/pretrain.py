@@ -1,0 +1,171 @@
+"""MLM pretraining, the whole job: check the config, build the data and the model, train (or resume), export
+in the hub layout, and summarise (final losses, the loss plot). `python -m experiments.pretrain` is its
+command line; docs/pretraining.md the guide.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from neobert.config import ConfigError, config_path, load_config
+from neobert.config.pretrain import PretrainConfig
+from neobert.data.demo_corpus import write_demo_corpus
+from neobert.data.corpus import pretokenize, unigram_entropy
+from neobert.data.pretraining import PretrainingDataModule
+from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
+from neobert.eval.plots import final_value, plot_curves
+from neobert.layout import CONFIG_NAME, EXPORT_DIR, LOGS_DIR, TENSORBOARD_DIR, WEIGHTS_NAME
+from neobert.layout import checkpoint_dir, last_checkpoint, metrics_csvs
+from neobert.lit.checkpoints import model_state_dict, read_lightning_checkpoint
+from neobert.lit.glue_callback import GlueEvalCallback
+from neobert.lit.mteb_callback import MtebEvalCallback
+from neobert.lit.pretrain import MLMPretrainingModule
+from neobert.lit.trainer import build_trainer
+from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
+from neobert.model.checkpoint import load_state_dict_strict, read_weights
+
+log = logging.getLogger(__name__)
+DEMO_CONFIG = "demo"  # the embedded default: `python -m experiments.pretrain` with no --config
+
+
+def load_pretrain_config(config: str | None = None, overrides: Sequence[str] = ()) -> PretrainConfig:
+    """The run's config: a YAML path or packaged name (default: the demo). The demo's corpus (CPython's
+    documentation, shipped with Python) is written to its data.source first, so the demo runs offline."""
+    path = config_path(config or DEMO_CONFIG)
+    loaded = load_config(PretrainConfig, path, overrides)
+    if path.resolve() == config_path(DEMO_CONFIG).resolve():
+        write_demo_corpus(loaded.data.source)
+    return loaded
+
+
+def build_model_config(config: PretrainConfig, tokenizer) -> NeoBERTConfig:
+    """The preset plus overrides, checked before any work; the vocabulary follows a non-BERT tokenizer."""
+    overrides = dict(config.model.overrides)
+    if config.data.tokenizer not in (BERT_BASE_UNCASED, "bert-base-uncased"):
+        overrides.setdefault("vocab_size", len(tokenizer))
+        overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
+    if config.data.packing:
+        overrides.setdefault("attention_backend", "varlen")  # block-diagonal kernels on GPU
+    try:
+        model_config = NeoBERTConfig.from_preset(config.model.preset, **overrides)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"invalid config key 'model': {err}") from err
+    if model_config.vocab_size < len(tokenizer):
+        raise ConfigError(f"invalid config key 'model.overrides.vocab_size': {model_config.vocab_size} is smaller "
+                          f"than the tokenizer's {len(tokenizer)} tokens ({config.data.tokenizer})")
+    if config.data.max_length > model_config.max_length:
+        raise ConfigError(f"invalid config key 'data.max_length': {config.data.max_length} exceeds the model's "
+                          f"max_length {model_config.max_length} (set model.overrides.max_length)")
+    return model_config
+
+
+def prepare(config: PretrainConfig):
+    """Everything that can fail on a bad config, before any training work: returns
+    (tokenizer, model config, datamodule)."""
+    config.validate()
+    tokenizer = load_tokenizer(config.data.tokenizer, max_length=config.data.max_length, config_key="data.tokenizer")
+    model_config = build_model_config(config, tokenizer)
+    datamodule = PretrainingDataModule(config.data, config.masking, tokenizer, config.trainer.micro_batch_size)
+    datamodule.check_source()
+    if config.init_from and not Path(config.init_from).exists():
+        raise ConfigError(f"invalid config key 'init_from': {config.init_from!r} does not exist")
+    checkpoints = checkpoint_dir(config.output_dir)
+    if not config.resume and checkpoints.is_dir() and any(checkpoints.glob("*.ckpt")):
+        raise ConfigError(f"output_dir={config.output_dir!r} already holds checkpoints: set resume=true to "
+                          f"continue that run, or choose another output_dir")
+    return tokenizer, model_config, datamodule
+
+
+def build_callbacks(config: PretrainConfig) -> list[L.Callback]:
+    callbacks: list[L.Callback] = [
+        ModelCheckpoint(dirpath=checkpoint_dir(config.output_dir), filename="step-{step:08d}",
+                        auto_insert_metric_name=False, every_n_train_steps=config.trainer.checkpoint_every_n_steps,
+                        save_last=True, save_top_k=config.trainer.keep_checkpoints, monitor="step", mode="max"),
+    ]
+    if config.glue_callback.every_n_steps > 0:
+        callbacks.append(GlueEvalCallback(config.glue_callback))
+    if config.mteb_callback.every_n_steps > 0:
+        callbacks.append(MtebEvalCallback(config.mteb_callback))
+    return callbacks
+
+
+def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback] = ()) -> Path:
+    """Trains (or resumes) and exports; returns the export directory. With `data.baseline_docs` > 0 it also
+    computes the unigram-entropy baseline over that many training documents, prints it and draws it on the
+    loss plot."""
+    tokenizer, model_config, datamodule = prepare(config)
+    L.seed_everything(config.trainer.seed, workers=True)
+    module = MLMPretrainingModule(config, model_config, tokenizer)
+    ckpt_path = last_checkpoint(config.output_dir) if config.resume else None
+    if config.resume and ckpt_path is None:
+        log.info("resume=true but %s has no last checkpoint: starting a new run", config.output_dir)
+    if ckpt_path is None and config.init_from:
+        init_weights(module.model, config.init_from)
+    trainer = build_trainer(config.trainer, config.logging, config.output_dir,
+                            callbacks=build_callbacks(config) + list(extra_callbacks),
+                            validate=config.data.validation_docs > 0,
+                            max_epochs=-1,  # the training stream is endless: max_steps ends the run
+                            use_distributed_sampler=False)  # every rank reads its own streams
+    baseline = None
+    if config.data.baseline_docs and trainer.is_global_zero:
+        baseline = unigram_entropy(config.data, tokenizer, config.data.baseline_docs)
+        print(f"unigram-entropy baseline of the corpus (masked-target tokens): {baseline:.4f} nats")
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+
+    export_dir = Path(config.export_dir or Path(config.output_dir) / EXPORT_DIR)
+    export_module(module, export_dir, trainer.is_global_zero)
+    if trainer.is_global_zero:
+        summarise(config, export_dir, baseline)
+    return export_dir
+
+
+def run_pretokenize(config: PretrainConfig, out_dir: str | Path) -> list[Path]:
+    """Writes the config's documents as token-id parquet shards for `data.pretokenized_dir`."""
+    tokenizer = load_tokenizer(config.data.tokenizer, config_key="data.tokenizer")
+    return pretokenize(config.data, tokenizer, out_dir)
+
+
+def init_weights(model: NeoBERTForMaskedLM, source: str | Path) -> None:
+    """Stage 2 starts from stage 1: an export directory (hub layout) or a Lightning checkpoint."""
+    source = Path(source)
+    if source.is_dir() and (source / CONFIG_NAME).is_file():
+        load_state_dict_strict(model, read_weights(source / WEIGHTS_NAME), source=str(source))
+    elif source.exists():
+        load_state_dict_strict(model, model_state_dict(read_lightning_checkpoint(source), str(source)), str(source))
+    else:
+        raise ConfigError(f"invalid config key 'init_from': {str(source)!r} does not exist")
+    log.info("initialised the model from %s", source)
+
+
+def export_module(module: MLMPretrainingModule, export_dir: str | Path, is_global_zero: bool) -> None:
+    """Writes the trained model. Sharded (FSDP2) weights are gathered first, a collective on every rank."""
+    state = module.model.state_dict()
+    if any(hasattr(t, "full_tensor") for t in state.values()):
+        state = get_model_state_dict(module.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not is_global_zero:
+        return
+    model = NeoBERTForMaskedLM(module.model.config)
+    load_state_dict_strict(model, {k: v.float().cpu() for k, v in state.items()}, "trained module")
+    model.save_pretrained(export_dir, tokenizer=module.tokenizer)
+
+
+def summarise(config: PretrainConfig, export_dir: Path, baseline: float | None) -> None:
+    output_dir = Path(config.output_dir)
+    csvs = metrics_csvs(output_dir)
+    lines = {"unigram-entropy baseline": baseline} if baseline is not None else {}
+    plot = output_dir / "loss.png"
+    plot_curves(csvs, ["train/loss", "val/loss"], plot, hlines=lines, title=f"MLM loss ({output_dir.name})")
+    final = final_value(csvs, "train/loss", last_n=5)  # single steps are noisy: the mean of the last 5 logged
+    final_val = final_value(csvs, "val/loss")
+    print((f"final train loss (mean of the last 5 logged steps) {final:.4f}" if final is not None
+           else "no train loss logged (max_steps < logging.log_every_n_steps)")
+          + (f", validation loss {final_val:.4f}" if final_val is not None else "")
+          + (f", unigram baseline {baseline:.4f} nats" if baseline is not None else ""))
+    print(f"export: {export_dir}\nloss plot: {plot}\n"
+          f"logs: {output_dir / LOGS_DIR} (CSV), {output_dir / TENSORBOARD_DIR}")

@@ -4,6 +4,7 @@ from any working directory, with no repository around them."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -25,8 +26,12 @@ def installed(tmp_path_factory):
     """A fresh venv with the wheel installed (no-deps); the test environment's packages (torch, lightning, ...)
     are reached through a .pth file, so nothing is downloaded and this repository is not on the path."""
     root = tmp_path_factory.mktemp("wheel")
+    # Built from a copy: an in-tree build would leave build/ in the checkout, and stale files there would ship.
+    source = root / "source"
+    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "runs", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"))
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root / "dist"),
-         str(REPO)], cwd=root)
+         str(source)], cwd=root)
     wheel = next((root / "dist").glob("neobert_suite-*.whl"))
     run([sys.executable, "-m", "venv", str(root / "venv")], cwd=root)
     python = root / "venv" / "bin" / "python"

@@ -26,6 +26,24 @@ RUN_CONFIG = "config.yaml"
 RESULTS_JSON = "results.json"
 
 
+# What each job writes under its output_dir, besides the run-directory names above.
+LOSS_PLOT = "loss.png"  # pretraining
+GLUE_BEST_DIR = "best"  # <task>/best/: the best run's model, the start point of `transfer_from`
+GLUE_BEST_CHECKPOINT = "best"  # a run's best Lightning checkpoint: <run>/checkpoints/best.ckpt
+GLUE_RUN_INFO = "glue_run.json"  # in best/: which run it is and its scores
+GLUE_PREDICTIONS_DIR = "predictions"
+GLUE_SWEEP_JSON, GLUE_SWEEP_MD = "sweep.json", "sweep.md"
+GLUE_TABLE_JSON, GLUE_TABLE_MD = "glue_results.json", "glue_results.md"  # `--task all`
+STS_ZERO_SHOT_DIR, STS_TUNED_DIR = "sts_zero_shot", "sts_tuned"  # contrastive: the local STS before and after
+MTEB_SUMMARY_JSON, MTEB_SUMMARY_MD = "summary.json", "summary.md"
+THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT = "throughput.csv", "throughput.md", "throughput.png"
+PPPL_DOCUMENTS_CSV, PPPL_BUCKETS_JSON = "documents.csv", "buckets.json"
+PPPL_MD, PPPL_PLOT = "pseudo_perplexity.md", "pseudo_perplexity.png"
+ABLATION_CORPUS = "corpus.jsonl"  # the demo corpus under the ladder's output directory (the notebook reads it)
+ABLATION_RESULTS_MD, ABLATION_GLUE_PLOT = "results.md", "glue_per_step.png"
+ABLATION_TOKENIZERS_DIR, ABLATION_GLUE_DIR, ABLATION_GLUE_FALLBACK_DIR = "tokenizers", "glue", "glue_fallback"
+
+
 def has_tokenizer(directory: str | Path) -> bool:
     """Whether a model directory carries its own tokenizer files."""
     return any((Path(directory) / name).is_file() for name in TOKENIZER_FILES)

@@ -25,7 +25,7 @@ except ImportError:
 log = logging.getLogger(__name__)
 
 BERT_BASE_UNCASED = "google-bert/bert-base-uncased"
-_BERT_ALIASES = {BERT_BASE_UNCASED, "bert-base-uncased"}
+BERT_BASE_UNCASED_ALIASES = (BERT_BASE_UNCASED, "bert-base-uncased")
 # sha256 of bert-base-uncased's vocab.txt (30,522 lines) as published on the hub.
 BERT_BASE_UNCASED_VOCAB_SHA256 = "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3"
 BERT_BASE_UNCASED_VOCAB_SIZE = 30522
@@ -59,7 +59,7 @@ def load_tokenizer(name_or_path: str = BERT_BASE_UNCASED, max_length: int | None
     falls back to the verified packaged vocabulary when the hub cannot be reached."""
     if Path(name_or_path).is_dir():
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    elif name_or_path in _BERT_ALIASES and not hub_reachable():
+    elif name_or_path in BERT_BASE_UNCASED_ALIASES and not hub_reachable():
         log.info("hub unreachable: using the packaged, verified bert-base-uncased vocabulary")
         tokenizer = AutoTokenizer.from_pretrained(str(packaged_bert_vocab_dir()))
     else:

@@ -32,7 +32,7 @@ from neobert.config import config_path
 from neobert.data.backbone import Backbone
 from neobert.data.contrastive import prepend_instruction, read_local_examples, read_sts_pairs
 from neobert.hub import require_hub
-from neobert.layout import RESULTS_JSON
+from neobert.layout import MTEB_SUMMARY_JSON, MTEB_SUMMARY_MD, RESULTS_JSON
 from neobert.model.modeling import pool_embeddings
 
 log = logging.getLogger(__name__)
@@ -295,9 +295,9 @@ def write_report(report: dict[str, Any], output_dir: str | Path) -> None:
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / RESULTS_JSON).write_text(json.dumps(report["tasks"], indent=2) + "\n")
-    (output_dir / "summary.json").write_text(json.dumps({"model": report["model"], **report["summary"]},
+    (output_dir / MTEB_SUMMARY_JSON).write_text(json.dumps({"model": report["model"], **report["summary"]},
                                                         indent=2) + "\n")
-    (output_dir / "summary.md").write_text(summary_markdown(report))
+    (output_dir / MTEB_SUMMARY_MD).write_text(summary_markdown(report))
 
 
 def summary_markdown(report: dict[str, Any]) -> str:

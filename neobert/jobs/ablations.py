@@ -32,20 +32,18 @@ from neobert.config.ablations import AblationBudgetConfig, GlueSubsetConfig
 from neobert.config.glue import GlueConfig
 from neobert.config.pretrain import PretrainConfig
 from neobert.data.demo_corpus import write_demo_corpus, write_fallback_glue
-from neobert.data.tokenizer import BERT_BASE_UNCASED, train_bpe_tokenizer
+from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, train_bpe_tokenizer
 from neobert.eval.plots import final_value, plot_ablation_glue
 from neobert.hub import hub_reachable
 from neobert.jobs.glue import run_task
 from neobert.jobs.pretrain import run_pretraining
-from neobert.layout import EXPORT_DIR, RESULTS_JSON, WEIGHTS_NAME, metrics_csvs
+from neobert.layout import (ABLATION_CORPUS, ABLATION_GLUE_DIR, ABLATION_GLUE_FALLBACK_DIR, ABLATION_GLUE_PLOT,
+                            ABLATION_RESULTS_MD, ABLATION_TOKENIZERS_DIR, EXPORT_DIR, RESULTS_JSON, WEIGHTS_NAME,
+                            metrics_csvs)
 from neobert.model.config import NeoBERTConfig
 
 BUDGETS = "ablations/budgets"  # packaged budget configs: ablations/budgets/<name>
-BERT_TOKENIZERS = (BERT_BASE_UNCASED, "bert-base-uncased")
 MISSING = "<absent>"
-CORPUS_NAME = "corpus.jsonl"  # the demo corpus under the ladder's output directory (the notebook reads it)
-RESULTS_MD = "results.md"
-GLUE_PLOT = "glue_per_step.png"
 
 
 # ---------------------------------------------------------------------------------------------- the ladder
@@ -252,7 +250,7 @@ def run_ladder(steps: Sequence[str], budget: AblationBudgetConfig, output_dir: s
     glue_per_step.png under `output_dir`. A step whose export already exists is not retrained."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    corpus = str(write_demo_corpus(output_dir / CORPUS_NAME)) if budget.data_source == "demo" else None
+    corpus = str(write_demo_corpus(output_dir / ABLATION_CORPUS)) if budget.data_source == "demo" else None
     glue_path, glue_note = _glue_data_path(budget.glue, output_dir, corpus) if evaluate else (None, "")
     results = []
     for step in steps:
@@ -265,10 +263,10 @@ def run_ladder(steps: Sequence[str], budget: AblationBudgetConfig, output_dir: s
         if parent is not None and not result.effective_changes:
             result.notes.append(f"no effective change at the {budget.name!r} budget (e.g. both data sources are "
                                 f"the same offline corpus): this step repeats its parent")
-        if config.data.tokenizer not in BERT_TOKENIZERS and not Path(config.data.tokenizer).is_dir() \
+        if config.data.tokenizer not in BERT_BASE_UNCASED_ALIASES and not Path(config.data.tokenizer).is_dir() \
                 and not hub_reachable():
             bpe = train_bpe_tokenizer(config.data, budget.bpe_vocab_size,
-                                      output_dir / "tokenizers" / f"bpe-{budget.bpe_vocab_size}")
+                                      output_dir / ABLATION_TOKENIZERS_DIR / f"bpe-{budget.bpe_vocab_size}")
             result.notes.append(f"{config.data.tokenizer} is out of reach (hub unreachable): a byte-level BPE "
                                 f"tokenizer ({budget.bpe_vocab_size} tokens) was trained with `tokenizers` on the "
                                 f"same corpus instead ({bpe}); its MLM loss is over other units, not comparable")
@@ -289,7 +287,7 @@ def run_ladder(steps: Sequence[str], budget: AblationBudgetConfig, output_dir: s
         result.train_loss = final_value(csvs, "train/loss") if csvs else None
         if evaluate:
             started = time.perf_counter()
-            result.glue = evaluate_glue(export, budget.glue, glue_path, output_dir / step / "glue")
+            result.glue = evaluate_glue(export, budget.glue, glue_path, output_dir / step / ABLATION_GLUE_DIR)
             result.glue_score = sum(result.glue.values()) / len(result.glue) if result.glue else None
             result.glue_seconds = round(time.perf_counter() - started, 1)
             if glue_note:
@@ -314,8 +312,8 @@ def _glue_data_path(glue: GlueSubsetConfig, output_dir: Path, corpus: str | None
         steps = f"{glue.max_train_steps} steps" if glue.max_train_steps else "full"
         return str(shared), (f"GLUE: local files {shared} ({steps} fine-tuning on "
                              f"{glue.max_train_examples or 'all'} training examples)")
-    corpus = corpus or str(write_demo_corpus(output_dir / CORPUS_NAME))
-    fallback = write_fallback_glue(corpus, output_dir / "glue_fallback")
+    corpus = corpus or str(write_demo_corpus(output_dir / ABLATION_CORPUS))
+    fallback = write_fallback_glue(corpus, output_dir / ABLATION_GLUE_FALLBACK_DIR)
     return str(fallback), (f"GLUE: no GLUE files here; scored on the built-in fallback pair task built from the "
                            f"demo corpus ({fallback}/rte), not on RTE")
 
@@ -353,11 +351,11 @@ def _count_parameters(export: Path) -> int | None:
 def write_results(results: Sequence[StepResult], output_dir: str | Path) -> dict[str, Path]:
     output_dir = Path(output_dir)
     rows = [dataclasses.asdict(r) for r in results]
-    paths = {"json": output_dir / RESULTS_JSON, "markdown": output_dir / RESULTS_MD}
+    paths = {"json": output_dir / RESULTS_JSON, "markdown": output_dir / ABLATION_RESULTS_MD}
     paths["json"].write_text(json.dumps(rows, indent=2, default=str) + "\n")
     paths["markdown"].write_text(results_markdown(rows) + "\n")
     if any(r["glue_score"] is not None for r in rows):
-        paths["plot"] = plot_ablation_glue(rows, output_dir / GLUE_PLOT)
+        paths["plot"] = plot_ablation_glue(rows, output_dir / ABLATION_GLUE_PLOT)
     return paths
 
 

@@ -14,7 +14,7 @@ import lightning as L
 from neobert.config.contrastive import ContrastiveConfig
 from neobert.data.backbone import Backbone, load_backbone
 from neobert.data.contrastive import ContrastiveDataModule
-from neobert.layout import EXPORT_DIR, RESULTS_JSON
+from neobert.layout import EXPORT_DIR, RESULTS_JSON, STS_TUNED_DIR, STS_ZERO_SHOT_DIR
 from neobert.lit.contrastive import ContrastiveModule
 from neobert.lit.trainer import build_trainer
 
@@ -30,7 +30,7 @@ def run_contrastive(config: ContrastiveConfig) -> dict:
     datamodule = ContrastiveDataModule(config.data, backbone.tokenizer)
     datamodule.setup("fit")  # reads (or fails to reach) every data set before the model work starts
 
-    before = sts_score(config, backbone, output_dir / "sts_zero_shot")
+    before = sts_score(config, backbone, output_dir / STS_ZERO_SHOT_DIR)
     module = ContrastiveModule(backbone, config.loss, config.optimizer, config.scheduler, config.trainer)
     # GradCache steps and clips itself (manual optimisation), and Lightning refuses a clip value then.
     clip = {} if module.automatic_optimization else {"gradient_clip_val": None}
@@ -40,7 +40,7 @@ def run_contrastive(config: ContrastiveConfig) -> dict:
     export_dir = after = None
     if trainer.is_global_zero:  # one process writes; the others return what they know
         export_dir = module.export(output_dir / EXPORT_DIR)
-        after = sts_score(config, backbone, output_dir / "sts_tuned")
+        after = sts_score(config, backbone, output_dir / STS_TUNED_DIR)
     result = {"model": config.model, "steps": trainer.global_step,
               "export": str(export_dir) if export_dir else None, "sts_zero_shot": before, "sts_tuned": after,
               "datasets": [c.name for c in datamodule.corpora]}

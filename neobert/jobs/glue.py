@@ -33,7 +33,9 @@ from neobert.data.glue import GLUE_TASKS, HUB_DATASET, GlueTask, get_task
 from neobert.data.glue_datamodule import GlueDataModule
 from neobert.eval.glue_metrics import main_score_key, table3_markdown
 from neobert.hub import HubUnreachableError, hub_reachable
-from neobert.layout import RESULTS_JSON, RUN_CONFIG, WEIGHTS_NAME, checkpoint_dir
+from neobert.layout import (GLUE_BEST_CHECKPOINT, GLUE_BEST_DIR, GLUE_PREDICTIONS_DIR, GLUE_RUN_INFO,
+                            GLUE_SWEEP_JSON, GLUE_SWEEP_MD, GLUE_TABLE_JSON, GLUE_TABLE_MD, RESULTS_JSON, RUN_CONFIG,
+                            WEIGHTS_NAME, checkpoint_dir)
 from neobert.lit.glue import GlueClassifier, build_classifier, load_transfer_weights
 from neobert.lit.trainer import build_trainer
 from neobert.model.checkpoint import submodule_state
@@ -42,13 +44,6 @@ from neobert.model.modeling import NeoBERTForSequenceClassification
 # MNLI first: RTE, MRPC and STS-B can start from its fine-tuned model (`transfer_from: mnli`).
 ALL_TASKS = ("mnli", "qnli", "qqp", "sst2", "cola", "mrpc", "stsb", "rte", "wnli")
 
-# The files of a task directory (besides the run folders).
-BEST_DIR = "best"  # the best run's model
-BEST_CHECKPOINT = "best"  # a run's best Lightning checkpoint: <run>/checkpoints/best.ckpt
-RUN_INFO = "glue_run.json"  # in best/: which run it is and its scores
-PREDICTIONS_DIR = "predictions"
-SWEEP_JSON, SWEEP_MD = "sweep.json", "sweep.md"
-TABLE_JSON, TABLE_MD = "glue_results.json", "glue_results.md"  # `--task all`, under output_dir
 DEFAULT_OUTPUT_ROOT = Path("runs/glue")
 
 
@@ -86,7 +81,7 @@ def transfer_directory(config: GlueConfig) -> Optional[Path]:
     if config.transfer_from is None:
         return None
     if config.transfer_from in GLUE_TASKS:
-        return output_root(config) / config.transfer_from / BEST_DIR
+        return output_root(config) / config.transfer_from / GLUE_BEST_DIR
     return Path(config.transfer_from)
 
 
@@ -110,7 +105,7 @@ def fine_tune(config: GlueConfig, datamodule: GlueDataModule, backbone_source: B
         total_steps = min(total_steps, config.trainer.max_steps)
     # At least one validation, even in a run shorter than the interval.
     eval_every = max(1, min(config.trainer.eval_every_n_steps, total_steps))
-    checkpoint = ModelCheckpoint(dirpath=checkpoint_dir(run_dir), filename=BEST_CHECKPOINT, monitor="val/score",
+    checkpoint = ModelCheckpoint(dirpath=checkpoint_dir(run_dir), filename=GLUE_BEST_CHECKPOINT, monitor="val/score",
                                  mode="max", save_top_k=1, save_weights_only=True, auto_insert_metric_name=False)
     callbacks: list[L.Callback] = [checkpoint]
     if config.logging.loggers:  # the monitor needs a logger
@@ -154,7 +149,7 @@ def export_best(result: dict, config: GlueConfig, datamodule: GlueDataModule, ba
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / WEIGHTS_NAME))
         datamodule.tokenizer.save_pretrained(str(directory))
     meta = {k: result[k] for k in ("task", "model", "run", "scores", "transfer_from")}
-    (directory / RUN_INFO).write_text(json.dumps(meta, indent=2) + "\n")
+    (directory / GLUE_RUN_INFO).write_text(json.dumps(meta, indent=2) + "\n")
     return model
 
 
@@ -213,17 +208,17 @@ def run_task(config: GlueConfig, sweep: bool = False) -> dict:
         runs.append(result)
         if best is None or result["scores"]["score"] > best["scores"]["score"]:
             best = result
-            best_model = export_best(result, run_config, datamodule, backbone, task_dir / BEST_DIR)
+            best_model = export_best(result, run_config, datamodule, backbone, task_dir / GLUE_BEST_DIR)
         if not config.keep_run_checkpoints:
             shutil.rmtree(Path(result["checkpoint"]).parent, ignore_errors=True)
     summary = summarize_runs(task, runs)
     summary["best_run"] = best["run"]
     (task_dir / RESULTS_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     if sweep:
-        (task_dir / SWEEP_JSON).write_text(json.dumps(runs, indent=2) + "\n")
-        (task_dir / SWEEP_MD).write_text(sweep_markdown(task, summary))
+        (task_dir / GLUE_SWEEP_JSON).write_text(json.dumps(runs, indent=2) + "\n")
+        (task_dir / GLUE_SWEEP_MD).write_text(sweep_markdown(task, summary))
     if config.predict:
-        write_predictions(config, datamodule, best_model, task_dir / PREDICTIONS_DIR)
+        write_predictions(config, datamodule, best_model, task_dir / GLUE_PREDICTIONS_DIR)
     return summary
 
 
@@ -263,6 +258,6 @@ def run_all(configs: dict[str, GlueConfig], sweep: bool = False) -> dict:
     results = {task: run_task(configs[task], sweep=sweep) for task in order}
     output_dir = output_root(configs[order[0]])
     model = configs[order[0]].model
-    (output_dir / TABLE_JSON).write_text(json.dumps({"model": model, "tasks": results}, indent=2) + "\n")
-    (output_dir / TABLE_MD).write_text(table3_markdown(model, {t: r["scores"] for t, r in results.items()}))
+    (output_dir / GLUE_TABLE_JSON).write_text(json.dumps({"model": model, "tasks": results}, indent=2) + "\n")
+    (output_dir / GLUE_TABLE_MD).write_text(table3_markdown(model, {t: r["scores"] for t, r in results.items()}))
     return results

@@ -18,9 +18,9 @@ from neobert.config.pretrain import PretrainConfig
 from neobert.data.demo_corpus import write_demo_corpus
 from neobert.data.corpus import pretokenize, unigram_entropy
 from neobert.data.pretraining import PretrainingDataModule
-from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
+from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, load_tokenizer
 from neobert.eval.plots import final_value, plot_curves
-from neobert.layout import CONFIG_NAME, EXPORT_DIR, LOGS_DIR, TENSORBOARD_DIR, WEIGHTS_NAME
+from neobert.layout import CONFIG_NAME, EXPORT_DIR, LOGS_DIR, LOSS_PLOT, TENSORBOARD_DIR, WEIGHTS_NAME
 from neobert.layout import checkpoint_dir, last_checkpoint, metrics_csvs
 from neobert.lit.checkpoints import model_state_dict, read_lightning_checkpoint
 from neobert.lit.glue_callback import GlueEvalCallback
@@ -47,7 +47,7 @@ def load_pretrain_config(config: str | None = None, overrides: Sequence[str] = (
 def build_model_config(config: PretrainConfig, tokenizer) -> NeoBERTConfig:
     """The preset plus overrides, checked before any work; the vocabulary follows a non-BERT tokenizer."""
     overrides = dict(config.model.overrides)
-    if config.data.tokenizer not in (BERT_BASE_UNCASED, "bert-base-uncased"):
+    if config.data.tokenizer not in BERT_BASE_UNCASED_ALIASES:
         overrides.setdefault("vocab_size", len(tokenizer))
         overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
     if config.data.packing:
@@ -159,7 +159,7 @@ def summarise(config: PretrainConfig, export_dir: Path, baseline: float | None) 
     output_dir = Path(config.output_dir)
     csvs = metrics_csvs(output_dir)
     lines = {"unigram-entropy baseline": baseline} if baseline is not None else {}
-    plot = output_dir / "loss.png"
+    plot = output_dir / LOSS_PLOT
     plot_curves(csvs, ["train/loss", "val/loss"], plot, hlines=lines, title=f"MLM loss ({output_dir.name})")
     final = final_value(csvs, "train/loss", last_n=5)  # single steps are noisy: the mean of the last 5 logged
     final_val = final_value(csvs, "val/loss")

@@ -13,11 +13,7 @@ from neobert.config.pseudo_perplexity import PseudoPerplexityConfig
 from neobert.eval.plots import plot_pseudo_perplexity
 from neobert.eval.pseudo_perplexity import (BucketScore, DocumentScore, curves, markdown_table,
                                             run_pseudo_perplexity)
-
-DOCUMENTS_CSV = "documents.csv"
-BUCKETS_JSON = "buckets.json"  # read back by neobert.eval.pseudo_perplexity.read_buckets
-MARKDOWN_NAME = "pseudo_perplexity.md"
-PLOT_NAME = "pseudo_perplexity.png"
+from neobert.layout import PPPL_BUCKETS_JSON, PPPL_DOCUMENTS_CSV, PPPL_MD, PPPL_PLOT
 
 
 def run_pseudo_perplexity_job(config: PseudoPerplexityConfig) -> dict[str, Path]:
@@ -29,14 +25,14 @@ def run_pseudo_perplexity_job(config: PseudoPerplexityConfig) -> dict[str, Path]
 def write_reports(scores: list[DocumentScore], buckets: list[BucketScore], output_dir: str | Path) -> dict[str, Path]:
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    documents_csv = output_dir / DOCUMENTS_CSV
+    documents_csv = output_dir / PPPL_DOCUMENTS_CSV
     with documents_csv.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(asdict(scores[0])))
         writer.writeheader()
         writer.writerows(asdict(s) for s in scores)
-    buckets_json = output_dir / BUCKETS_JSON
+    buckets_json = output_dir / PPPL_BUCKETS_JSON
     buckets_json.write_text(json.dumps([asdict(b) for b in buckets], indent=2) + "\n")
-    table = output_dir / MARKDOWN_NAME
+    table = output_dir / PPPL_MD
     table.write_text(markdown_table(buckets) + "\n")
-    plot = plot_pseudo_perplexity(curves(buckets), output_dir / PLOT_NAME)
+    plot = plot_pseudo_perplexity(curves(buckets), output_dir / PPPL_PLOT)
     return {"documents": documents_csv, "buckets": buckets_json, "markdown": table, "plot": plot}

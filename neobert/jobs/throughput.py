@@ -11,10 +11,7 @@ from neobert.config.throughput import ThroughputConfig
 from neobert.eval.plots import plot_throughput
 from neobert.eval.throughput import ThroughputRow, run_throughput
 from neobert.eval.throughput_report import markdown_table, write_csv
-
-CSV_NAME = "throughput.csv"
-MARKDOWN_NAME = "throughput.md"
-PLOT_NAME = "throughput.png"
+from neobert.layout import THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT
 
 
 def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
@@ -26,8 +23,8 @@ def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path) -> dict
     """CSV, Markdown table and the Figure 3 plot under `output_dir`."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"csv": write_csv(rows, output_dir / CSV_NAME)}
-    paths["markdown"] = output_dir / MARKDOWN_NAME
+    paths = {"csv": write_csv(rows, output_dir / THROUGHPUT_CSV)}
+    paths["markdown"] = output_dir / THROUGHPUT_MD
     paths["markdown"].write_text(markdown_table(rows) + "\n")
-    paths["plot"] = plot_throughput(rows, output_dir / PLOT_NAME)
+    paths["plot"] = plot_throughput(rows, output_dir / THROUGHPUT_PLOT)
     return paths

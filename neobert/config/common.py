@@ -15,6 +15,10 @@ PRECISIONS = ("32", "32-true", "16-mixed", "bf16-mixed", "bf16-true", "64", "64-
 OPTIMIZERS = ("adamw", "adam")
 SCHEDULERS = ("cosine", "linear")
 LOGGERS = ("csv", "tensorboard")
+OPTIMIZER_KEYS = ("lr", "weight_decay", "betas", "eps")
+# Where the fine-tuning jobs kept their logging settings before the shared `logging` section.
+LOGGING_KEYS_MOVED = {"trainer.enable_progress_bar": "logging.progress_bar",
+                      "trainer.log_every_n_steps": "logging.log_every_n_steps"}
 
 
 @dataclass

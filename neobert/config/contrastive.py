@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Dict, List, Optional
 
-from neobert.config.common import LoggingConfig, OptimizerConfig, SchedulerConfig, TrainerConfig
+from neobert.config.common import (LOGGING_KEYS_MOVED, OPTIMIZER_KEYS, LoggingConfig, OptimizerConfig,
+                                   SchedulerConfig, TrainerConfig)
 from neobert.config.loader import require
 
 
@@ -152,17 +153,12 @@ class ContrastiveConfig:
     output_dir: str = "runs/contrastive"
 
     RENAMED_KEYS: ClassVar[Dict[str, str]] = {
-        "train.temperature": "loss.temperature",
-        "train.grad_cache_chunk_size": "loss.grad_cache_chunk_size",
-        "train.lr": "optimizer.lr",
-        "train.weight_decay": "optimizer.weight_decay",
-        "train.betas": "optimizer.betas",
-        "train.eps": "optimizer.eps",
+        **{f"train.{key}": f"loss.{key}" for key in ("temperature", "grad_cache_chunk_size")},
+        **{f"train.{key}": f"optimizer.{key}" for key in OPTIMIZER_KEYS},
         "train.warmup_steps": "scheduler.warmup_steps",
         "train.max_steps": "trainer.max_steps",
         "train.gradient_clip": "trainer.gradient_clip_val",
-        "trainer.enable_progress_bar": "logging.progress_bar",
-        "trainer.log_every_n_steps": "logging.log_every_n_steps",
+        **LOGGING_KEYS_MOVED,
     }
 
     def validate(self) -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional
 
-from neobert.config.common import LoggingConfig, OptimizerConfig, SchedulerConfig, TrainerConfig
+from neobert.config.common import (LOGGING_KEYS_MOVED, OPTIMIZER_KEYS, LoggingConfig, OptimizerConfig,
+                                   SchedulerConfig, TrainerConfig)
 from neobert.config.loader import require
 
 
@@ -91,14 +92,10 @@ class GlueConfig:
     sweep: GlueSweepConfig = field(default_factory=GlueSweepConfig)
 
     RENAMED_KEYS: ClassVar[Dict[str, str]] = {
-        "optim.lr": "optimizer.lr",
-        "optim.weight_decay": "optimizer.weight_decay",
-        "optim.betas": "optimizer.betas",
-        "optim.eps": "optimizer.eps",
+        **{f"optim.{key}": f"optimizer.{key}" for key in OPTIMIZER_KEYS},
         "optim.warmup_fraction": "scheduler.warmup_fraction",
         "optim.gradient_clip_val": "trainer.gradient_clip_val",
-        "trainer.enable_progress_bar": "logging.progress_bar",
-        "trainer.log_every_n_steps": "logging.log_every_n_steps",
+        **LOGGING_KEYS_MOVED,
     }
 
     def validate(self) -> None:

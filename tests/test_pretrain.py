@@ -201,3 +201,17 @@ def test_export_loads_in_transformers_and_initialises_stage_two(tmp_path):
     with torch.no_grad():
         expected = module.model.eval()(batch["input_ids"], batch["attention_mask"]).logits
         torch.testing.assert_close(hf_model(**batch).logits, expected)
+
+
+def test_the_demo_corpus_is_written_only_to_the_demos_own_source(tmp_path, monkeypatch):
+    from neobert.jobs.pretrain import load_pretrain_config
+
+    monkeypatch.chdir(tmp_path)
+    config = load_pretrain_config(None, ["data.source=tiiuae/falcon-refinedweb"])
+    assert config.data.source == "tiiuae/falcon-refinedweb" and not (tmp_path / "tiiuae").exists()
+    with pytest.raises(HubUnreachableError, match="data.source"):
+        prepare(config)
+    load_pretrain_config(None, [f"data.source={tmp_path / 'typo.jsonl'}"])
+    assert not (tmp_path / "typo.jsonl").exists()
+    demo = load_pretrain_config(None, [])
+    assert (tmp_path / demo.data.source).is_file()  # the demo itself still runs offline

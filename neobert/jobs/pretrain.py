@@ -36,10 +36,12 @@ DEMO_CONFIG = "demo"  # the embedded default: `python -m experiments.pretrain` w
 
 def load_pretrain_config(config: str | None = None, overrides: Sequence[str] = ()) -> PretrainConfig:
     """The run's config: a YAML path or packaged name (default: the demo). The demo's corpus (CPython's
-    documentation, shipped with Python) is written to its data.source first, so the demo runs offline."""
+    documentation, shipped with Python) is written to the demo's own data.source first, so the demo runs
+    offline; any other data.source is the user's data and is never written."""
     path = config_path(config or DEMO_CONFIG)
     loaded = load_config(PretrainConfig, path, overrides)
-    if path.resolve() == config_path(DEMO_CONFIG).resolve():
+    demo = config_path(DEMO_CONFIG)
+    if path.resolve() == demo.resolve() and loaded.data.source == load_config(PretrainConfig, demo).data.source:
         write_demo_corpus(loaded.data.source)
     return loaded
 

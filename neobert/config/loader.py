@@ -20,13 +20,11 @@ from typing import Any, Sequence, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from neobert.errors import ConfigError
+
 T = TypeVar("T")
 INHERIT_KEY = "inherit"
 PACKAGED_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the offending key or file."""
 
 
 def require(ok: bool, key: str, message: str) -> None:

@@ -53,10 +53,6 @@ def checkpoint_dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / CHECKPOINT_DIR
 
 
-def last_checkpoint(output_dir: str | Path) -> Path | None:
-    path = checkpoint_dir(output_dir) / LAST_CHECKPOINT
-    return path if path.exists() else None
-
 
 def metrics_csvs(output_dir: str | Path) -> list[Path]:
     """The CSV logs of a run, oldest version first (a resumed run adds a version)."""

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from neobert.data.tokenizer import load_tokenizer
+from neobert.errors import CheckpointError
 from neobert.lit.checkpoints import CHECKPOINT_KEY, model_state_dict, read_lightning_checkpoint
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM, convert_official_state_dict
 from neobert.model.checkpoint import load_state_dict_strict
@@ -17,7 +18,8 @@ def export_from_checkpoint(checkpoint_path: str | Path, export_dir: str | Path) 
     checkpoint = read_lightning_checkpoint(checkpoint_path)
     extra = checkpoint.get(CHECKPOINT_KEY)
     if extra is None:
-        raise ValueError(f"{checkpoint_path} was not written by neobert's pretraining (no '{CHECKPOINT_KEY}' entry)")
+        raise CheckpointError(f"{checkpoint_path} was not written by neobert's pretraining (no '{CHECKPOINT_KEY}' "
+                              f"entry)")
     model = NeoBERTForMaskedLM(NeoBERTConfig.from_hub_dict(extra["model_config"]))
     load_state_dict_strict(model, model_state_dict(checkpoint, str(checkpoint_path)), str(checkpoint_path))
     max_length = extra.get("config", {}).get("data", {}).get("max_length")

@@ -21,8 +21,9 @@ from neobert.data.pretraining import PretrainingDataModule
 from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, load_tokenizer
 from neobert.eval.plots import final_value, plot_curves
 from neobert.layout import CONFIG_NAME, EXPORT_DIR, LOGS_DIR, LOSS_PLOT, TENSORBOARD_DIR, WEIGHTS_NAME
-from neobert.layout import checkpoint_dir, last_checkpoint, metrics_csvs
-from neobert.lit.checkpoints import model_state_dict, read_lightning_checkpoint
+from neobert.layout import checkpoint_dir, metrics_csvs
+from neobert.lit.checkpoints import (OLDER, model_state_dict, newest_readable_checkpoint,
+                                     read_lightning_checkpoint, remove_partial_writes, set_aside)
 from neobert.lit.glue_callback import GlueEvalCallback
 from neobert.lit.mteb_callback import MtebEvalCallback
 from neobert.lit.pretrain import MLMPretrainingModule
@@ -102,11 +103,9 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
     computes the unigram-entropy baseline over that many training documents, prints it and draws it on the
     loss plot."""
     tokenizer, model_config, datamodule = prepare(config)
+    ckpt_path = resume_checkpoint(config.output_dir) if config.resume else None
     L.seed_everything(config.trainer.seed, workers=True)
     module = MLMPretrainingModule(config, model_config, tokenizer)
-    ckpt_path = last_checkpoint(config.output_dir) if config.resume else None
-    if config.resume and ckpt_path is None:
-        log.info("resume=true but %s has no last checkpoint: starting a new run", config.output_dir)
     if ckpt_path is None and config.init_from:
         init_weights(module.model, config.init_from)
     trainer = build_trainer(config.trainer, config.logging, config.output_dir,
@@ -125,6 +124,24 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
     if trainer.is_global_zero:
         summarise(config, export_dir, baseline)
     return export_dir
+
+
+def resume_checkpoint(output_dir: str | Path) -> Path | None:
+    """The checkpoint resume=true starts from: the newest one that loads (verified here, before any training).
+    Unreadable newer ones (a truncated or corrupt file) are renamed `<name>.unreadable` and the fallback is
+    logged in one line; leftovers of interrupted atomic writes are deleted. Raises CheckpointError when the
+    run has checkpoints but none is readable; None (a new run) when it has none."""
+    path, skipped = newest_readable_checkpoint(output_dir)
+    for partial in remove_partial_writes(output_dir):
+        log.info("removed %s, the temporary file of a checkpoint write that was interrupted", partial)
+    if path is None:
+        log.info("resume=true but %s has no checkpoint: starting a new run", output_dir)
+        return None
+    if skipped:
+        moved = set_aside([p for p, reason in skipped if not reason.startswith(OLDER)])
+        log.warning("resume=true: resuming from %s; skipped %s", path, "; ".join(
+            f"{p.name} ({reason})" + (f", renamed to {moved[p].name}" if p in moved else "") for p, reason in skipped))
+    return path
 
 
 def run_pretokenize(config: PretrainConfig, out_dir: str | Path) -> list[Path]:

@@ -5,6 +5,7 @@ tokenizer, run config). The whole job is `neobert.jobs.pretrain.run_pretraining`
 
 from __future__ import annotations
 
+import math
 import time
 
 import lightning as L
@@ -18,6 +19,21 @@ from neobert.eval.flops import flops_per_token, matmul_params, mfu, peak_flops
 from neobert.lit.checkpoints import CHECKPOINT_KEY
 from neobert.lit.optim import configure_optimizers
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite: the run stops on that step, before the optimizer step and
+    before any checkpoint is written over the last good one (ModelCheckpoint's save_on_exception is off)."""
+
+
+def describe_data_position(data_state: dict | None) -> str:
+    """Where a training batch came from, from the data state it carries (`batch[DATA_STATE_KEY]`)."""
+    if data_state is None:
+        return "the batch carries no data position"
+    state = data_state["state"]
+    return (f"the batch came from data stream {data_state['stream']} (the stream's batch {state['batches']}, "
+            f"ending at epoch {state['epoch']}, shuffle block {state['block']}, document {state['taken']} of the "
+            f"block)")
 
 
 class MLMPretrainingModule(L.LightningModule):
@@ -72,11 +88,18 @@ class MLMPretrainingModule(L.LightningModule):
         output = self(batch)
         correct, masked = self._accuracy_counts(output, batch["labels"])
         tokens = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
-        self._sums["loss"] += float(output.loss.detach())
+        loss = float(output.loss.detach())
+        accumulate = self.trainer.accumulate_grad_batches
+        if not math.isfinite(loss):
+            micro = f", micro-batch {batch_idx % accumulate + 1} of {accumulate}" if accumulate > 1 else ""
+            raise NonFiniteLossError(
+                f"the training loss is {loss} at global step {self.trainer.global_step}{micro}: "
+                f"{describe_data_position(data_state)}. Training stopped before this step's update; nothing was "
+                f"saved over the last checkpoint (resume=true restarts from it)")
+        self._sums["loss"] += loss
         self._sums["correct"] += correct
         self._sums["masked"] += masked
         self._sums["tokens"] += tokens
-        accumulate = self.trainer.accumulate_grad_batches
         if (batch_idx + 1) % accumulate == 0:  # the last micro-batch of an optimizer step: log step means
             self._log_step(accumulate)
         return output.loss

@@ -1,6 +1,6 @@
-"""The one place a Lightning `Trainer` is built: strategy, precision, loggers, progress bar, validation cadence
-and the launch-environment check, from the shared `trainer` and `logging` config sections. Every job and every
-evaluation callback builds its Trainer here."""
+"""The one place a Lightning `Trainer` is built: strategy, precision, loggers, progress bar, validation cadence,
+atomic checkpoint writes and the launch-environment check, from the shared `trainer` and `logging` config
+sections. Every job and every evaluation callback builds its Trainer here."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from lightning.pytorch.strategies import ModelParallelStrategy, Strategy
+from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, Strategy
 
 from neobert.config import ConfigError, LoggingConfig, TrainerConfig
 from neobert.layout import LOGS_DIR, TENSORBOARD_DIR
+from neobert.lit.checkpoints import AtomicCheckpointIO
 
 # Set by a cluster manager that starts every rank itself; Lightning then does not start ranks 1..N-1.
 EXTERNAL_LAUNCHER_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS", "JSM_NAMESPACE_RANK")
@@ -34,6 +36,19 @@ def build_strategy(config: TrainerConfig) -> str | Strategy:
     if config.strategy == "fsdp2":
         return ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
     return config.strategy
+
+
+def checkpoint_plugins(strategy: str | Strategy) -> list:
+    """The atomic checkpoint writer (temporary file + rename, `AtomicCheckpointIO`) for every strategy that
+    writes its checkpoints through a CheckpointIO: single device, DDP, FSDP with full state dicts, and fsdp2's
+    ModelParallelStrategy (it accepts the plugin; its default sharded checkpoints are directories written by
+    torch.distributed.checkpoint, which does not use it, so only its single-file saves are atomic). Not for
+    DeepSpeed, which writes its own checkpoint directories, nor for a Strategy object that brings its own."""
+    if isinstance(strategy, DeepSpeedStrategy) or (isinstance(strategy, str) and strategy.startswith("deepspeed")):
+        return []
+    if isinstance(strategy, Strategy) and strategy._checkpoint_io is not None:
+        return []  # Lightning refuses a CheckpointIO given both in the strategy and as a plugin
+    return [AtomicCheckpointIO()]
 
 
 def check_launch_environment(config: TrainerConfig, environ=os.environ) -> None:
@@ -71,11 +86,16 @@ def build_trainer(config: TrainerConfig, logging: LoggingConfig, output_dir: str
     if logging.progress_bar:
         callbacks.append(TQDMProgressBar(refresh_rate=1))
     loggers = build_loggers(logging, output_dir)
+    strategy = strategy if strategy is not None else build_strategy(config)
+    plugins = list(overrides.pop("plugins", None) or [])
+    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+        plugins += checkpoint_plugins(strategy)
     arguments = dict(
         accelerator=config.accelerator,
         devices=config.devices,
         num_nodes=config.num_nodes,
-        strategy=strategy if strategy is not None else build_strategy(config),
+        strategy=strategy,
+        plugins=plugins,
         precision=resolve_precision(config),
         max_steps=config.max_steps,
         max_epochs=config.max_epochs,

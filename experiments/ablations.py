@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 
 from neobert.jobs.ablations import run_ablations
+from neobert.jobs.cli import add_debug_flag, run_cli
 
 
 def main(argv=None):
@@ -27,6 +29,7 @@ def main(argv=None):
     parser.add_argument("--output-dir", default=None, help="default: runs/ablations/<budget>")
     parser.add_argument("--no-glue", action="store_true", help="pretrain only")
     parser.add_argument("overrides", nargs="*", help="PretrainConfig key=value overrides for every step")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -39,4 +42,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

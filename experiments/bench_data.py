@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from neobert.eval.data_pipeline import measure_data_pipeline
+from neobert.jobs.cli import add_debug_flag, run_cli
 
 
 def main(argv=None) -> dict:
@@ -26,6 +28,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None, help="also write the results here")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     results = measure_data_pipeline(args.docs, args.max_length, args.batch_size, args.repeats)
     print(f"{'pipeline (1 worker, 1 thread)':44s} tokens/s")
@@ -40,4 +43,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -18,6 +18,7 @@ import sys
 
 from neobert.config import flag_overrides, load_config
 from neobert.config.contrastive import ContrastiveConfig
+from neobert.jobs.cli import add_debug_flag, run_cli
 from neobert.jobs.contrastive import run_contrastive
 
 
@@ -28,6 +29,7 @@ def parse_args(argv=None) -> ContrastiveConfig:
     parser.add_argument("--model", help="checkpoint directory, Hugging Face encoder (dir or hub name), preset:<name>")
     parser.add_argument("--output-dir")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=100")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     return load_config(ContrastiveConfig, args.config, flag_overrides(args, values=("model", "output_dir")))
 
@@ -40,4 +42,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -7,7 +7,9 @@ with DDP/torch.compile prefixes or DeepSpeed's `module` wrapper) to the hub layo
 from __future__ import annotations
 
 import argparse
+import sys
 
+from neobert.jobs.cli import add_debug_flag, run_cli
 from neobert.jobs.export import convert_official
 
 
@@ -18,7 +20,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="neobert", help="model preset the checkpoint was trained with")
     parser.add_argument("--tokenizer", default="google-bert/bert-base-uncased")
     parser.add_argument("overrides", nargs="*", help="NeoBERTConfig fields, e.g. max_length=1024")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
+    if any("=" not in item for item in args.overrides):
+        parser.error(f"overrides must look like field=value, got {[o for o in args.overrides if '=' not in o]}")
     fields = dict(item.split("=", 1) for item in args.overrides)
     convert_official(args.state_dict, args.output_dir, args.preset, args.tokenizer,
                      **{k: _parse(v) for k, v in fields.items()})
@@ -35,4 +40,4 @@ def _parse(value: str):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

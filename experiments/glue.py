@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 
 import torch
 
 from neobert.data.glue import GLUE_TASKS
+from neobert.jobs.cli import add_debug_flag, run_cli
 from neobert.jobs.glue import run_glue
 
 
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sweep", action="store_true", help="run the grid of `sweep.*` and report the median")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.threads:
@@ -39,4 +42,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -20,6 +20,7 @@ from pathlib import Path
 from neobert.config import flag_overrides, load_config
 from neobert.config.mteb import MtebConfig
 from neobert.eval.mteb import summary_markdown
+from neobert.jobs.cli import add_debug_flag, run_cli
 from neobert.jobs.mteb import evaluate_model
 from neobert.layout import RESULTS_JSON
 
@@ -31,6 +32,7 @@ def parse_args(argv=None) -> MtebConfig:
     parser.add_argument("--tasks", help="comma-separated: mteb task names, 'english', sts:<file>, retrieval:<file>")
     parser.add_argument("--output-dir")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of MtebConfig")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     overrides = flag_overrides(args, values=("model", "output_dir"), lists=("tasks",))
     return load_config(MtebConfig, args.config, overrides)
@@ -47,4 +49,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

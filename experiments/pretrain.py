@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
+from neobert.jobs.cli import add_debug_flag, run_cli
 from neobert.jobs.pretrain import load_pretrain_config, run_pretokenize, run_pretraining
 
 
@@ -21,6 +23,7 @@ def main(argv=None) -> Path:
     parser.add_argument("--pretokenize", metavar="DIR", default=None,
                         help="tokenize the config's data into parquet shards under DIR and exit")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=100")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = load_pretrain_config(args.config, args.overrides)
@@ -32,4 +35,4 @@ def main(argv=None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

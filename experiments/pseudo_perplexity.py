@@ -15,6 +15,7 @@ import sys
 
 from neobert.config import load_config
 from neobert.config.pseudo_perplexity import PseudoPerplexityConfig
+from neobert.jobs.cli import add_debug_flag, run_cli
 from neobert.jobs.pseudo_perplexity import run_pseudo_perplexity_job
 
 
@@ -22,6 +23,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file with PseudoPerplexityConfig keys")
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     paths = run_pseudo_perplexity_job(load_config(PseudoPerplexityConfig, args.config, args.overrides))
@@ -32,4 +34,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

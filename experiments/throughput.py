@@ -16,6 +16,7 @@ import sys
 
 from neobert.config import flag_overrides, load_config
 from neobert.config.throughput import ThroughputConfig
+from neobert.jobs.cli import add_debug_flag, run_cli
 from neobert.jobs.throughput import run_throughput_job
 
 
@@ -30,6 +31,7 @@ def parse_args(argv=None):
     parser.add_argument("--mode", choices=["inference", "training"])
     parser.add_argument("--output-dir")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of ThroughputConfig")
+    add_debug_flag(parser)
     args = parser.parse_args(argv)
     overrides = flag_overrides(args, values=("mode", "output_dir"),
                                lists=("models", "lengths", "batch_sizes", "layouts"))
@@ -46,4 +48,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -1,6 +1,7 @@
 """Typed run configurations: YAML files and `key=value` overrides merged over a dataclass schema.
 
-A misspelt key or a value of the wrong type is a `ConfigError` naming the key, before any work starts; then the
+A misspelt key or a value of the wrong type is a `ConfigError` naming the key (a misspelt one with "did you mean
+'x.y'?" for the nearest key of the schema), in one line, before any work starts; then the
 schema's `validate()` (when it has one) checks what types cannot. A YAML file may start from another one with
 `inherit: other.yaml` (a path relative to the file), which is how the stage-2, GLUE and ablation configs state
 only what they change.
@@ -13,12 +14,13 @@ the new key.
 
 from __future__ import annotations
 
+import difflib
 import warnings
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from neobert.errors import ConfigError
 
@@ -56,7 +58,7 @@ def read_yaml(path: str | Path) -> DictConfig:
     try:
         node = OmegaConf.load(path)
     except Exception as err:  # yaml errors have several types
-        raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(err).split())}") from err
     if not isinstance(node, DictConfig):
         raise ConfigError(f"{path}: the top level must be a mapping of keys to values")
     parent = node.pop(INHERIT_KEY, None)
@@ -79,6 +81,7 @@ def merge_overrides(config: T, overrides: Sequence[str]) -> T:
 def _build(config: DictConfig, schema: type, path: str | Path | None, overrides: Sequence[str]):
     OmegaConf.set_struct(config, True)
     _open_free_form_dicts(config)
+    defaults = config
     renamed = getattr(schema, "RENAMED_KEYS", {})
     source = "defaults"
     try:
@@ -93,12 +96,48 @@ def _build(config: DictConfig, schema: type, path: str | Path | None, overrides:
             dotlist = [_rename_override(o, renamed) for o in overrides]
             config = OmegaConf.merge(config, OmegaConf.from_dotlist(dotlist))
         result = OmegaConf.to_object(config)
+    except (ConfigKeyError, ConfigAttributeError) as err:
+        key = getattr(err, "full_key", None) or ""
+        raise ConfigError(f"{source}: unknown config key {key!r}{_did_you_mean(defaults, key)}") from err
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
-        raise ConfigError(f"{source}: invalid config key {key!r}: {getattr(err, 'msg', err)}") from err
+        message = str(getattr(err, "msg", err)).strip().splitlines()[0]  # OmegaConf adds full_key, types below
+        raise ConfigError(f"{source}: invalid config key {key!r}: {message}") from err
     if hasattr(result, "validate"):
         result.validate()
     return result
+
+
+def _did_you_mean(schema: DictConfig, key: str) -> str:
+    """`; did you mean 'x.y'?` for the schema key nearest to a misspelt `key` (the keys beside it first, then the
+    same name in another section), or the keys that section has when none is near."""
+    parent, _, leaf = key.rpartition(".")
+    section = OmegaConf.select(schema, parent) if parent else schema
+    if not isinstance(section, DictConfig):
+        return ""
+    siblings = [str(k) for k in section.keys()]
+    near = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+    if near:
+        return f"; did you mean {'.'.join(filter(None, (parent, near[0])))!r}?"
+    everywhere = _dotted_keys(schema)
+    elsewhere = [k for k in everywhere if k.rpartition(".")[2] == leaf]
+    elsewhere = elsewhere or difflib.get_close_matches(key, everywhere, n=1, cutoff=0.8)
+    if elsewhere:
+        return f"; did you mean {elsewhere[0]!r}?"
+    return f"; the keys{f' of {parent!r}' if parent else ''} are: {', '.join(siblings)}"
+
+
+def _dotted_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """Every leaf key of a structured config, dotted (free-form dicts count as leaves)."""
+    keys = []
+    for key in node.keys():
+        child = node._get_node(key)
+        dotted = f"{prefix}{key}"
+        if isinstance(child, DictConfig) and OmegaConf.get_type(child) is not dict:
+            keys += _dotted_keys(child, dotted + ".")
+        else:
+            keys.append(dotted)
+    return keys
 
 
 def _warn_renamed(old: str, new: str, source: str) -> None:

@@ -3,7 +3,9 @@ and Hugging Face encoders (BERT, RoBERTa, ModernBERT, ...) identically.
 
 `name_or_path` is one of:
 * a directory in the NeoBERT hub layout (ours or the official), loaded with our model;
-* any other local Hugging Face directory, or a hub name (needs the hub), loaded with `AutoModel`;
+* any other local Hugging Face directory, or a hub name (`owner/name`, needs the hub), loaded with `AutoModel`;
+  a path-like name that does not exist is a `ConfigError` naming the config key, never a download
+  (`neobert.hub.is_hub_name` is the rule);
 * `preset:<name>` (e.g. `preset:tiny`): a randomly initialised NeoBERT, for smoke runs.
 """
 
@@ -17,7 +19,8 @@ from torch import Tensor, nn
 from transformers import AutoModel
 
 from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
-from neobert.hub import require_hub
+from neobert.errors import ConfigError
+from neobert.hub import is_hub_name, require_hub
 from neobert.layout import CONFIG_NAME, has_tokenizer
 from neobert.model.config import NeoBERTConfig
 from neobert.model.modeling import NeoBERT
@@ -53,25 +56,47 @@ def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: s
                   **neobert_overrides) -> Backbone:
     """`tokenizer` overrides where the tokenizer comes from (default: beside the weights, else bert-base-uncased
     for NeoBERT). `neobert_overrides` are NeoBERTConfig fields (e.g. attention_backend) for NeoBERT models."""
+    tokenizer_key = "tokenizer" if tokenizer else config_key
     if name_or_path.startswith("preset:"):
-        config = NeoBERTConfig.from_preset(name_or_path.removeprefix("preset:"), **neobert_overrides)
+        try:
+            config = NeoBERTConfig.from_preset(name_or_path.removeprefix("preset:"), **neobert_overrides)
+        except ValueError as err:  # an unknown preset
+            raise ConfigError(f"{config_key}={name_or_path!r}: {err}") from err
         encoder = NeoBERT(config)
-        tok = load_tokenizer(tokenizer or BERT_BASE_UNCASED, max_length=config.max_length)
+        tok = load_tokenizer(tokenizer or BERT_BASE_UNCASED, max_length=config.max_length, config_key=tokenizer_key)
         return Backbone(encoder, tok, config.hidden_size, config.num_hidden_layers, True)
     path = Path(name_or_path)
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{config_key}={name_or_path!r} is a file; expected a model directory or a hub name")
+        raise ConfigError(f"{config_key}={name_or_path!r} is a file; expected a model directory or a hub name")
     if not path.exists():
+        check_model_name(name_or_path, config_key)
         path = Path(download_snapshot(name_or_path, config_key))
+    elif not (path / CONFIG_NAME).is_file():
+        raise ConfigError(f"{config_key}={name_or_path!r} is a directory without {CONFIG_NAME}: not a model directory")
     if is_neobert_dir(path):
         encoder = NeoBERT.from_pretrained(path, **neobert_overrides)
         tok = load_tokenizer(tokenizer or (str(path) if has_tokenizer(path) else BERT_BASE_UNCASED),
-                             max_length=encoder.config.max_length)
+                             max_length=encoder.config.max_length, config_key=tokenizer_key)
         return Backbone(encoder, tok, encoder.config.hidden_size, encoder.config.num_hidden_layers, True)
     encoder = AutoModel.from_pretrained(str(path))
-    tok = load_tokenizer(tokenizer or str(path), config_key=config_key)
+    tok = load_tokenizer(tokenizer or str(path), config_key=tokenizer_key)
     cfg = encoder.config
     return Backbone(encoder, tok, cfg.hidden_size, cfg.num_hidden_layers, False)
+
+
+def check_model_name(name_or_path: str, config_key: str = "model") -> None:
+    """A model that is not on disk must be a hub name (`owner/name`): a path-like name is reported missing."""
+    if not Path(name_or_path).exists() and not is_hub_name(name_or_path):
+        raise ConfigError(f"{config_key}={name_or_path!r} does not exist (a local model directory was expected; "
+                          f"hub models are named owner/name)")
+
+
+def model_needs_hub(name_or_path: str, config_key: str = "model") -> bool:
+    """Whether loading `name_or_path` downloads from the hub; a missing path-like name is a ConfigError."""
+    if name_or_path.startswith("preset:") or Path(name_or_path).exists():
+        return False
+    check_model_name(name_or_path, config_key)
+    return True
 
 
 def download_snapshot(repo_id: str, config_key: str = "model") -> str:

@@ -14,22 +14,28 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
+import pandas
 import pyarrow as pa
 import pyarrow.parquet as pq
 from datasets import load_dataset
 
 from neobert.config import ConfigError
-from neobert.hub import require_hub
+from neobert.errors import DataError
+from neobert.hub import is_hub_name, require_hub
 
 log = logging.getLogger(__name__)
 
 TOKENS_COLUMN = "input_ids"  # the column of pre-tokenized shards
 BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 UNDECODABLE = "\ufffd"  # what undecodable bytes of a .txt file become (encoding_errors="replace")
+# What reading a local file that is not what its suffix says raises (bad JSON, non-UTF-8 JSON or CSV, ...).
+READ_ERRORS = (pa.ArrowException, UnicodeDecodeError, pandas.errors.EmptyDataError, pandas.errors.ParserError)
+SMALL_PARQUET_BYTES = 1 << 16  # a parquet file without rows is smaller than this: only those are opened to check
 
 
 def local_data_files(source: str, key: str = "data.source") -> list[str] | None:
-    """The files a local `source` names (a file, a directory or a glob), or None when it is a hub name."""
+    """The files a local `source` names (a file, a directory or a glob), or None when it is a hub name
+    (`neobert.hub.is_hub_name`); any other name that does not exist is a ConfigError."""
     path = Path(source).expanduser()
     if path.is_file():
         files = [str(path)]
@@ -41,28 +47,71 @@ def local_data_files(source: str, key: str = "data.source") -> list[str] | None:
         files = sorted(f for f in glob.glob(str(path), recursive=True) if Path(f).is_file())
         if not files:
             raise ConfigError(f"{key}={source!r} matches no files")
-    elif source.startswith((".", "/", "~")) or Path(source).suffix in BUILDERS:
-        raise ConfigError(f"{key}={source!r} does not exist")
-    else:
+    elif is_hub_name(source):
         return None
+    else:
+        raise ConfigError(f"{key}={source!r} does not exist")
     suffixes = {Path(f).suffix for f in files}
     if len(suffixes) != 1 or not suffixes <= set(BUILDERS):
         raise ConfigError(f"{key}={source!r}: expected files of one type among {sorted(BUILDERS)}, got {sorted(suffixes)}")
     return files
 
 
+def source_name(data) -> str:
+    """`data.source='...'` (or `data.pretokenized_dir='...'`): how messages name the corpus."""
+    if data.pretokenized_dir:
+        return f"data.pretokenized_dir={data.pretokenized_dir!r}"
+    return f"data.source={data.source!r}"
+
+
+def no_usable_documents(data, skipped: dict, held_out: int = 0, detail: str = "") -> DataError:
+    """The error of a corpus (or of the part a stream reads) without one usable document."""
+    message = (f"{source_name(data)} has no usable documents ({skipped.get('empty', 0)} empty, "
+               f"{skipped.get('undecodable', 0)} undecodable)")
+    if held_out:
+        message += f" after the first data.validation_docs={held_out}, which validation holds out"
+    return DataError(message + (f"; {detail}" if detail else ""))
+
+
+def _is_empty_file(path: str) -> bool:
+    size = os.path.getsize(path)
+    if size == 0:
+        return True
+    return path.endswith(".parquet") and size < SMALL_PARQUET_BYTES and pq.ParquetFile(path).metadata.num_rows == 0
+
+
 def open_source(data, split: str | None = None):
-    """A streaming Hugging Face IterableDataset of raw documents (or of token ids when pre-tokenized)."""
+    """A streaming Hugging Face IterableDataset of raw documents (or of token ids when pre-tokenized). Empty local
+    files are left out (the readers choke on them); a corpus of empty files only is a DataError."""
     if data.pretokenized_dir:
         files = local_data_files(str(Path(data.pretokenized_dir) / "*.parquet"), "data.pretokenized_dir")
-        return load_dataset("parquet", data_files=files, split="train", streaming=True)
-    files = local_data_files(data.source)
-    if files is None:
-        require_hub(data.source, "data.source")
-        return load_dataset(data.source, data.hub_config, split=split or data.split, streaming=True)
-    builder = BUILDERS[Path(files[0]).suffix]
-    options = {"sample_by": data.text_sample_by, "encoding_errors": "replace"} if builder == "text" else {}
-    return load_dataset(builder, data_files=files, split="train", streaming=True, **options)
+        builder, options = "parquet", {}
+    else:
+        files = local_data_files(data.source)
+        if files is None:
+            require_hub(data.source, "data.source")
+            return load_dataset(data.source, data.hub_config, split=split or data.split, streaming=True)
+        builder = BUILDERS[Path(files[0]).suffix]
+        options = {"sample_by": data.text_sample_by, "encoding_errors": "replace"} if builder == "text" else {}
+    nonempty = [f for f in files if not _is_empty_file(f)]
+    if not nonempty:
+        raise no_usable_documents(data, {}, detail=f"its {len(files)} file(s) are empty")
+    try:
+        return load_dataset(builder, data_files=nonempty, split="train", streaming=True, **options)
+    except StopIteration:  # the json builder's schema inference found no row
+        raise no_usable_documents(data, {}, detail="its files hold no rows") from None
+    except READ_ERRORS as err:
+        raise DataError(f"{source_name(data)} cannot be read as {builder} files: {type(err).__name__}: "
+                        f"{err}") from err
+
+
+def read_blocks(dataset, batch_size: int, data) -> Iterator[dict]:
+    """`dataset.iter(batch_size)`, with a local file that cannot be read (not the format its suffix says, not
+    UTF-8 where the format needs it) reported as a DataError naming the source."""
+    try:
+        yield from dataset.iter(batch_size=batch_size)
+    except READ_ERRORS as err:
+        raise DataError(f"{source_name(data)} cannot be read: {type(err).__name__}: {err}") from err
 
 
 def text_column(data) -> str:
@@ -72,9 +121,55 @@ def text_column(data) -> str:
     return "text" if files and Path(files[0]).suffix == ".txt" else data.text_column
 
 
+def usable_documents(values, pretokenized: bool, skipped: dict) -> list:
+    """The usable documents of a block of one column; empty, missing and undecodable ones are counted in
+    `skipped` ("empty", "undecodable") and left out."""
+    usable = []
+    for value in values:
+        if pretokenized:
+            if value:
+                usable.append(list(value))
+            else:
+                skipped["empty"] = skipped.get("empty", 0) + 1
+        elif not isinstance(value, str) or not value.strip():
+            skipped["empty"] = skipped.get("empty", 0) + 1
+        elif UNDECODABLE in value:
+            skipped["undecodable"] = skipped.get("undecodable", 0) + 1
+        else:
+            usable.append(value)
+    return usable
+
+
+def check_column(batch: dict, column: str) -> None:
+    if column not in batch:
+        raise ConfigError(f"data.text_column={column!r} is not a column of the data; columns: {sorted(batch)}")
+
+
+def check_has_documents(data, held_out: int = 0, batch_size: int = 64) -> None:
+    """Reads a local corpus up to its first usable training document (one after the `held_out` validation
+    documents): a corpus without one is a DataError counting what was skipped, raised before any training work.
+    Hub sources are checked by the stream itself, at its first batch."""
+    if not data.pretokenized_dir and local_data_files(data.source) is None:
+        return
+    column, skipped, row, usable = text_column(data), {}, 0, 0
+    for block in read_blocks(open_source(data), batch_size, data):
+        check_column(block, column)
+        for value in block[column]:
+            if usable_documents([value], column == TOKENS_COLUMN, skipped):
+                if row >= held_out:
+                    return
+                usable += 1
+            row += 1
+    if not usable:
+        raise no_usable_documents(data, skipped)
+    raise DataError(f"{source_name(data)} has {usable} usable documents, all among the first "
+                    f"data.validation_docs={held_out} that validation holds out: none is left to train on "
+                    f"({skipped.get('empty', 0)} empty, {skipped.get('undecodable', 0)} undecodable)")
+
+
 class DocumentTokenizer:
     """Raw texts -> token ids (with the tokenizer's special tokens, no truncation). Empty, missing and
-    undecodable documents are skipped and counted, never fatal."""
+    undecodable documents are skipped and counted (`usable_documents`), never fatal."""
 
     def __init__(self, tokenizer, column: str):
         self.column = column
@@ -86,21 +181,11 @@ class DocumentTokenizer:
             self.backend.no_padding()
 
     def __call__(self, batch: dict, skipped: dict) -> list[list[int]]:
-        if self.column not in batch:
-            raise ConfigError(f"data.text_column={self.column!r} is not a column of the data; "
-                              f"columns: {sorted(batch)}")
-        values = batch[self.column]
+        check_column(batch, self.column)
+        documents = usable_documents(batch[self.column], self.pretokenized, skipped)
         if self.pretokenized:
-            return [list(v) for v in values if v]
-        texts = []
-        for text in values:
-            if not isinstance(text, str) or not text.strip():
-                skipped["empty"] = skipped.get("empty", 0) + 1
-            elif UNDECODABLE in text:
-                skipped["undecodable"] = skipped.get("undecodable", 0) + 1
-            else:
-                texts.append(text)
-        return [encoding.ids for encoding in self.backend.encode_batch(texts)] if texts else []
+            return documents
+        return [encoding.ids for encoding in self.backend.encode_batch(documents)] if documents else []
 
 
 def truncate(ids: list[int], max_length: int, special_ids: set[int]) -> list[int]:
@@ -116,7 +201,7 @@ def iterate_documents(data, tokenizer, max_docs: int | None = None) -> Iterator[
     dataset = open_source(data).skip(data.validation_docs)
     if max_docs:
         dataset = dataset.take(max_docs)
-    for block in dataset.iter(batch_size=1000):
+    for block in read_blocks(dataset, 1000, data):
         yield from tokenize(block, skipped)
 
 
@@ -131,7 +216,7 @@ def unigram_entropy(data, tokenizer, max_docs: int | None = None) -> float:
         counts.update(t for t in ids if t not in special)
     total = sum(counts.values())
     if not total:
-        raise RuntimeError(f"data.source={data.source!r} has no tokens to compute a unigram baseline from")
+        raise DataError(f"{source_name(data)} has no tokens to compute a unigram baseline from")
     return -sum(c / total * math.log(c / total) for c in counts.values())
 
 
@@ -139,24 +224,31 @@ def pretokenize(data, tokenizer, out_dir: str | Path, docs_per_shard: int = 100_
     """Writes the documents' token ids as parquet shards (column `input_ids`) for `data.pretokenized_dir`.
     Validation documents are kept in front so `data.validation_docs` holds out the same ones."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     tokenize, skipped = DocumentTokenizer(tokenizer, text_column(data)), {}
     shards, rows = [], []
 
     def flush(chunk: list) -> None:
         path = out_dir / f"shard-{len(shards):05d}.parquet"
         table = pa.table({TOKENS_COLUMN: pa.array(chunk, type=pa.list_(pa.int32()))})
-        pq.write_table(table, str(path) + ".tmp")
-        os.replace(str(path) + ".tmp", path)
+        tmp = Path(str(path) + ".tmp")
+        out_dir.mkdir(parents=True, exist_ok=True)  # only once there is a shard to write
+        try:
+            pq.write_table(table, str(tmp))
+        except BaseException:  # a full disk or an interrupt: no half-written shard is left behind
+            tmp.unlink(missing_ok=True)
+            raise
+        os.replace(tmp, path)
         shards.append(path)
 
-    for block in open_source(data).iter(batch_size=1000):
+    for block in read_blocks(open_source(data), 1000, data):
         rows.extend(tokenize(block, skipped))
         while len(rows) >= docs_per_shard:
             flush(rows[:docs_per_shard])
             rows = rows[docs_per_shard:]
     if rows:
         flush(rows)
+    if not shards:
+        raise no_usable_documents(data, skipped)
     if skipped:
         log.warning("pretokenize skipped documents: %s", skipped)
     return shards

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 import datasets
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from neobert.errors import ConfigError, DataError
 from neobert.hub import HubUnreachableError, require_hub
 
 log = logging.getLogger(__name__)
@@ -94,7 +96,7 @@ STSB_RANGE = (0.0, 5.0)
 
 def get_task(name: str) -> GlueTask:
     if name not in GLUE_TASKS:
-        raise ValueError(f"unknown GLUE task {name!r}; known tasks: {sorted(GLUE_TASKS)}")
+        raise ConfigError(f"unknown GLUE task {name!r}; known tasks: {sorted(GLUE_TASKS)}")
     return GLUE_TASKS[name]
 
 
@@ -105,19 +107,20 @@ def is_test_split(split: str) -> bool:
 # ------------------------------------------------------------------------------------------------ loading
 def load_glue_split(task: GlueTask, split: str, path: str | Path | None = None):
     """One split as a `datasets.Dataset` with the hub's columns, from the hub (`path=None`) or local files.
-    Labels are checked (see `check_labels`)."""
+    Labels are checked (see `check_labels`); a missing column or a bad label is a DataError naming the file."""
     if split not in task.splits:
         raise ValueError(f"GLUE {task.name} has no split {split!r}; its splits are {list(task.splits)}")
     if path is None:
-        dataset = _load_from_hub(task, split)
+        dataset, source = _load_from_hub(task, split), f"{HUB_DATASET} {task.name}/{split}"
     else:
-        dataset = _load_local(task, split, Path(path))
+        dataset, source = _load_local(task, split, Path(path))
     missing = [c for c in (*task.text_columns, "label") if c not in dataset.column_names]
     if missing:
-        raise ValueError(f"GLUE {task.name}/{split}: columns {missing} are missing (found {dataset.column_names})")
+        raise DataError(f"{source}: GLUE {task.name}/{split} needs the column(s) {missing}, which are missing "
+                        f"(found {dataset.column_names})")
     if "idx" not in dataset.column_names:
         dataset = dataset.add_column("idx", list(range(len(dataset))))
-    check_labels(task, split, list(dataset["label"]))
+    check_labels(task, split, list(dataset["label"]), source)
     return dataset
 
 
@@ -144,14 +147,22 @@ def task_directory(task: GlueTask, root: Path) -> Path:
 
 
 def _load_local(task: GlueTask, split: str, root: Path):
+    """(the split as a Dataset, the file or files it was read from, for messages)."""
     directory = task_directory(task, root)
     parquet = sorted(directory.glob(f"{split}.parquet")) or sorted(directory.glob(f"{split}-*.parquet"))
     if parquet:
+        tables = []
+        for file in parquet:
+            try:
+                tables.append(pq.read_table(str(file)))
+            except pa.ArrowException as err:
+                raise DataError(f"{file}: not a readable parquet file (corrupt or truncated?): {err}") from err
         # Read in memory (no Arrow cache files written beside the user's data or in the HF cache).
-        return datasets.concatenate_datasets([datasets.Dataset(pq.read_table(str(p))) for p in parquet])
+        source = str(parquet[0]) if len(parquet) == 1 else f"{directory}/{{{','.join(p.name for p in parquet)}}}"
+        return datasets.concatenate_datasets([datasets.Dataset(table) for table in tables]), source
     tsv = directory / _tsv_name(split)
     if tsv.is_file():
-        return datasets.Dataset.from_dict(read_glue_tsv(task, split, tsv))
+        return datasets.Dataset.from_dict(read_glue_tsv(task, split, tsv)), str(tsv)
     raise FileNotFoundError(
         f"GLUE {task.name}/{split}: no {split}.parquet, {split}-*.parquet or {tsv.name} in {directory} "
         f"(data.path={str(root)!r})"
@@ -172,22 +183,22 @@ def read_glue_tsv(task: GlueTask, split: str, path: Path) -> dict[str, list]:
             rows = list(reader)
             fieldnames = reader.fieldnames or []
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not UTF-8 text: {err}") from err
+        raise DataError(f"{path} is not UTF-8 text: {err}") from err
     columns = {hub: task.tsv_columns.get(hub, hub) for hub in task.text_columns}
     absent = [tsv for tsv in columns.values() if tsv not in fieldnames]
     if absent:
-        raise ValueError(f"{path}: columns {absent} are missing (header: {fieldnames})")
+        raise DataError(f"{path}: columns {absent} are missing (header: {fieldnames})")
     has_labels = task.tsv_label_column in fieldnames
     if not has_labels and not is_test_split(split):
-        raise ValueError(f"{path}: the label column {task.tsv_label_column!r} is missing (header: {fieldnames})")
+        raise DataError(f"{path}: the label column {task.tsv_label_column!r} is missing (header: {fieldnames})")
     out: dict[str, list] = {hub: [] for hub in task.text_columns}
     out["label"], out["idx"] = [], []
     for line, row in enumerate(rows, start=1 if headerless else 2):
         if None in row:  # DictReader files surplus fields under the key None
-            raise ValueError(f"{path}:{line}: {len(fieldnames) + len(row[None])} fields, expected {len(fieldnames)}")
+            raise DataError(f"{path}:{line}: {len(fieldnames) + len(row[None])} fields, expected {len(fieldnames)}")
         for hub, tsv in columns.items():
             if row[tsv] is None:
-                raise ValueError(f"{path}:{line}: column {tsv!r} is missing")
+                raise DataError(f"{path}:{line}: column {tsv!r} is missing")
             out[hub].append(row[tsv])
         out["label"].append(_tsv_label(task, row[task.tsv_label_column], path, line) if has_labels else TEST_LABEL)
         out["idx"].append(len(out["idx"]))
@@ -196,24 +207,26 @@ def read_glue_tsv(task: GlueTask, split: str, path: Path) -> dict[str, list]:
 
 def _tsv_label(task: GlueTask, value: Optional[str], path: Path, line: int):
     if value is None or value.strip() == "":
-        raise ValueError(f"{path}:{line}: the label is missing")
+        raise DataError(f"{path}:{line}: the label is missing")
     value = value.strip()
     if task.tsv_label_map is not None:
         if value not in task.tsv_label_map:
-            raise ValueError(f"{path}:{line}: label {value!r} is not one of {sorted(task.tsv_label_map)}")
+            raise DataError(f"{path}:{line}: label {value!r} is not one of {sorted(task.tsv_label_map)}")
         return task.tsv_label_map[value]
     try:
         return float(value) if task.is_regression else int(value)
     except ValueError:
-        raise ValueError(f"{path}:{line}: label {value!r} is not a number") from None
+        raise DataError(f"{path}:{line}: label {value!r} is not a number") from None
 
 
-def check_labels(task: GlueTask, split: str, labels: Sequence) -> None:
-    """Missing or out-of-range labels are an error; -1 (unlabelled) only in test splits, for prediction."""
+def check_labels(task: GlueTask, split: str, labels: Sequence, source: str | None = None) -> None:
+    """Missing or out-of-range labels are a DataError naming `source` (the file); -1 (unlabelled) only in test
+    splits, for prediction."""
+    where = f"{source}: " if source else ""
     bad = []
     for i, label in enumerate(labels):
         if label is None or (isinstance(label, float) and math.isnan(label)):
-            raise ValueError(f"GLUE {task.name}/{split}: row {i} has no label")
+            raise DataError(f"{where}GLUE {task.name}/{split}: row {i} has no label")
         if is_test_split(split) and label == TEST_LABEL:
             continue
         if task.is_regression:
@@ -227,8 +240,8 @@ def check_labels(task: GlueTask, split: str, labels: Sequence) -> None:
                    else f"integers in [0, {task.num_labels})")
         unlabelled = " (-1 marks unlabelled rows and is only allowed in test splits)" if any(
             label == TEST_LABEL for _, label in bad) else ""
-        raise ValueError(f"GLUE {task.name}/{split}: {len(bad)} labels out of range, expected {allowed}{unlabelled}; "
-                         f"first (row, label): {bad[:5]}")
+        raise DataError(f"{where}GLUE {task.name}/{split}: {len(bad)} labels out of range, expected "
+                        f"{allowed}{unlabelled}; first (row, label): {bad[:5]}")
 
 
 # ------------------------------------------------------------------------------------------------ tokenization
@@ -241,7 +254,7 @@ class TokenizedGlue(Dataset):
         for column, values in zip(task.text_columns, texts):
             empty = [i for i, v in enumerate(values) if v is None]
             if empty:
-                raise ValueError(f"GLUE {task.name}/{split}: column {column!r} is missing in rows {empty[:5]}")
+                raise DataError(f"GLUE {task.name}/{split}: column {column!r} is missing in rows {empty[:5]}")
         encoded = tokenizer(*texts, truncation=True, max_length=max_length)
         self.input_ids: list[list[int]] = encoded["input_ids"]
         self.token_type_ids: Optional[list[list[int]]] = encoded.get("token_type_ids")

@@ -30,8 +30,10 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from neobert.data.corpus import DocumentTokenizer, local_data_files, open_source, text_column, truncate
+from neobert.data.corpus import (DocumentTokenizer, check_has_documents, local_data_files, no_usable_documents,
+                                  open_source, read_blocks, source_name, text_column, truncate)
 from neobert.data.masking import MLMMasker
+from neobert.errors import DataError
 from neobert.hub import require_hub
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers tokenize; no nested thread pools
@@ -155,11 +157,12 @@ class PretrainingStream(IterableDataset):
         """Token ids of this stream's documents, block-shuffled, epoch after epoch; updates `state`."""
         block_size = self.data.shuffle_buffer
         while True:
+            whole_epoch = state["source"] is None and state["block"] == 0 and state["taken"] == 0
             dataset = self.source(stream, state["epoch"])
             if state["source"] is not None:
                 dataset.load_state_dict(state["source"])
             produced = False
-            for block in dataset.iter(batch_size=block_size):
+            for block in read_blocks(dataset, block_size, self.data):
                 docs = self.tokenize(block, state["skipped"])
                 order = list(range(len(docs)))
                 random.Random(derived_seed(self.data.seed, stream, state["epoch"], state["block"])).shuffle(order)
@@ -168,12 +171,10 @@ class PretrainingStream(IterableDataset):
                     produced = True
                     yield docs[index]
                 state["source"], state["block"], state["taken"] = dataset.state_dict(), state["block"] + 1, 0
-            if not produced and state["block"] == 0:
-                raise RuntimeError(
-                    f"stream {stream} of {self.num_streams} got no usable document from data.source="
-                    f"{self.data.source!r} (skipped: {state['skipped'] or 'none'}); use fewer workers or devices "
-                    f"for a small corpus, or check data.text_column"
-                )
+            if not produced and whole_epoch:  # a whole epoch without a document: the next would be the same
+                detail = (f"stream {stream} of {self.num_streams} (devices x data.num_workers) got none: use fewer "
+                          f"workers or devices for a small corpus" if self.num_streams > 1 else "")
+                raise no_usable_documents(self.data, state["skipped"], self.skip_docs, detail)
             state["epoch"], state["source"], state["block"], state["taken"] = state["epoch"] + 1, None, 0, 0
 
     def bucketed(self, documents: Iterator[list[int]], stream: int, state: dict) -> Iterator[list[int]]:
@@ -184,12 +185,21 @@ class PretrainingStream(IterableDataset):
         if state["queues"] is None:
             state["queues"], state["arrivals"] = [[] for _ in thresholds], 0
         queues = state["queues"]  # per bucket: [arrival number, token ids]
+        too_short_since = None  # the epoch since which every document has been shorter than every bucket
         while True:
             rng = random.Random(derived_seed(self.data.seed, stream, state["draws"], 7))
             wanted = rng.choices(range(len(thresholds)), weights=probabilities)[0]
             while not any(queues[wanted:]):
                 ids = next(documents)
                 home = max((b for b, t in enumerate(thresholds) if len(ids) >= t), default=None)
+                if home is None:
+                    too_short_since = state["epoch"] if too_short_since is None else too_short_since
+                    if state["epoch"] >= too_short_since + 2:  # a whole epoch without a document to draw
+                        raise DataError(f"{source_name(self.data)} has no document of at least data.length_buckets[0]="
+                                        f"{thresholds[0]} tokens (stream {stream} of {self.num_streams}): lower "
+                                        f"data.length_buckets")
+                else:
+                    too_short_since = None
                 if home is None or len(queues[home]) >= self.data.bucket_queue_docs:
                     state["skipped"]["bucket_overflow"] = state["skipped"].get("bucket_overflow", 0) + 1
                     continue
@@ -212,11 +222,14 @@ class PretrainingDataModule(L.LightningDataModule):
         self.validation_batches: list[dict] = []
 
     def check_source(self) -> None:
-        """Fails fast on a config pointing at nothing (missing files, hub unreachable)."""
+        """Fails fast on a config pointing at nothing (missing files, hub unreachable) and on a local corpus
+        without a usable training document (a DataError counting the empty and undecodable ones)."""
         if self.data.pretokenized_dir:
             local_data_files(str(Path(self.data.pretokenized_dir) / "*.parquet"), "data.pretokenized_dir")
         elif local_data_files(self.data.source) is None:
             require_hub(self.data.source, "data.source")
+            return
+        check_has_documents(self.data, held_out=self.data.validation_docs)
 
     def setup(self, stage: str | None = None) -> None:
         if self.trainer is not None:
@@ -280,7 +293,7 @@ def validation_batches(data, masking, tokenizer, micro_batch_size: int) -> list[
     tokenize, skipped = DocumentTokenizer(tokenizer, text_column(data)), {}
     generator = torch.Generator().manual_seed(derived_seed(data.seed, 999))
     batches = []
-    for block in open_source(data).take(data.validation_docs).iter(batch_size=1000):
+    for block in read_blocks(open_source(data).take(data.validation_docs), 1000, data):
         for ids in tokenize(block, skipped):
             builder.add(ids)
             while builder.ready():

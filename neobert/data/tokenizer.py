@@ -14,7 +14,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from neobert.data.corpus import open_source, text_column
-from neobert.hub import hub_reachable, require_hub
+from neobert.errors import ConfigError
+from neobert.hub import hub_reachable, is_hub_name, require_hub
 from neobert.layout import has_tokenizer
 
 try:  # the offline copy of the vocabulary; its absence is reported when it is needed
@@ -55,10 +56,15 @@ def verify_bert_base_uncased_vocab(vocab_file: Path) -> None:
 
 def load_tokenizer(name_or_path: str = BERT_BASE_UNCASED, max_length: int | None = None,
                    config_key: str = "tokenizer"):
-    """A fast Hugging Face tokenizer. `name_or_path` is a local directory or a hub name; bert-base-uncased
-    falls back to the verified packaged vocabulary when the hub cannot be reached."""
+    """A fast Hugging Face tokenizer. `name_or_path` is a local directory or a hub name (`owner/name`; a path-like
+    name that is not a directory is a ConfigError naming `config_key`); bert-base-uncased falls back to the
+    verified packaged vocabulary when the hub cannot be reached."""
     if Path(name_or_path).is_dir():
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    elif not is_hub_name(name_or_path):
+        what = "is not a directory" if Path(name_or_path).exists() else "does not exist"
+        raise ConfigError(f"{config_key}={name_or_path!r} {what} (a local tokenizer directory was expected; hub "
+                          f"tokenizers are named owner/name)")
     elif name_or_path in BERT_BASE_UNCASED_ALIASES and not hub_reachable():
         log.info("hub unreachable: using the packaged, verified bert-base-uncased vocabulary")
         tokenizer = AutoTokenizer.from_pretrained(str(packaged_bert_vocab_dir()))

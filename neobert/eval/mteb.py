@@ -28,7 +28,7 @@ from mteb.models.abs_encoder import AbsEncoder
 from mteb.models.model_meta import ModelMeta
 from torch import Tensor
 
-from neobert.config import config_path
+from neobert.config import ConfigError, config_path
 from neobert.data.backbone import Backbone
 from neobert.data.contrastive import prepend_instruction, read_local_examples, read_sts_pairs
 from neobert.hub import require_hub
@@ -239,10 +239,10 @@ def resolve_tasks(specs: Sequence[str], max_examples: int | None = None) -> list
         try:
             tasks.extend(mteb.get_tasks(tasks=names, languages=["eng"]))
         except KeyError as err:
-            raise ValueError(f"unknown MTEB task in {names} ({err.args[0]}); use mteb task names, 'english', or "
+            raise ConfigError(f"tasks: unknown MTEB task in {names} ({err.args[0]}); use mteb task names, 'english', or "
                              f"local tasks 'sts:<file>' / 'retrieval:<file>'") from err
     if not tasks:
-        raise ValueError("no MTEB tasks given")
+        raise ConfigError("tasks: no MTEB tasks given")
     for task in tasks:
         _require_task_data(task)
     return tasks

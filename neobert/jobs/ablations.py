@@ -89,19 +89,19 @@ def parse_steps(spec: str) -> list[str]:
         if ".." in part:
             start, end = part.split("..")
             if start not in STEPS or end not in STEPS:
-                raise ValueError(f"--steps: unknown step in {part!r}; steps are {names}")
+                raise ConfigError(f"--steps: unknown step in {part!r}; steps are {names}")
             chosen += names[names.index(start): names.index(end) + 1]
         elif part in STEPS:
             chosen.append(part)
         else:
-            raise ValueError(f"--steps: unknown step {part!r}; steps are {names}")
+            raise ConfigError(f"--steps: unknown step {part!r}; steps are {names}")
     return list(dict.fromkeys(chosen))
 
 
 def step_config_path(step: str) -> Path:
     """The step's packaged config (`ablations/mXX`)."""
     if step not in STEPS:
-        raise ValueError(f"unknown ablation step {step!r}; steps are {list(STEPS)}")
+        raise ConfigError(f"unknown ablation step {step!r}; steps are {list(STEPS)}")
     return config_path(f"ablations/{step}")
 
 

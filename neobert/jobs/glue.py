@@ -28,7 +28,7 @@ from torch import nn
 
 from neobert.config import ConfigError, load_config, to_yaml
 from neobert.config.glue import GlueConfig
-from neobert.data.backbone import Backbone, load_backbone
+from neobert.data.backbone import Backbone, load_backbone, model_needs_hub
 from neobert.data.glue import GLUE_TASKS, HUB_DATASET, GlueTask, get_task
 from neobert.data.glue_datamodule import GlueDataModule
 from neobert.eval.glue_metrics import main_score_key, table3_markdown
@@ -175,7 +175,7 @@ def check_hub_sources(config: GlueConfig) -> None:
     needs_hub = []
     if config.data.path is None:
         needs_hub.append(f"`data.path` (GLUE {config.task} would come from the hub's {HUB_DATASET})")
-    if not (config.model.startswith("preset:") or Path(config.model).exists()):
+    if model_needs_hub(config.model):  # a missing path-like model is a ConfigError here, not a download
         needs_hub.append(f"`model` ({config.model!r} would be downloaded)")
     if needs_hub and not hub_reachable():
         raise HubUnreachableError(

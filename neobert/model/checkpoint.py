@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from neobert.errors import CheckpointError
 from neobert.layout import CONFIG_NAME, WEIGHTS_NAME
 from neobert.model.config import NeoBERTConfig
 
@@ -51,7 +52,7 @@ def read_config(directory: str | os.PathLike, **overrides) -> NeoBERTConfig:
     try:
         hub = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON: {err}") from err
+        raise CheckpointError(f"{path} is not valid JSON: {err}") from err
     config = NeoBERTConfig.from_hub_dict(hub)
     return dataclasses.replace(config, **overrides) if overrides else config
 
@@ -63,7 +64,7 @@ def read_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"{path} is not a readable safetensors file (corrupt or truncated?): {err}") from err
+        raise CheckpointError(f"{path} is not a readable safetensors file (corrupt or truncated?): {err}") from err
 
 
 def load_pretrained(cls, directory: str | os.PathLike, **config_overrides):
@@ -104,7 +105,7 @@ def load_state_dict_strict(model: torch.nn.Module, state: dict[str, torch.Tensor
     if mis_shaped:
         problems.append(f"mis-shaped tensors: {mis_shaped}")
     if problems:
-        raise ValueError(f"{source} does not match {type(model).__name__}: " + "; ".join(problems))
+        raise CheckpointError(f"{source} does not match {type(model).__name__}: " + "; ".join(problems))
     model.load_state_dict(state, strict=False)
     return model
 

@@ -59,7 +59,7 @@ def test_ddp_two_processes_on_cpu_write_a_checkpoint(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # minutes on an idle 2-core machine; far more on shared cores
-def test_demo_end_to_end_beats_the_unigram_baseline(tmp_path):
+def test_demo_end_to_end_beats_the_unigram_baseline(tmp_path, monkeypatch):
     import neobert  # noqa: F401
     from transformers import AutoModelForMaskedLM
 
@@ -68,10 +68,13 @@ def test_demo_end_to_end_beats_the_unigram_baseline(tmp_path):
     from neobert.data.tokenizer import load_tokenizer
     from neobert.jobs.pretrain import load_pretrain_config
 
-    # The demo itself, for 150 of its 250 steps.
-    overrides = [f"output_dir={tmp_path / 'demo'}", f"data.source={tmp_path / 'demo' / 'corpus.jsonl'}",
-                 "trainer.max_steps=150", "logging.progress_bar=false", "trainer.eval_every_n_steps=75"]
+    # The demo itself, for 150 of its 250 steps, run from tmp_path: it writes its corpus to its own data.source
+    # (runs/demo/corpus.jsonl under the working directory).
+    monkeypatch.chdir(tmp_path)
+    overrides = [f"output_dir={tmp_path / 'demo'}", "trainer.max_steps=150", "logging.progress_bar=false",
+                 "trainer.eval_every_n_steps=75"]
     export_dir = main(overrides)
+    assert (tmp_path / "runs" / "demo" / "corpus.jsonl").is_file()
     config = load_pretrain_config(None, overrides)
     baseline = unigram_entropy(config.data, load_tokenizer())
     csvs = sorted((tmp_path / "demo" / "logs").glob("version_*/metrics.csv"))

@@ -83,8 +83,6 @@ def test_a_moved_key_is_never_silently_mixed_with_its_new_name(tmp_path):
     both.write_text("run_dir: a\noutput_dir: b\n")
     with pytest.raises(ConfigError, match="both 'run_dir' \\(deprecated\\) and 'output_dir'"):
         load_config(PretrainConfig, both)
-    with pytest.raises(ConfigError, match="trainer.max_stepz"):
-        load_config(PretrainConfig, None, ["trainer.max_stepz=3"])
 
 
 def test_validation_runs_at_load_and_names_the_key():

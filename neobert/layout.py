@@ -28,6 +28,7 @@ RESULTS_JSON = "results.json"
 
 # What each job writes under its output_dir, besides the run-directory names above.
 LOSS_PLOT = "loss.png"  # pretraining
+EMA_EXPORT_DIR = "ema"  # export/ema/: the EMA of the weights (trainer.ema), beside the trained weights in export/
 GLUE_BEST_DIR = "best"  # <task>/best/: the best run's model, the start point of `transfer_from`
 GLUE_BEST_CHECKPOINT = "best"  # a run's best Lightning checkpoint: <run>/checkpoints/best.ckpt
 GLUE_RUN_INFO = "glue_run.json"  # in best/: which run it is and its scores

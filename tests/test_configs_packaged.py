@@ -19,6 +19,7 @@ SCHEMAS = {
     "neobert-4096": "neobert.config.pretrain:PretrainConfig",
     "ablations/m": "neobert.config.pretrain:PretrainConfig",
     "ablations/budgets/": "neobert.config.ablations:AblationBudgetConfig",
+    "recipes/": "neobert.config.pretrain:PretrainConfig",
     "glue/": "neobert.config.glue:GlueConfig",
     "contrastive": "neobert.config.contrastive:ContrastiveConfig",
     "mteb": "neobert.config.mteb:MtebConfig",

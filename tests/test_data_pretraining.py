@@ -58,7 +58,7 @@ def test_wrong_text_column_is_named(corpus, tokenizer):
 
 
 def test_stream_resumes_exactly_from_any_batch(corpus, tokenizer):
-    for packing in (False, True):
+    for packing in ("none", "greedy"):
         data = _data(corpus, packing=packing)
         straight = _take(PretrainingStream(data, MaskingConfig(), tokenizer, 4), 85)  # crosses blocks (and an epoch)
         for k in (2, 25, 79):
@@ -66,7 +66,7 @@ def test_stream_resumes_exactly_from_any_batch(corpus, tokenizer):
             resumed = _take(PretrainingStream(data, MaskingConfig(), tokenizer, 4, start_states={0: state}), 5)
             for a, b in zip(straight[k + 1 :], resumed):
                 assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
-        assert straight[-1][DATA_STATE_KEY]["state"]["epoch"] == (0 if packing else 1)
+        assert straight[-1][DATA_STATE_KEY]["state"]["epoch"] == (0 if packing == "greedy" else 1)
 
 
 def test_streams_split_documents_without_duplication(corpus, tokenizer):
@@ -87,7 +87,7 @@ def test_streams_split_documents_without_duplication(corpus, tokenizer):
 
 
 def test_packing_has_no_inner_pad_and_no_cross_document_attention(corpus, tokenizer):
-    data = _data(corpus, packing=True, max_length=48)
+    data = _data(corpus, packing="greedy", max_length=48)
     batch = _take(PretrainingStream(data, MaskingConfig(rate=0.15), tokenizer, 3), 2)[1]
     assert (batch["input_ids"] != tokenizer.pad_token_id).all()
     cu = batch["cu_seqlens"]

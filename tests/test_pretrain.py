@@ -98,7 +98,7 @@ def test_paper_recipe_configs():
     assert t.micro_batch_size * t.accumulate_grad_batches * t.devices * t.num_nodes * stage1.data.max_length == 2**21
     assert (stage1.masking.rate, stage1.masking.strategy) == (0.2, "all_mask")
     assert (stage1.optimizer.lr, stage1.optimizer.weight_decay, stage1.scheduler.warmup_steps) == (6e-4, 0.1, 2000)
-    assert not stage1.data.packing and t.gradient_clip_val == 1.0
+    assert stage1.data.packing == "none" and t.gradient_clip_val == 1.0
     stage2 = load_config(PretrainConfig, "neobert-4096")
     assert stage2.data.max_length == 4096 and stage2.trainer.max_steps == 50_000
     assert stage2.data.length_buckets == [0, 1024, 2048] and stage2.data.bucket_probabilities == [0.2, 0.4, 0.4]

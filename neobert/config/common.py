@@ -6,6 +6,7 @@ change a default); `neobert.lit.trainer.build_trainer` and `neobert.lit.optim` a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -13,7 +14,11 @@ from neobert.config.loader import require
 
 PRECISIONS = ("32", "32-true", "16-mixed", "bf16-mixed", "bf16-true", "64", "64-true")
 OPTIMIZERS = ("adamw", "adam")
-SCHEDULERS = ("cosine", "linear")
+SCHEDULERS = ("cosine", "linear", "wsd")
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
+# wsd: "full" (warm-up, stable, decay ending at max_steps), "stable" (no decay: a run to extend or branch later),
+# "decay" (the decay starts where this run starts: a branch from a stable-phase checkpoint, see branch_from).
+PHASES = ("full", "stable", "decay")
 LOGGERS = ("csv", "tensorboard")
 OPTIMIZER_KEYS = ("lr", "weight_decay", "betas", "eps")
 # Where the fine-tuning jobs kept their logging settings before the shared `logging` section.
@@ -79,14 +84,22 @@ class OptimizerConfig:
 
 @dataclass
 class SchedulerConfig:
-    """Linear warm-up, then `cosine` (down to final_ratio x the peak at decay_fraction of the run, constant after;
-    the paper's pretraining) or `linear` (down to 0 at the end; fine-tuning)."""
+    """Linear warm-up, then one of
+    * `cosine`: down to final_ratio x the peak at decay_fraction of the run, constant after (the paper's pretraining);
+    * `linear`: down to 0 at the end (fine-tuning);
+    * `wsd` (warmup-stable-decay, "trapezoidal"): constant at the peak, then a decay of `decay_steps` (or
+      decay_phase_fraction of the run) ending at the last step, shaped `decay_shape`, down to final_ratio x the
+      peak. A stable phase can be extended, and branched into a decay from any of its checkpoints (`phase`)."""
 
     name: str = "cosine"
     warmup_steps: int = 2000
     warmup_fraction: Optional[float] = None  # a fraction of the run's steps; when set, it replaces warmup_steps
     decay_fraction: float = 0.9  # cosine only
-    final_ratio: float = 0.1  # cosine only
+    final_ratio: float = 0.1  # cosine and wsd
+    decay_steps: Optional[int] = None  # wsd: steps of the decay phase; when set, it replaces decay_phase_fraction
+    decay_phase_fraction: float = 0.2  # wsd: the last fraction of the run that decays
+    decay_shape: str = "1-sqrt"  # wsd: linear | cosine | 1-sqrt
+    phase: str = "full"  # wsd: full | stable | decay (PHASES)
 
     def validate(self, prefix: str = "scheduler") -> None:
         require(self.name in SCHEDULERS, f"{prefix}.name", f"must be one of {SCHEDULERS}")
@@ -95,9 +108,25 @@ class SchedulerConfig:
                 "must be in [0, 1) or null")
         require(0 < self.decay_fraction <= 1, f"{prefix}.decay_fraction", "must be in (0, 1]")
         require(0 <= self.final_ratio <= 1, f"{prefix}.final_ratio", "must be in [0, 1]")
+        require(self.decay_steps is None or self.decay_steps > 0, f"{prefix}.decay_steps", "must be positive or null")
+        require(0 < self.decay_phase_fraction <= 1, f"{prefix}.decay_phase_fraction", "must be in (0, 1]")
+        require(self.decay_shape in DECAY_SHAPES, f"{prefix}.decay_shape", f"must be one of {DECAY_SHAPES}")
+        require(self.phase in PHASES, f"{prefix}.phase", f"must be one of {PHASES}")
+        require(self.phase == "full" or self.name == "wsd", f"{prefix}.phase",
+                f"{self.phase!r} needs scheduler.name=wsd (cosine and linear have no stable phase)")
 
     def warmup(self, total_steps: int) -> int:
         return int(self.warmup_fraction * total_steps) if self.warmup_fraction is not None else self.warmup_steps
+
+    def decay_start(self, total_steps: int, start_step: int = 0) -> float:
+        """wsd: the step where the decay begins (infinity in the stable phase). In the decay phase it is the
+        run's first step (`start_step`, the step of the checkpoint it branches from)."""
+        if self.phase == "stable":
+            return math.inf
+        if self.phase == "decay":
+            return max(self.warmup(total_steps), start_step)
+        length = self.decay_steps if self.decay_steps is not None else round(self.decay_phase_fraction * total_steps)
+        return max(self.warmup(total_steps), total_steps - length)
 
 
 @dataclass

@@ -7,6 +7,7 @@ sets. `PretrainConfig.validate` checks what the types cannot, before any work st
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional
 
@@ -14,6 +15,9 @@ from neobert.config.common import LoggingConfig, OptimizerConfig, SchedulerConfi
 from neobert.config.loader import require
 
 MASKING_STRATEGIES = ("all_mask", "bert")
+PACKING_MODES = ("none", "greedy", "best_fit")
+# data.packing was a boolean before best-fit packing: true meant today's greedy packing.
+PACKING_BOOLEANS = {"true": "greedy", "false": "none"}
 
 
 @dataclass
@@ -36,7 +40,11 @@ class PretrainDataConfig:
     text_sample_by: str = "paragraph"
     tokenizer: str = "google-bert/bert-base-uncased"  # a hub name or a local tokenizer directory
     max_length: int = 1024
-    packing: bool = False  # documents end to end with cu_seqlens (no cross-document attention, no [PAD])
+    # "none": each document truncated to max_length and padded (the paper); packed rows of max_length tokens with
+    # cu_seqlens (no cross-document attention, no [PAD]): "greedy" (documents end to end, split at row ends) or
+    # "best_fit" (documents kept whole, each into the open row it fits best; only longer-than-a-row ones split).
+    packing: str = "none"
+    packing_open_rows: int = 64  # best_fit: rows kept open to receive documents
     # Documents are read in blocks of this many and each block is shuffled (exactly resumable); 1 = no shuffle.
     shuffle_buffer: int = 10_000
     # Stage 2: sample documents of >= length_buckets[i] tokens with probability bucket_probabilities[i].
@@ -54,9 +62,32 @@ class PretrainDataConfig:
 
 @dataclass
 class MaskingConfig:
-    rate: float = 0.2
+    rate: float = 0.2  # the training rate (unless rate_schedule is set) and always the validation rate
+    # A training rate that changes with the optimizer step: [[step, rate], ...], piecewise-linear between points,
+    # constant before the first and after the last; repeat a step for a jump (mmBERT: 0.3 -> 0.15 -> 0.05).
+    rate_schedule: List[List[float]] = field(default_factory=list)
     strategy: str = "all_mask"  # "all_mask": 100% [MASK] (NeoBERT); "bert": 80% [MASK] / 10% random / 10% kept
     pad_to_multiple_of: int = 8
+
+
+@dataclass
+class BatchSizeWarmupConfig:
+    """The global batch grows linearly with the tokens trained, from `start_batch_size` sequences to the full
+    batch (micro_batch_size x accumulation x devices) over `tokens` tokens (ModernBERT's batch-size warm-up). The
+    micro-batch shrinks, the accumulation count stays. 0 = off."""
+
+    start_batch_size: int = 0
+    tokens: int = 0
+
+
+@dataclass
+class EmaConfig:
+    """An exponential moving average of the weights, updated every `every_n_steps` optimizer steps as
+    ema = decay x ema + (1 - decay) x weights; kept in every checkpoint, validated as val/loss_ema, exported
+    beside the raw weights (export/ema). decay 0 = off."""
+
+    decay: float = 0.0
+    every_n_steps: int = 1
 
 
 @dataclass
@@ -66,9 +97,25 @@ class PretrainTrainerConfig(TrainerConfig):
     eval_every_n_steps: int = 1000  # validation loss every N optimizer steps (needs data.validation_docs)
     checkpoint_every_n_steps: int = 1000
     keep_checkpoints: int = 3  # step checkpoints kept besides last.ckpt (-1 = all)
+    batch_size_warmup: BatchSizeWarmupConfig = field(default_factory=BatchSizeWarmupConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences per optimizer step, all devices."""
+        return self.micro_batch_size * self.accumulate_grad_batches * self.num_devices * self.num_nodes
 
     def validate(self, prefix: str = "trainer") -> None:
         super().validate(prefix)
+        warmup, ema = self.batch_size_warmup, self.ema
+        require(warmup.start_batch_size >= 0 and warmup.tokens >= 0, f"{prefix}.batch_size_warmup",
+                "start_batch_size and tokens must be >= 0")
+        require((warmup.start_batch_size > 0) == (warmup.tokens > 0), f"{prefix}.batch_size_warmup",
+                "set both start_batch_size and tokens (or neither)")
+        require(warmup.start_batch_size <= self.batch_size, f"{prefix}.batch_size_warmup.start_batch_size",
+                f"{warmup.start_batch_size} exceeds the full batch of {self.batch_size} sequences")
+        require(0 <= ema.decay < 1, f"{prefix}.ema.decay", "must be in [0, 1) (0 = off)")
+        require(ema.every_n_steps >= 1, f"{prefix}.ema.every_n_steps", "must be >= 1")
         require(self.max_steps > 0, f"{prefix}.max_steps", "must be positive")
         require(self.micro_batch_size > 0, f"{prefix}.micro_batch_size", "must be positive")
         require(self.checkpoint_every_n_steps > 0, f"{prefix}.checkpoint_every_n_steps", "must be positive")
@@ -126,6 +173,9 @@ class PretrainConfig:
     output_dir: str = "runs/neobert"  # checkpoints, logs, plot and export go under it
     resume: bool = False  # continue from output_dir/checkpoints/last.ckpt
     init_from: Optional[str] = None  # weights to start from: an export directory or a Lightning .ckpt
+    # Continue another run's Lightning checkpoint in this output_dir: weights, optimizer, step, schedule and data
+    # position (e.g. a wsd decay branch, scheduler.phase=decay, from a stable-phase checkpoint).
+    branch_from: Optional[str] = None
     export_dir: Optional[str] = None  # default: output_dir/export
     glue_callback: GlueCallbackConfig = field(default_factory=GlueCallbackConfig)
     mteb_callback: MtebCallbackConfig = field(default_factory=MtebCallbackConfig)
@@ -147,6 +197,21 @@ class PretrainConfig:
             section.validate()
         require(masking.strategy in MASKING_STRATEGIES, "masking.strategy", f"must be one of {MASKING_STRATEGIES}")
         require(0.0 < masking.rate < 1.0, "masking.rate", f"must be in (0, 1), got {masking.rate}")
+        points = masking.rate_schedule
+        require(all(len(p) == 2 and p[0] >= 0 and 0 < p[1] < 1 for p in points), "masking.rate_schedule",
+                "must be [[step, rate], ...] with steps >= 0 and rates in (0, 1)")
+        require([p[0] for p in points] == sorted(p[0] for p in points), "masking.rate_schedule",
+                "steps must be non-decreasing")
+        require(not (self.init_from and self.branch_from), "branch_from",
+                "init_from (weights only) and branch_from (a whole training state) exclude each other")
+        require(self.scheduler.phase != "decay" or self.scheduler.decay_steps is None, "scheduler.decay_steps",
+                "is set by the run in phase=decay (from its first step to trainer.max_steps): leave it null")
+        if str(data.packing).lower() in PACKING_BOOLEANS:
+            data.packing = PACKING_BOOLEANS[str(data.packing).lower()]
+            warnings.warn(f"data.packing={data.packing != 'none'} is deprecated and will be removed in the next "
+                          f"release; use data.packing={data.packing}", FutureWarning, stacklevel=2)
+        require(data.packing in PACKING_MODES, "data.packing", f"must be one of {PACKING_MODES}")
+        require(data.packing_open_rows >= 1, "data.packing_open_rows", "must be >= 1")
         require(masking.pad_to_multiple_of >= 1, "masking.pad_to_multiple_of", "must be >= 1")
         require(data.max_length >= 8, "data.max_length", "must be at least 8")
         require(data.shuffle_buffer >= 1, "data.shuffle_buffer", "must be >= 1 (1 = no shuffling)")

@@ -211,7 +211,7 @@ def unigram_entropy(data, tokenizer, max_docs: int | None = None) -> float:
     special = set(tokenizer.all_special_ids)
     counts: Counter = Counter()
     for ids in iterate_documents(data, tokenizer, max_docs):
-        if not data.packing:
+        if data.packing == "none":
             ids = truncate(ids, data.max_length, special)
         counts.update(t for t in ids if t not in special)
     total = sum(counts.values())

@@ -43,9 +43,12 @@ class MLMMasker:
     def maskable(self, input_ids: Tensor) -> Tensor:
         return ~torch.isin(input_ids, self.special_token_ids)
 
-    def mask(self, input_ids: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """Returns (masked input ids, labels); `input_ids` is left unchanged."""
-        chosen = (torch.rand(input_ids.shape, generator=generator) < self.rate) & self.maskable(input_ids)
+    def mask(self, input_ids: Tensor, generator: torch.Generator | None = None,
+             rate: float | None = None) -> tuple[Tensor, Tensor]:
+        """Returns (masked input ids, labels); `input_ids` is left unchanged. `rate` (default: the masker's) is
+        what a masking-rate schedule sets per step."""
+        rate = self.rate if rate is None else rate
+        chosen = (torch.rand(input_ids.shape, generator=generator) < rate) & self.maskable(input_ids)
         labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
         inputs = input_ids.clone()
         if self.strategy == "all_mask":
@@ -59,7 +62,8 @@ class MLMMasker:
         inputs[to_random] = self.random_token_ids[picks]
         return inputs, labels
 
-    def collate_padded(self, docs: list[list[int]], generator: torch.Generator | None = None) -> dict:
+    def collate_padded(self, docs: list[list[int]], generator: torch.Generator | None = None,
+                       rate: float | None = None) -> dict:
         """Documents (already truncated) -> right-padded batch, length rounded up to `pad_to_multiple_of`."""
         longest = max(len(d) for d in docs)
         multiple = self.pad_to_multiple_of
@@ -69,22 +73,24 @@ class MLMMasker:
         for row, doc in enumerate(docs):
             input_ids[row, : len(doc)] = torch.tensor(doc, dtype=torch.long)
             attention_mask[row, : len(doc)] = 1
-        inputs, labels = self.mask(input_ids, generator)
+        inputs, labels = self.mask(input_ids, generator, rate)
         return {"input_ids": inputs, "attention_mask": attention_mask, "labels": labels}
 
-    def collate_packed(self, rows: list[list[list[int]]], generator: torch.Generator | None = None) -> dict:
-        """Rows of equal length, each a list of document segments laid end to end -> a packed batch.
+    def collate_packed(self, rows: list[list[list[int]]], generator: torch.Generator | None = None,
+                       rate: float | None = None) -> dict:
+        """Rows, each a list of document segments laid end to end -> a packed batch.
 
         No [PAD] anywhere: `cu_seqlens` (int32, over the flattened ids) marks every segment, so no document
-        attends to another and positions restart per document; there is no attention_mask.
+        attends to another and positions restart per document; there is no attention_mask. Rows of one length
+        (greedy packing) give input_ids of shape [rows, length]; rows of different lengths (best fit) are laid
+        end to end in one row, [1, tokens], rather than padded.
         """
         lengths = [len(segment) for row in rows for segment in row]
         flat = [token for row in rows for segment in row for token in segment]
-        row_length = sum(len(s) for s in rows[0])
-        if any(sum(len(s) for s in row) != row_length for row in rows):
-            raise ValueError("packed rows must all have the same length")
-        input_ids = torch.tensor(flat, dtype=torch.long).view(len(rows), row_length)
+        row_lengths = {sum(len(s) for s in row) for row in rows}
+        shape = (len(rows), row_lengths.pop()) if len(row_lengths) == 1 else (1, len(flat))
+        input_ids = torch.tensor(flat, dtype=torch.long).view(shape)
         cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         cu_seqlens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
-        inputs, labels = self.mask(input_ids, generator)
+        inputs, labels = self.mask(input_ids, generator, rate)
         return {"input_ids": inputs, "labels": labels, "cu_seqlens": cu_seqlens, "max_seqlen": max(lengths)}

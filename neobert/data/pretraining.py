@@ -33,6 +33,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from neobert.data.corpus import (DocumentTokenizer, check_has_documents, local_data_files, no_usable_documents,
                                   open_source, read_blocks, source_name, text_column, truncate)
 from neobert.data.masking import MLMMasker
+from neobert.data.packing import make_packer
+from neobert.data.schedules import DataSchedule
 from neobert.errors import DataError
 from neobert.hub import require_hub
 
@@ -44,42 +46,55 @@ DATA_STATE_KEY = "data_state"
 
 # ---------------------------------------------------------------------------------------------- batching
 class BatchBuilder:
-    """Tokenized documents -> masked batches of `micro_batch_size` rows: truncated and padded (the paper's
-    default), or packed into rows of exactly `max_length` tokens (documents split across rows as needed)."""
+    """Tokenized documents -> masked batches: truncated and padded (data.packing=none, the paper's default), or
+    packed into rows of at most `max_length` tokens by a `neobert.data.packing` packer (greedy or best fit)."""
 
-    def __init__(self, masker: MLMMasker, micro_batch_size: int, max_length: int, packing: bool,
-                 special_ids: set[int]):
-        self.masker, self.micro_batch_size, self.max_length = masker, micro_batch_size, max_length
-        self.packing, self.special_ids = packing, special_ids
-        self.pending: list = []  # truncated docs, or complete packed rows (lists of segments)
-        self.partial: list[list[int]] = []  # packing: the segments of the row being filled
+    def __init__(self, masker: MLMMasker, max_length: int, packing: str, special_ids: set[int],
+                 open_rows: int = 64):
+        self.masker, self.max_length, self.special_ids = masker, max_length, special_ids
+        self.packer = make_packer(packing, max_length, open_rows) if packing != "none" else None
+        self.pending: list[list[int]] = []  # no packing: truncated documents
 
     def add(self, ids: list[int]) -> None:
-        if not self.packing:
+        if self.packer is None:
             self.pending.append(truncate(ids, self.max_length, self.special_ids))
-            return
-        while ids:
-            space = self.max_length - sum(len(s) for s in self.partial)
-            self.partial.append(ids[:space])
-            ids = ids[space:]
-            if sum(len(s) for s in self.partial) == self.max_length:
-                self.pending.append(self.partial)
-                self.partial = []
+        else:
+            self.packer.add(ids)
 
-    def ready(self) -> bool:
-        return len(self.pending) >= self.micro_batch_size
+    def ready(self, rows: int) -> bool:
+        return len(self.pending) >= rows if self.packer is None else self.packer.ready(rows)
 
-    def pop(self, generator: torch.Generator) -> dict:
-        rows, self.pending = self.pending[: self.micro_batch_size], self.pending[self.micro_batch_size:]
-        if self.packing:
-            return self.masker.collate_packed(rows, generator)
-        return self.masker.collate_padded(rows, generator)
+    def flush(self) -> int:
+        """Closes every partly filled row; returns how many rows are waiting (for a last, smaller batch)."""
+        if self.packer is None:
+            return len(self.pending)
+        self.packer.flush()
+        return self.packer.pending_rows()
+
+    def pop(self, rows: int, generator: torch.Generator, rate: float | None = None) -> tuple[dict, dict]:
+        """The next batch of `rows` rows masked at `rate` (default: the masker's), and its statistics: rows,
+        real tokens, and the packing efficiency (real tokens / (rows x max_length))."""
+        if self.packer is None:
+            docs, self.pending = self.pending[:rows], self.pending[rows:]
+            batch, tokens = self.masker.collate_padded(docs, generator, rate), sum(len(d) for d in docs)
+        else:
+            packed = self.packer.take(rows)
+            batch, tokens = self.masker.collate_packed(packed, generator, rate), sum(len(s) for r in packed for s in r)
+            docs = packed
+        stats = {"rows": len(docs), "tokens": tokens, "packing_efficiency": tokens / (len(docs) * self.max_length),
+                 "mask_rate": self.masker.rate if rate is None else rate}
+        return batch, stats
 
     def state(self) -> dict:
-        return {"pending": copy.deepcopy(self.pending), "partial": copy.deepcopy(self.partial)}
+        if self.packer is None:
+            return {"pending": copy.deepcopy(self.pending)}
+        return {"packer": self.packer.state()}
 
     def load(self, state: dict) -> None:
-        self.pending, self.partial = copy.deepcopy(state["pending"]), copy.deepcopy(state["partial"])
+        if self.packer is None:
+            self.pending = copy.deepcopy(state["pending"])
+        else:
+            self.packer.load(state["packer"])
 
 
 def derived_seed(*parts: int) -> int:
@@ -101,12 +116,16 @@ class PretrainingStream(IterableDataset):
 
     `world_size`/`rank` are the data-parallel ranks; every DataLoader worker reads its own stream.
     `start_states` maps global stream ids to saved states; `rotation` shifts the worker -> stream map.
+    `schedule` gives the micro-batch size and masking rate of each optimizer step (default: `micro_batch_size`
+    and `masking.rate` throughout).
     """
 
     def __init__(self, data, masking, tokenizer, micro_batch_size: int, rank: int = 0, world_size: int = 1,
-                 start_states: dict | None = None, rotation: int = 0, skip_docs: int = 0):
+                 start_states: dict | None = None, rotation: int = 0, skip_docs: int = 0,
+                 schedule: DataSchedule | None = None):
         super().__init__()
         self.data, self.micro_batch_size = data, micro_batch_size
+        self.schedule = schedule or DataSchedule(micro_batch_size, mask_rate=masking.rate)
         self.rank, self.world_size = rank, world_size
         self.start_states = start_states or {}
         self.rotation, self.skip_docs = rotation, skip_docs
@@ -127,21 +146,26 @@ class PretrainingStream(IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         stream = self.stream_id()
         state = copy.deepcopy(self.start_states.get(stream, fresh_stream_state()))
-        builder = BatchBuilder(self.masker, self.micro_batch_size, self.data.max_length, self.data.packing,
-                               self.special_ids)
+        builder = BatchBuilder(self.masker, self.data.max_length, self.data.packing, self.special_ids,
+                               self.data.packing_open_rows)
         if state["builder"] is not None:
             builder.load(state["builder"])
         documents = self.documents(stream, state)
         if self.data.length_buckets:
             documents = self.bucketed(documents, stream, state)
+        # This stream's k-th batch is the rank's (k x workers + position)-th micro-batch (module docstring).
+        position = stream - self.rank * self.workers
         for ids in documents:
             builder.add(ids)
-            while builder.ready():
+            while True:
+                step = self.schedule.step_of(state["batches"] * self.workers + position)
+                if not builder.ready(self.schedule.batch_size(step)):
+                    break
                 generator = torch.Generator().manual_seed(derived_seed(self.data.seed, stream, state["batches"]))
-                batch = builder.pop(generator)
+                batch, stats = builder.pop(self.schedule.batch_size(step), generator, self.schedule.mask_rate(step))
                 state["batches"] += 1
                 state["builder"] = builder.state()
-                batch[DATA_STATE_KEY] = {"stream": stream, "state": copy.deepcopy(state)}
+                batch[DATA_STATE_KEY] = {"stream": stream, "state": copy.deepcopy(state), "stats": stats}
                 yield batch
 
     def source(self, stream: int, epoch: int):
@@ -212,10 +236,13 @@ class PretrainingStream(IterableDataset):
 
 # ---------------------------------------------------------------------------------------------- DataModule
 class PretrainingDataModule(L.LightningDataModule):
-    def __init__(self, data, masking, tokenizer, micro_batch_size: int):
+    """`trainer`: the run's trainer section when its batch-size warm-up or accumulation shapes the stream
+    (`DataSchedule.from_config`); None = `micro_batch_size` batches throughout."""
+
+    def __init__(self, data, masking, tokenizer, micro_batch_size: int, trainer=None):
         super().__init__()
         self.data, self.masking, self.tokenizer = data, masking, tokenizer
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_size, self.trainer_config = micro_batch_size, trainer
         self.rank, self.world_size = 0, 1
         self.stream_states: dict[int, dict] = {}  # global stream id -> state after its latest trained batch
         self.trained_batches = 0  # on this rank
@@ -242,9 +269,13 @@ class PretrainingDataModule(L.LightningDataModule):
 
     def train_stream(self) -> PretrainingStream:
         workers = max(1, self.data.num_workers)
+        schedule = None
+        if self.trainer_config is not None:
+            schedule = DataSchedule.from_config(self.trainer_config, self.masking, self.data.max_length,
+                                                self.world_size)
         return PretrainingStream(self.data, self.masking, self.tokenizer, self.micro_batch_size, self.rank,
                                  self.world_size, self.stream_states, rotation=self.trained_batches % workers,
-                                 skip_docs=self.data.validation_docs)
+                                 skip_docs=self.data.validation_docs, schedule=schedule)
 
     def train_dataloader(self) -> DataLoader:
         workers = self.data.num_workers
@@ -286,18 +317,21 @@ class PretrainingDataModule(L.LightningDataModule):
 
 
 def validation_batches(data, masking, tokenizer, micro_batch_size: int) -> list[dict]:
-    """The first `data.validation_docs` documents (held out of training), masked once with a fixed seed so
-    every validation loss is computed on the same inputs."""
+    """The first `data.validation_docs` documents (held out of training), masked once with a fixed seed at the
+    fixed `masking.rate` (whatever the training schedule), so every validation loss is computed on the same
+    inputs."""
     masker = MLMMasker.from_tokenizer(tokenizer, masking.rate, masking.strategy, masking.pad_to_multiple_of)
-    builder = BatchBuilder(masker, micro_batch_size, data.max_length, data.packing, set(tokenizer.all_special_ids))
+    builder = BatchBuilder(masker, data.max_length, data.packing, set(tokenizer.all_special_ids),
+                           data.packing_open_rows)
     tokenize, skipped = DocumentTokenizer(tokenizer, text_column(data)), {}
     generator = torch.Generator().manual_seed(derived_seed(data.seed, 999))
     batches = []
     for block in read_blocks(open_source(data).take(data.validation_docs), 1000, data):
         for ids in tokenize(block, skipped):
             builder.add(ids)
-            while builder.ready():
-                batches.append(builder.pop(generator))
-    if builder.pending:  # the last, smaller batch
-        batches.append(builder.pop(generator))
+            while builder.ready(micro_batch_size):
+                batches.append(builder.pop(micro_batch_size, generator)[0])
+    left = builder.flush()
+    if left:  # the last, smaller batch
+        batches.append(builder.pop(left, generator)[0])
     return batches

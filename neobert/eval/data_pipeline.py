@@ -28,13 +28,14 @@ from neobert.data.tokenizer import load_tokenizer
 
 def run_ours(texts, tokenizer, data, masking, batch_size: int) -> int:
     masker = MLMMasker.from_tokenizer(tokenizer, masking.rate, masking.strategy, masking.pad_to_multiple_of)
-    builder = BatchBuilder(masker, batch_size, data.max_length, data.packing, set(tokenizer.all_special_ids))
+    builder = BatchBuilder(masker, data.max_length, data.packing, set(tokenizer.all_special_ids),
+                           data.packing_open_rows)
     tokenize, generator, tokens = DocumentTokenizer(tokenizer, "content"), torch.Generator().manual_seed(0), 0
     for start in range(0, len(texts), 1000):  # blocks, as the stream reads them
         for ids in tokenize({"content": texts[start : start + 1000]}, {}):
             builder.add(ids)
-            while builder.ready():
-                batch = builder.pop(generator)
+            while builder.ready(batch_size):
+                batch = builder.pop(batch_size, generator)[0]
                 tokens += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
     return tokens
 
@@ -68,8 +69,8 @@ def measure_data_pipeline(docs: int = 3000, max_length: int = 128, batch_size: i
     texts = [d["content"] for d in itertools.islice(itertools.cycle(demo_documents()), docs)]
     tokenizer = load_tokenizer()
     masking = MaskingConfig(rate=0.2, strategy="all_mask")
-    truncated = PretrainDataConfig(max_length=max_length, packing=False)
-    packed = PretrainDataConfig(max_length=max_length, packing=True)
+    truncated = PretrainDataConfig(max_length=max_length, packing="none")
+    packed = PretrainDataConfig(max_length=max_length, packing="greedy")
     results = {
         "hf_collator_tokens_per_s": best_rate(lambda: run_hf(texts, tokenizer, max_length, batch_size), repeats),
         "ours_truncate_tokens_per_s": best_rate(lambda: run_ours(texts, tokenizer, truncated, masking, batch_size),
@@ -79,3 +80,37 @@ def measure_data_pipeline(docs: int = 3000, max_length: int = 128, batch_size: i
     results["ratio_truncate_vs_hf"] = results["ours_truncate_tokens_per_s"] / results["hf_collator_tokens_per_s"]
     results["ratio_pack_vs_hf"] = results["ours_pack_tokens_per_s"] / results["hf_collator_tokens_per_s"]
     return results
+
+
+def packing_report(docs: int = 3000, max_length: int = 128, batch_size: int = 32,
+                   open_rows: int = 64) -> dict[str, dict[str, float]]:
+    """What each `data.packing` mode makes of the same documents (the demo corpus cycled to `docs`): packing
+    efficiency (real tokens / (rows x max_length), the share of the rows' capacity that holds text), how many
+    documents are cut across rows, and how many tokens truncation drops."""
+    texts = [d["content"] for d in itertools.islice(itertools.cycle(demo_documents()), docs)]
+    tokenizer = load_tokenizer()
+    masker = MLMMasker.from_tokenizer(tokenizer)
+    documents = [ids for start in range(0, len(texts), 1000)
+                 for ids in DocumentTokenizer(tokenizer, "content")({"content": texts[start : start + 1000]}, {})]
+    total_tokens = sum(len(ids) for ids in documents)
+    report = {}
+    for mode in ("none", "greedy", "best_fit"):
+        builder = BatchBuilder(masker, max_length, mode, set(tokenizer.all_special_ids), open_rows)
+        generator, rows, tokens, segments = torch.Generator().manual_seed(0), 0, 0, 0
+        for ids in documents:
+            builder.add(ids)
+            while builder.ready(batch_size):
+                batch, stats = builder.pop(batch_size, generator)
+                rows, tokens = rows + stats["rows"], tokens + stats["tokens"]
+                segments += len(batch["cu_seqlens"]) - 1 if "cu_seqlens" in batch else stats["rows"]
+        left = builder.flush()
+        if left:
+            batch, stats = builder.pop(left, generator)
+            rows, tokens = rows + stats["rows"], tokens + stats["tokens"]
+            segments += len(batch["cu_seqlens"]) - 1 if "cu_seqlens" in batch else stats["rows"]
+        report[mode] = {"packing_efficiency": tokens / (rows * max_length), "rows": rows,
+                        "documents_cut": segments - len(documents) if mode != "none" else 0,
+                        "tokens_dropped": total_tokens - tokens}
+    report["corpus"] = {"documents": len(documents), "tokens": total_tokens,
+                        "longer_than_a_row": sum(len(ids) > max_length for ids in documents)}
+    return report

@@ -20,16 +20,17 @@ from neobert.data.corpus import pretokenize, unigram_entropy
 from neobert.data.pretraining import PretrainingDataModule
 from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, load_tokenizer
 from neobert.eval.plots import final_value, plot_curves
-from neobert.layout import CONFIG_NAME, EXPORT_DIR, LOGS_DIR, LOSS_PLOT, TENSORBOARD_DIR, WEIGHTS_NAME
+from neobert.layout import CONFIG_NAME, EMA_EXPORT_DIR, EXPORT_DIR, LOGS_DIR, LOSS_PLOT, TENSORBOARD_DIR, WEIGHTS_NAME
 from neobert.layout import checkpoint_dir, metrics_csvs
 from neobert.lit.checkpoints import (OLDER, model_state_dict, newest_readable_checkpoint,
                                      read_lightning_checkpoint, remove_partial_writes, set_aside)
+from neobert.lit.ema import ExponentialMovingAverage
 from neobert.lit.glue_callback import GlueEvalCallback
 from neobert.lit.mteb_callback import MtebEvalCallback
 from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.lit.trainer import build_trainer
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
-from neobert.model.checkpoint import load_state_dict_strict, read_weights
+from neobert.model.checkpoint import load_state_dict_strict, read_weights, submodule_state
 
 log = logging.getLogger(__name__)
 DEMO_CONFIG = "demo"  # the embedded default: `python -m experiments.pretrain` with no --config
@@ -53,7 +54,7 @@ def build_model_config(config: PretrainConfig, tokenizer) -> NeoBERTConfig:
     if config.data.tokenizer not in BERT_BASE_UNCASED_ALIASES:
         overrides.setdefault("vocab_size", len(tokenizer))
         overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
-    if config.data.packing:
+    if config.data.packing != "none":
         overrides.setdefault("attention_backend", "varlen")  # block-diagonal kernels on GPU
     try:
         model_config = NeoBERTConfig.from_preset(config.model.preset, **overrides)
@@ -74,15 +75,30 @@ def prepare(config: PretrainConfig):
     config.validate()
     tokenizer = load_tokenizer(config.data.tokenizer, max_length=config.data.max_length, config_key="data.tokenizer")
     model_config = build_model_config(config, tokenizer)
-    datamodule = PretrainingDataModule(config.data, config.masking, tokenizer, config.trainer.micro_batch_size)
+    datamodule = PretrainingDataModule(config.data, config.masking, tokenizer, config.trainer.micro_batch_size,
+                                       trainer=config.trainer)
     datamodule.check_source()
     if config.init_from and not Path(config.init_from).exists():
         raise ConfigError(f"invalid config key 'init_from': {config.init_from!r} does not exist")
+    if config.trainer.ema.decay and ("fsdp" in config.trainer.strategy or config.trainer.strategy.endswith("_3")):
+        raise ConfigError(f"invalid config key 'trainer.ema': the EMA keeps a full copy of the weights on every rank, "
+                          f"which trainer.strategy={config.trainer.strategy} (sharded weights) does not give it")
+    if config.branch_from:
+        branch_step(config)  # readable, and before trainer.max_steps
     checkpoints = checkpoint_dir(config.output_dir)
     if not config.resume and checkpoints.is_dir() and any(checkpoints.glob("*.ckpt")):
         raise ConfigError(f"output_dir={config.output_dir!r} already holds checkpoints: set resume=true to "
                           f"continue that run, or choose another output_dir")
     return tokenizer, model_config, datamodule
+
+
+def branch_step(config: PretrainConfig) -> int:
+    """The optimizer step of the `branch_from` checkpoint, where the branch starts (its decay, in phase=decay)."""
+    step = int(read_lightning_checkpoint(config.branch_from).get("global_step", 0))
+    if step >= config.trainer.max_steps:
+        raise ConfigError(f"invalid config key 'trainer.max_steps': {config.trainer.max_steps} is not after the "
+                          f"step of branch_from ({step}); the branch trains until trainer.max_steps")
+    return step
 
 
 def build_callbacks(config: PretrainConfig) -> list[L.Callback]:
@@ -95,6 +111,8 @@ def build_callbacks(config: PretrainConfig) -> list[L.Callback]:
         callbacks.append(GlueEvalCallback(config.glue_callback))
     if config.mteb_callback.every_n_steps > 0:
         callbacks.append(MtebEvalCallback(config.mteb_callback))
+    if config.trainer.ema.decay > 0:
+        callbacks.append(ExponentialMovingAverage(config.trainer.ema.decay, config.trainer.ema.every_n_steps))
     return callbacks
 
 
@@ -106,10 +124,14 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
     ckpt_path = resume_checkpoint(config.output_dir) if config.resume else None
     L.seed_everything(config.trainer.seed, workers=True)
     module = MLMPretrainingModule(config, model_config, tokenizer)
-    if ckpt_path is None and config.init_from:
+    if config.branch_from:
+        module.start_step = branch_step(config) if config.scheduler.phase == "decay" else 0
+        ckpt_path = ckpt_path or Path(config.branch_from)  # the branch's own checkpoints once it has some
+    elif ckpt_path is None and config.init_from:
         init_weights(module.model, config.init_from)
+    callbacks = build_callbacks(config)
     trainer = build_trainer(config.trainer, config.logging, config.output_dir,
-                            callbacks=build_callbacks(config) + list(extra_callbacks),
+                            callbacks=callbacks + list(extra_callbacks),
                             validate=config.data.validation_docs > 0,
                             max_epochs=-1,  # the training stream is endless: max_steps ends the run
                             use_distributed_sampler=False)  # every rank reads its own streams
@@ -121,6 +143,9 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
 
     export_dir = Path(config.export_dir or Path(config.output_dir) / EXPORT_DIR)
     export_module(module, export_dir, trainer.is_global_zero)
+    ema = next((c for c in callbacks if isinstance(c, ExponentialMovingAverage)), None)
+    if ema is not None and ema.weights is not None and trainer.is_global_zero:
+        export_weights(module, submodule_state(ema.weights, "model."), export_dir / EMA_EXPORT_DIR)
     if trainer.is_global_zero:
         summarise(config, export_dir, baseline)
     return export_dir
@@ -167,8 +192,12 @@ def export_module(module: MLMPretrainingModule, export_dir: str | Path, is_globa
     state = module.model.state_dict()
     if any(hasattr(t, "full_tensor") for t in state.values()):
         state = get_model_state_dict(module.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not is_global_zero:
-        return
+    if is_global_zero:
+        export_weights(module, state, export_dir)
+
+
+def export_weights(module: MLMPretrainingModule, state: dict, export_dir: str | Path) -> None:
+    """One weight set of the module's model (the trained weights, or their EMA) in the hub layout."""
     model = NeoBERTForMaskedLM(module.model.config)
     load_state_dict_strict(model, {k: v.float().cpu() for k, v in state.items()}, "trained module")
     model.save_pretrained(export_dir, tokenizer=module.tokenizer)

@@ -24,6 +24,8 @@ from neobert.layout import LAST_CHECKPOINT, checkpoint_dir
 from neobert.model.checkpoint import submodule_state
 
 CHECKPOINT_KEY = "neobert"
+# The EMA of the weights (trainer.ema, neobert.lit.ema): the same keys and shapes as the checkpoint's state_dict.
+EMA_STATE_KEY = "ema_state_dict"
 # A checkpoint being written: `.<name>.<random>.tmp` beside it (never `*.ckpt`, so never taken for a checkpoint).
 PARTIAL_SUFFIX = ".tmp"
 STEP_CHECKPOINT = re.compile(r"step-(\d+)(?:-v(\d+))?\.ckpt")  # ModelCheckpoint's "step-{step:08d}" (+ "-vN")

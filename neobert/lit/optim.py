@@ -1,6 +1,6 @@
 """Optimizers and learning-rate schedules of every job, from the shared `optimizer` and `scheduler` config
 sections: AdamW (or the M0 baseline's Adam) with weight decay on matrices only, linear warm-up, then the
-paper's cosine decay (pretraining) or a linear decay to 0 (fine-tuning)."""
+paper's cosine decay (pretraining), warmup-stable-decay (wsd) or a linear decay to 0 (fine-tuning)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,29 @@ def warmup_linear(warmup_steps: int, total_steps: int) -> Callable[[int], float]
     return factor
 
 
+def warmup_stable_decay(warmup_steps: int, decay_start: float, total_steps: int, shape: str = "1-sqrt",
+                        final_ratio: float = 0.0) -> Callable[[int], float]:
+    """Warmup-stable-decay: linear from 0 over `warmup_steps`, the peak until `decay_start` (math.inf: never),
+    then down to `final_ratio` at `total_steps` along `shape` (linear, cosine or 1-sqrt, where the progress p runs
+    from 0 to 1: 1 - p, (1 + cos(pi p)) / 2, 1 - sqrt(p)), constant after. The value at a step depends on that
+    step alone, so a stable phase can be extended and a decay branched from any of its steps."""
+    shapes = {"linear": lambda p: 1.0 - p, "cosine": lambda p: 0.5 * (1.0 + math.cos(math.pi * p)),
+              "1-sqrt": lambda p: 1.0 - math.sqrt(p)}
+    decay = shapes[shape]
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / warmup_steps
+        if step < decay_start:
+            return 1.0
+        if step >= total_steps:
+            return final_ratio
+        progress = (step - decay_start) / (total_steps - decay_start)
+        return final_ratio + (1.0 - final_ratio) * decay(progress)
+
+    return factor
+
+
 def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Optimizer:
     if config.name == "adamw":
         return build_adamw(model, config.lr, config.weight_decay, config.betas, config.eps,
@@ -72,17 +95,21 @@ def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Op
     return torch.optim.Adam(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
 
 
-def lr_factor(config: SchedulerConfig, total_steps: int) -> Callable[[int], float]:
+def lr_factor(config: SchedulerConfig, total_steps: int, start_step: int = 0) -> Callable[[int], float]:
+    """The multiplier of the peak lr at each optimizer step; `start_step` is where a wsd decay branch starts."""
     warmup = config.warmup(total_steps)
+    if config.name == "wsd":
+        return warmup_stable_decay(warmup, config.decay_start(total_steps, start_step), total_steps,
+                                   config.decay_shape, config.final_ratio)
     if config.name == "cosine":
         return warmup_cosine(warmup, total_steps, config.decay_fraction, config.final_ratio)
     return warmup_linear(warmup, total_steps)
 
 
 def configure_optimizers(model: nn.Module, optimizer: OptimizerConfig, scheduler: SchedulerConfig,
-                         total_steps: int) -> dict:
+                         total_steps: int, start_step: int = 0) -> dict:
     """What a LightningModule's `configure_optimizers` returns: the optimizer and its per-step schedule over
-    `total_steps` optimizer steps."""
+    `total_steps` optimizer steps (`start_step`: see lr_factor)."""
     built = build_optimizer(model, optimizer)
-    schedule = torch.optim.lr_scheduler.LambdaLR(built, lr_factor(scheduler, total_steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(built, lr_factor(scheduler, total_steps, start_step))
     return {"optimizer": built, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -45,8 +45,9 @@ class MLMPretrainingModule(L.LightningModule):
         self.model = NeoBERTForMaskedLM(model_config)
         self.tokenizer = tokenizer
         self.masked_only = config.model.masked_only_logits
-        self._sums = {"loss": 0.0, "correct": 0, "masked": 0, "tokens": 0}
+        self._sums = self._empty_sums()
         self._step_started: float | None = None
+        self.start_step = 0  # where a wsd decay branch starts (the job sets it from branch_from)
         # Training FLOPs per token; the decoder only runs at masked positions with masked-only logits.
         weights = matmul_params(self.model)
         if self.masked_only:
@@ -100,9 +101,18 @@ class MLMPretrainingModule(L.LightningModule):
         self._sums["correct"] += correct
         self._sums["masked"] += masked
         self._sums["tokens"] += tokens
+        stats = (data_state or {}).get("stats")
+        if stats is not None:  # what the data schedule and the packer did (neobert.data.pretraining.BatchBuilder)
+            self._sums["sequences"] += stats["rows"]
+            self._sums["capacity"] += stats["rows"] * self.config.data.max_length
+            self._sums["mask_rate"] = stats["mask_rate"]
         if (batch_idx + 1) % accumulate == 0:  # the last micro-batch of an optimizer step: log step means
             self._log_step(accumulate)
         return output.loss
+
+    @staticmethod
+    def _empty_sums() -> dict:
+        return {"loss": 0.0, "correct": 0, "masked": 0, "tokens": 0, "sequences": 0, "capacity": 0, "mask_rate": None}
 
     def _log_step(self, accumulate: int) -> None:
         sums, world = self._sums, self.trainer.world_size
@@ -112,6 +122,10 @@ class MLMPretrainingModule(L.LightningModule):
             "train/lr": self.trainer.optimizers[0].param_groups[0]["lr"],
             "train/tokens": float(sums["tokens"] * world),
         }
+        if sums["capacity"]:
+            metrics["train/batch_size"] = float(sums["sequences"] * world)  # sequences (packed rows) per step
+            metrics["train/packing_efficiency"] = sums["tokens"] / sums["capacity"]  # real tokens / row capacity
+            metrics["train/mask_rate"] = sums["mask_rate"]
         now = time.perf_counter()
         if self._step_started is not None:
             tokens_per_second = sums["tokens"] * world / (now - self._step_started)
@@ -122,7 +136,7 @@ class MLMPretrainingModule(L.LightningModule):
         self._step_started = now
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
         self.log("loss", metrics["train/loss"], prog_bar=True, on_step=True, on_epoch=False, logger=False)
-        self._sums = {"loss": 0.0, "correct": 0, "masked": 0, "tokens": 0}
+        self._sums = self._empty_sums()
 
     def on_before_optimizer_step(self, optimizer) -> None:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -142,7 +156,7 @@ class MLMPretrainingModule(L.LightningModule):
         # The schedule length is trainer.max_steps; reading trainer.estimated_stepping_batches here would
         # make Lightning build the dataloader early and drop its restored state.
         return configure_optimizers(self.model, self.config.optimizer, self.config.scheduler,
-                                    self.config.trainer.max_steps)
+                                    self.config.trainer.max_steps, self.start_step)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = {

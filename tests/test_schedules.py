@@ -48,9 +48,14 @@ def test_wsd_decay_length_phases_and_their_config_errors():
                             "scheduler.decay_steps"),
                            (["masking.rate_schedule=[[10,0.3],[5,0.2]]"], "masking.rate_schedule"),
                            (["trainer.batch_size_warmup.start_batch_size=4"], "trainer.batch_size_warmup"),
-                           (["trainer.ema.decay=1.0"], "trainer.ema.decay")):
+                           (["trainer.ema.decay=1.0"], "trainer.ema.decay"),
+                           (["trainer.ema.decay=0.9", "trainer.strategy=fsdp2"], "trainer.ema")):
         with pytest.raises(ConfigError, match=key):
             load_config(PretrainConfig, None, overrides)
+    from neobert.config.glue import GlueConfig
+
+    with pytest.raises(ConfigError, match="trainer.ema"):  # only pretraining exports an EMA so far
+        load_config(GlueConfig, "glue/rte", ["trainer.ema.decay=0.9"])
 
 
 # ---------------------------------------------------------------------------------------------- data schedules
@@ -232,6 +237,10 @@ def test_ema_updates_every_n_steps_and_round_trips_through_a_checkpoint():
     ema.on_train_batch_end(SimpleNamespace(global_step=2), module, None, None, 0)
     ema.on_train_batch_end(SimpleNamespace(global_step=2), module, None, None, 1)  # same step, 2nd micro-batch
     torch.testing.assert_close(ema.weights["layer.weight"], 0.75 * start + 0.25 * (start + 1))
+    raw = module.layer.weight.detach().clone()
+    with ema.swapped_in(module):  # how val/loss_ema is computed
+        torch.testing.assert_close(module.layer.weight.detach(), ema.weights["layer.weight"])
+    torch.testing.assert_close(module.layer.weight.detach(), raw)
     checkpoint = {}
     ema.on_save_checkpoint(None, module, checkpoint)
     assert set(checkpoint[EMA_STATE_KEY]) == set(module.state_dict())  # the checkpoint's state_dict names

@@ -27,6 +27,20 @@ LOGGING_KEYS_MOVED = {"trainer.enable_progress_bar": "logging.progress_bar",
 
 
 @dataclass
+class EmaConfig:
+    """An exponential moving average of the weights (neobert.lit.ema), updated every `every_n_steps` optimizer
+    steps as ema = decay x ema + (1 - decay) x weights; kept in every checkpoint, validated as val/loss_ema,
+    exported beside the raw weights (pretraining: export/ema). decay 0 = off."""
+
+    decay: float = 0.0
+    every_n_steps: int = 1
+
+    def validate(self, prefix: str = "trainer.ema") -> None:
+        require(0 <= self.decay < 1, f"{prefix}.decay", "must be in [0, 1) (0 = off)")
+        require(self.every_n_steps >= 1, f"{prefix}.every_n_steps", "must be >= 1")
+
+
+@dataclass
 class TrainerConfig:
     """Lightning's Trainer settings (neobert.lit.trainer.build_trainer)."""
 
@@ -42,6 +56,7 @@ class TrainerConfig:
     gradient_clip_val: float = 1.0  # gradient-norm clipping; 0 = off
     eval_every_n_steps: int = 0  # optimizer steps between validations; 0 = no validation during training
     seed: int = 0
+    ema: EmaConfig = field(default_factory=EmaConfig)
 
     def validate(self, prefix: str = "trainer") -> None:
         devices = self.devices
@@ -57,6 +72,10 @@ class TrainerConfig:
         require(self.accumulate_grad_batches > 0, f"{prefix}.accumulate_grad_batches", "must be positive")
         require(self.gradient_clip_val >= 0, f"{prefix}.gradient_clip_val", "must be >= 0 (0 = off)")
         require(self.eval_every_n_steps >= 0, f"{prefix}.eval_every_n_steps", "must be >= 0 (0 = off)")
+        self.ema.validate(f"{prefix}.ema")
+        # The EMA keeps a full copy of the weights on every rank, which sharded weights do not give it.
+        require(not self.ema.decay or not ("fsdp" in self.strategy or self.strategy.endswith("_3")),
+                f"{prefix}.ema", f"needs the whole weights on every rank; trainer.strategy={self.strategy} shards them")
 
     @property
     def num_devices(self) -> int:

@@ -167,6 +167,7 @@ class ContrastiveConfig:
             section.validate()
         # The linear decay needs the run's length.
         require(self.trainer.max_steps > 0, "trainer.max_steps", "must be positive")
+        require(not self.trainer.ema.decay, "trainer.ema", "is supported by pretraining only (experiments.pretrain)")
         # GradCache steps the optimizer itself, once per batch: Lightning cannot accumulate for it.
         require(self.loss.grad_cache_chunk_size == 0 or self.trainer.accumulate_grad_batches == 1,
                 "trainer.accumulate_grad_batches", "must be 1 with GradCache (loss.grad_cache_chunk_size > 0)")

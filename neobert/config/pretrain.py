@@ -81,16 +81,6 @@ class BatchSizeWarmupConfig:
 
 
 @dataclass
-class EmaConfig:
-    """An exponential moving average of the weights, updated every `every_n_steps` optimizer steps as
-    ema = decay x ema + (1 - decay) x weights; kept in every checkpoint, validated as val/loss_ema, exported
-    beside the raw weights (export/ema). decay 0 = off."""
-
-    decay: float = 0.0
-    every_n_steps: int = 1
-
-
-@dataclass
 class PretrainTrainerConfig(TrainerConfig):
     max_steps: int = 1_000_000
     micro_batch_size: int = 32  # sequences per device per forward; x accumulation x devices = the batch
@@ -98,7 +88,6 @@ class PretrainTrainerConfig(TrainerConfig):
     checkpoint_every_n_steps: int = 1000
     keep_checkpoints: int = 3  # step checkpoints kept besides last.ckpt (-1 = all)
     batch_size_warmup: BatchSizeWarmupConfig = field(default_factory=BatchSizeWarmupConfig)
-    ema: EmaConfig = field(default_factory=EmaConfig)
 
     @property
     def batch_size(self) -> int:
@@ -107,15 +96,14 @@ class PretrainTrainerConfig(TrainerConfig):
 
     def validate(self, prefix: str = "trainer") -> None:
         super().validate(prefix)
-        warmup, ema = self.batch_size_warmup, self.ema
+        warmup = self.batch_size_warmup
         require(warmup.start_batch_size >= 0 and warmup.tokens >= 0, f"{prefix}.batch_size_warmup",
                 "start_batch_size and tokens must be >= 0")
         require((warmup.start_batch_size > 0) == (warmup.tokens > 0), f"{prefix}.batch_size_warmup",
                 "set both start_batch_size and tokens (or neither)")
         require(warmup.start_batch_size <= self.batch_size, f"{prefix}.batch_size_warmup.start_batch_size",
                 f"{warmup.start_batch_size} exceeds the full batch of {self.batch_size} sequences")
-        require(0 <= ema.decay < 1, f"{prefix}.ema.decay", "must be in [0, 1) (0 = off)")
-        require(ema.every_n_steps >= 1, f"{prefix}.ema.every_n_steps", "must be >= 1")
+
         require(self.max_steps > 0, f"{prefix}.max_steps", "must be positive")
         require(self.micro_batch_size > 0, f"{prefix}.micro_batch_size", "must be positive")
         require(self.checkpoint_every_n_steps > 0, f"{prefix}.checkpoint_every_n_steps", "must be positive")

@@ -80,9 +80,6 @@ def prepare(config: PretrainConfig):
     datamodule.check_source()
     if config.init_from and not Path(config.init_from).exists():
         raise ConfigError(f"invalid config key 'init_from': {config.init_from!r} does not exist")
-    if config.trainer.ema.decay and ("fsdp" in config.trainer.strategy or config.trainer.strategy.endswith("_3")):
-        raise ConfigError(f"invalid config key 'trainer.ema': the EMA keeps a full copy of the weights on every rank, "
-                          f"which trainer.strategy={config.trainer.strategy} (sharded weights) does not give it")
     if config.branch_from:
         branch_step(config)  # readable, and before trainer.max_steps
     checkpoints = checkpoint_dir(config.output_dir)
@@ -111,8 +108,6 @@ def build_callbacks(config: PretrainConfig) -> list[L.Callback]:
         callbacks.append(GlueEvalCallback(config.glue_callback))
     if config.mteb_callback.every_n_steps > 0:
         callbacks.append(MtebEvalCallback(config.mteb_callback))
-    if config.trainer.ema.decay > 0:
-        callbacks.append(ExponentialMovingAverage(config.trainer.ema.decay, config.trainer.ema.every_n_steps))
     return callbacks
 
 
@@ -129,9 +124,8 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
         ckpt_path = ckpt_path or Path(config.branch_from)  # the branch's own checkpoints once it has some
     elif ckpt_path is None and config.init_from:
         init_weights(module.model, config.init_from)
-    callbacks = build_callbacks(config)
     trainer = build_trainer(config.trainer, config.logging, config.output_dir,
-                            callbacks=callbacks + list(extra_callbacks),
+                            callbacks=build_callbacks(config) + list(extra_callbacks),
                             validate=config.data.validation_docs > 0,
                             max_epochs=-1,  # the training stream is endless: max_steps ends the run
                             use_distributed_sampler=False)  # every rank reads its own streams
@@ -143,7 +137,7 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
 
     export_dir = Path(config.export_dir or Path(config.output_dir) / EXPORT_DIR)
     export_module(module, export_dir, trainer.is_global_zero)
-    ema = next((c for c in callbacks if isinstance(c, ExponentialMovingAverage)), None)
+    ema = next((c for c in trainer.callbacks if isinstance(c, ExponentialMovingAverage)), None)
     if ema is not None and ema.weights is not None and trainer.is_global_zero:
         export_weights(module, submodule_state(ema.weights, "model."), export_dir / EMA_EXPORT_DIR)
     if trainer.is_global_zero:
@@ -208,12 +202,14 @@ def summarise(config: PretrainConfig, export_dir: Path, baseline: float | None) 
     csvs = metrics_csvs(output_dir)
     lines = {"unigram-entropy baseline": baseline} if baseline is not None else {}
     plot = output_dir / LOSS_PLOT
-    plot_curves(csvs, ["train/loss", "val/loss"], plot, hlines=lines, title=f"MLM loss ({output_dir.name})")
+    curves = ["train/loss", "val/loss"] + (["val/loss_ema"] if config.trainer.ema.decay else [])
+    plot_curves(csvs, curves, plot, hlines=lines, title=f"MLM loss ({output_dir.name})")
     final = final_value(csvs, "train/loss", last_n=5)  # single steps are noisy: the mean of the last 5 logged
-    final_val = final_value(csvs, "val/loss")
+    final_val, final_ema = final_value(csvs, "val/loss"), final_value(csvs, "val/loss_ema")
     print((f"final train loss (mean of the last 5 logged steps) {final:.4f}" if final is not None
            else "no train loss logged (max_steps < logging.log_every_n_steps)")
           + (f", validation loss {final_val:.4f}" if final_val is not None else "")
+          + (f" (EMA weights {final_ema:.4f})" if final_ema is not None else "")
           + (f", unigram baseline {baseline:.4f} nats" if baseline is not None else ""))
     print(f"export: {export_dir}\nloss plot: {plot}\n"
           f"logs: {output_dir / LOGS_DIR} (CSV), {output_dir / TENSORBOARD_DIR}")

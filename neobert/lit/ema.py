@@ -9,9 +9,10 @@ as an alternative weight set (`export/ema`).
 
 from __future__ import annotations
 
+import contextlib
+
 import lightning as L
 import torch
-from torch.func import functional_call
 
 from neobert.lit.checkpoints import EMA_STATE_KEY
 
@@ -46,14 +47,25 @@ class ExponentialMovingAverage(L.Callback):
 
     # --------------------------------------------------------------------------------- validation with the EMA
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0):
-        if self.weights is None:
+        """`val/loss_ema` beside `val/loss`, for modules that say how to score a validation batch
+        (`validation_loss(batch) -> (loss, weight)`, e.g. the MLM loss and its number of masked tokens)."""
+        if self.weights is None or not hasattr(pl_module, "validation_loss"):
             return
-        with torch.no_grad():
-            current = pl_module.state_dict()
-            weights = {name: w.to(current[name].dtype) for name, w in self.weights.items()}
-            output = functional_call(pl_module, weights, (batch,), strict=False)
-        masked = int((batch["labels"] != -100).sum())
-        pl_module.log("val/loss_ema", output.loss, on_epoch=True, sync_dist=True, batch_size=max(1, masked))
+        with torch.no_grad(), self.swapped_in(pl_module):
+            loss, weight = pl_module.validation_loss(batch)
+        pl_module.log("val/loss_ema", loss, on_epoch=True, sync_dist=True, batch_size=max(1, weight))
+
+    @contextlib.contextmanager
+    def swapped_in(self, pl_module: L.LightningModule):
+        """The EMA weights in the module for the duration, the trained ones back after (also on an error)."""
+        current = self._floating(pl_module)
+        names = list(self.weights)
+        trained = [current[name].detach().clone() for name in names]
+        torch._foreach_copy_([current[name] for name in names], [self.weights[name] for name in names])
+        try:
+            yield
+        finally:
+            torch._foreach_copy_([current[name] for name in names], trained)
 
     # --------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:

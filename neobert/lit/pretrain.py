@@ -152,6 +152,11 @@ class MLMPretrainingModule(L.LightningModule):
         self.log("val/loss", output.loss, on_epoch=True, sync_dist=True, batch_size=max(1, masked), prog_bar=True)
         self.log("val/accuracy", correct / max(1, masked), on_epoch=True, sync_dist=True, batch_size=max(1, masked))
 
+    def validation_loss(self, batch: dict) -> tuple[torch.Tensor, int]:
+        """The MLM loss of a validation batch and its weight (masked tokens); the EMA callback scores its weights
+        with it."""
+        return self(batch).loss, int((batch["labels"] != -100).sum())
+
     def configure_optimizers(self):
         # The schedule length is trainer.max_steps; reading trainer.estimated_stepping_batches here would
         # make Lightning build the dataloader early and drop its restored state.

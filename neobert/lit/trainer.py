@@ -1,5 +1,5 @@
 """The one place a Lightning `Trainer` is built: strategy, precision, loggers, progress bar, validation cadence,
-atomic checkpoint writes and the launch-environment check, from the shared `trainer` and `logging` config
+atomic checkpoint writes, the EMA of the weights and the launch-environment check, from the shared `trainer` and `logging` config
 sections. Every job and every evaluation callback builds its Trainer here."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrateg
 from neobert.config import ConfigError, LoggingConfig, TrainerConfig
 from neobert.layout import LOGS_DIR, TENSORBOARD_DIR
 from neobert.lit.checkpoints import AtomicCheckpointIO
+from neobert.lit.ema import ExponentialMovingAverage
 
 # Set by a cluster manager that starts every rank itself; Lightning then does not start ranks 1..N-1.
 EXTERNAL_LAUNCHER_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS", "JSM_NAMESPACE_RANK")
@@ -83,6 +84,8 @@ def build_trainer(config: TrainerConfig, logging: LoggingConfig, output_dir: str
     check_launch_environment(config)
     every = config.eval_every_n_steps if validate is not False else 0
     callbacks = list(callbacks)
+    if config.ema.decay > 0:
+        callbacks.append(ExponentialMovingAverage(config.ema.decay, config.ema.every_n_steps))
     if logging.progress_bar:
         callbacks.append(TQDMProgressBar(refresh_rate=1))
     loggers = build_loggers(logging, output_dir)

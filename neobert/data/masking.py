@@ -87,8 +87,9 @@ class MLMMasker:
         """
         lengths = [len(segment) for row in rows for segment in row]
         flat = [token for row in rows for segment in row for token in segment]
-        row_lengths = {sum(len(s) for s in row) for row in rows}
-        shape = (len(rows), row_lengths.pop()) if len(row_lengths) == 1 else (1, len(flat))
+        # Padding unequal rows to one length would put [PAD] back in; cu_seqlens alone separates the documents.
+        equal_rows = len({sum(len(segment) for segment in row) for row in rows}) == 1
+        shape = (len(rows), len(flat) // len(rows)) if equal_rows else (1, len(flat))
         input_ids = torch.tensor(flat, dtype=torch.long).view(shape)
         cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         cu_seqlens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)

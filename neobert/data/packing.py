@@ -25,11 +25,14 @@ class GreedyPacker:
         self.open_tokens = 0
 
     def add(self, ids: list[int]) -> None:
-        while ids:
-            space = self.max_length - self.open_tokens
-            self.open.append(ids[:space])
-            self.open_tokens += len(self.open[-1])
-            ids = ids[space:]
+        # An offset rather than re-slicing the rest: packed documents are not truncated, and re-slicing would copy
+        # a book-length one once per row (quadratic; seconds for a million tokens).
+        start = 0
+        while start < len(ids):
+            segment = ids[start : start + self.max_length - self.open_tokens]
+            self.open.append(segment)
+            self.open_tokens += len(segment)
+            start += len(segment)
             if self.open_tokens == self.max_length:
                 self.closed.append(self.open)
                 self.open, self.open_tokens = [], 0
@@ -68,12 +71,14 @@ class BestFitPacker:
         self.used: list[int] = []  # tokens in each open row
 
     def add(self, ids: list[int]) -> None:
-        # A document longer than a row: full rows of its first pieces, then the rest like any document.
-        while len(ids) > self.max_length:
-            self.closed.append([ids[: self.max_length]])
-            ids = ids[self.max_length :]
-        if ids:
-            self._place(ids)
+        # A document longer than a row: full rows of its first pieces, then the rest like any document (offsets, as
+        # in GreedyPacker.add).
+        start = 0
+        while len(ids) - start > self.max_length:
+            self.closed.append([ids[start : start + self.max_length]])
+            start += self.max_length
+        if start < len(ids):
+            self._place(ids[start:])  # a copy: the open rows never hold the caller's list
 
     def _place(self, ids: list[int]) -> None:
         fits = [i for i, used in enumerate(self.used) if used + len(ids) <= self.max_length]

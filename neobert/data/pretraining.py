@@ -164,8 +164,10 @@ class PretrainingStream(IterableDataset):
                 generator = torch.Generator().manual_seed(derived_seed(self.data.seed, stream, state["batches"]))
                 batch, stats = builder.pop(self.schedule.batch_size(step), generator, self.schedule.mask_rate(step))
                 state["batches"] += 1
-                state["builder"] = builder.state()
-                batch[DATA_STATE_KEY] = {"stream": stream, "state": copy.deepcopy(state), "stats": stats}
+                state["builder"] = None  # builder.state() below is already a copy: do not deep-copy it twice
+                snapshot = copy.deepcopy(state)
+                state["builder"] = snapshot["builder"] = builder.state()
+                batch[DATA_STATE_KEY] = {"stream": stream, "state": snapshot, "stats": stats}
                 yield batch
 
     def source(self, stream: int, epoch: int):

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from neobert.config import ConfigError, SchedulerConfig, load_config
+from neobert.errors import CheckpointError
 from neobert.config.pretrain import MaskingConfig, PretrainConfig
 from neobert.data.pretraining import DATA_STATE_KEY, PretrainingStream
 from neobert.data.schedules import DataSchedule, piecewise_linear
@@ -250,3 +251,17 @@ def test_ema_updates_every_n_steps_and_round_trips_through_a_checkpoint():
     restored.on_train_start(None, module)  # keeps the restored average
     torch.testing.assert_close(restored.weights["layer.weight"], ema.weights["layer.weight"])
     assert restored.last_update_step == 2
+
+
+def test_branch_from_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="'branch_from'.*does not exist"):
+        prepare(tiny_config(tmp_path, f"branch_from={tmp_path / 'nope.ckpt'}"))
+    (tmp_path / "bad.ckpt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="branch_from: .*bad.ckpt is not a readable checkpoint"):
+        prepare(tiny_config(tmp_path, f"branch_from={tmp_path / 'bad.ckpt'}"))
+    with pytest.raises(ConfigError, match="branch_from"):
+        prepare(tiny_config(tmp_path, f"branch_from={tmp_path / 'bad.ckpt'}", f"init_from={tmp_path}"))
+    with pytest.warns(FutureWarning, match="data.packing=greedy"):
+        assert tiny_config(tmp_path, "data.packing=true").data.packing == "greedy"
+    with pytest.warns(FutureWarning, match="data.packing=none"):
+        assert tiny_config(tmp_path, "data.packing=false").data.packing == "none"

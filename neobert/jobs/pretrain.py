@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from neobert.config import ConfigError, config_path, load_config
+from neobert.errors import CheckpointError
 from neobert.config.pretrain import PretrainConfig
 from neobert.data.demo_corpus import write_demo_corpus
 from neobert.data.corpus import pretokenize, unigram_entropy
@@ -91,7 +92,12 @@ def prepare(config: PretrainConfig):
 
 def branch_step(config: PretrainConfig) -> int:
     """The optimizer step of the `branch_from` checkpoint, where the branch starts (its decay, in phase=decay)."""
-    step = int(read_lightning_checkpoint(config.branch_from).get("global_step", 0))
+    if not Path(config.branch_from).exists():
+        raise ConfigError(f"invalid config key 'branch_from': {config.branch_from!r} does not exist")
+    try:
+        step = int(read_lightning_checkpoint(config.branch_from).get("global_step", 0))
+    except CheckpointError as err:
+        raise CheckpointError(f"branch_from: {err}") from err
     if step >= config.trainer.max_steps:
         raise ConfigError(f"invalid config key 'trainer.max_steps': {config.trainer.max_steps} is not after the "
                           f"step of branch_from ({step}); the branch trains until trainer.max_steps")

@@ -17,10 +17,27 @@ from __future__ import annotations
 Row = list[list[int]]  # a row: the document segments it holds, in order
 
 
-class GreedyPacker:
+class ClosedRows:
+    """What both packers share: the queue of closed rows, taken from the front in closing order."""
+
     def __init__(self, max_length: int):
         self.max_length = max_length
         self.closed: list[Row] = []
+
+    def ready(self, rows: int) -> bool:
+        return len(self.closed) >= rows
+
+    def take(self, rows: int) -> list[Row]:
+        taken, self.closed = self.closed[:rows], self.closed[rows:]
+        return taken
+
+    def pending_rows(self) -> int:
+        return len(self.closed)
+
+
+class GreedyPacker(ClosedRows):
+    def __init__(self, max_length: int):
+        super().__init__(max_length)
         self.open: Row = []  # the row being filled
         self.open_tokens = 0
 
@@ -37,20 +54,10 @@ class GreedyPacker:
                 self.closed.append(self.open)
                 self.open, self.open_tokens = [], 0
 
-    def ready(self, rows: int) -> bool:
-        return len(self.closed) >= rows
-
-    def take(self, rows: int) -> list[Row]:
-        taken, self.closed = self.closed[:rows], self.closed[rows:]
-        return taken
-
     def flush(self) -> None:
         if self.open:
             self.closed.append(self.open)
             self.open, self.open_tokens = [], 0
-
-    def pending_rows(self) -> int:
-        return len(self.closed)
 
     def state(self) -> dict:
         return {"closed": [[list(s) for s in row] for row in self.closed], "open": [list(s) for s in self.open]}
@@ -61,12 +68,12 @@ class GreedyPacker:
         self.open_tokens = sum(len(s) for s in self.open)
 
 
-class BestFitPacker:
+class BestFitPacker(ClosedRows):
     def __init__(self, max_length: int, open_rows: int):
         if open_rows < 1:
             raise ValueError(f"best-fit packing needs at least one open row, got {open_rows}")
-        self.max_length, self.open_rows = max_length, open_rows
-        self.closed: list[Row] = []
+        super().__init__(max_length)
+        self.open_rows = open_rows
         self.open: list[Row] = []  # oldest first
         self.used: list[int] = []  # tokens in each open row
 
@@ -99,19 +106,9 @@ class BestFitPacker:
         self.closed.append(self.open.pop(row))
         self.used.pop(row)
 
-    def ready(self, rows: int) -> bool:
-        return len(self.closed) >= rows
-
-    def take(self, rows: int) -> list[Row]:
-        taken, self.closed = self.closed[:rows], self.closed[rows:]
-        return taken
-
     def flush(self) -> None:
         self.closed.extend(self.open)
         self.open, self.used = [], []
-
-    def pending_rows(self) -> int:
-        return len(self.closed)
 
     def state(self) -> dict:
         return {"closed": [[list(s) for s in row] for row in self.closed],

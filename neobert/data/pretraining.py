@@ -72,8 +72,8 @@ class BatchBuilder:
         return self.packer.pending_rows()
 
     def pop(self, rows: int, generator: torch.Generator, rate: float | None = None) -> tuple[dict, dict]:
-        """The next batch of `rows` rows masked at `rate` (default: the masker's), and its statistics: rows,
-        real tokens, and the packing efficiency (real tokens / (rows x max_length))."""
+        """The next batch of `rows` rows masked at `rate` (default: the masker's), and its statistics: rows, real
+        tokens and the masking rate (the packing efficiency is tokens / (rows x max_length))."""
         if self.packer is None:
             docs, self.pending = self.pending[:rows], self.pending[rows:]
             batch, tokens = self.masker.collate_padded(docs, generator, rate), sum(len(d) for d in docs)
@@ -81,8 +81,7 @@ class BatchBuilder:
             packed = self.packer.take(rows)
             batch, tokens = self.masker.collate_packed(packed, generator, rate), sum(len(s) for r in packed for s in r)
             docs = packed
-        stats = {"rows": len(docs), "tokens": tokens, "packing_efficiency": tokens / (len(docs) * self.max_length),
-                 "mask_rate": self.masker.rate if rate is None else rate}
+        stats = {"rows": len(docs), "tokens": tokens, "mask_rate": self.masker.rate if rate is None else rate}
         return batch, stats
 
     def state(self) -> dict:

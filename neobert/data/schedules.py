@@ -52,10 +52,11 @@ class DataSchedule:
 
     @classmethod
     def from_config(cls, trainer, masking, sequence_length: int, world_size: int = 1) -> "DataSchedule":
-        warmup = getattr(trainer, "batch_size_warmup", None)
+        """`trainer`: pretraining's trainer section (micro-batch, accumulation, batch_size_warmup)."""
+        warmup = trainer.batch_size_warmup
         return cls(trainer.micro_batch_size, trainer.accumulate_grad_batches, world_size,
-                   start_batch_size=warmup.start_batch_size if warmup else 0,
-                   warmup_tokens=warmup.tokens if warmup else 0, sequence_length=sequence_length,
+                   start_batch_size=warmup.start_batch_size, warmup_tokens=warmup.tokens,
+                   sequence_length=sequence_length,
                    mask_rate=masking.rate, mask_rate_schedule=masking.rate_schedule)
 
     def step_of(self, micro_batch_index: int) -> int:

@@ -14,17 +14,17 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from neobert.config import ConfigError, config_path, load_config
-from neobert.errors import CheckpointError
 from neobert.config.pretrain import PretrainConfig
 from neobert.data.demo_corpus import write_demo_corpus
 from neobert.data.corpus import pretokenize, unigram_entropy
 from neobert.data.pretraining import PretrainingDataModule
 from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, load_tokenizer
+from neobert.errors import CheckpointError
 from neobert.eval.plots import final_value, plot_curves
 from neobert.layout import CONFIG_NAME, EMA_EXPORT_DIR, EXPORT_DIR, LOGS_DIR, LOSS_PLOT, TENSORBOARD_DIR, WEIGHTS_NAME
 from neobert.layout import checkpoint_dir, metrics_csvs
 from neobert.lit.checkpoints import (OLDER, model_state_dict, newest_readable_checkpoint,
-                                     read_lightning_checkpoint, remove_partial_writes, set_aside)
+                                     read_lightning_checkpoint, remove_partial_writes, set_aside, verify_checkpoint)
 from neobert.lit.ema import ExponentialMovingAverage
 from neobert.lit.glue_callback import GlueEvalCallback
 from neobert.lit.mteb_callback import MtebEvalCallback
@@ -95,9 +95,9 @@ def branch_step(config: PretrainConfig) -> int:
     if not Path(config.branch_from).exists():
         raise ConfigError(f"invalid config key 'branch_from': {config.branch_from!r} does not exist")
     try:
-        step = int(read_lightning_checkpoint(config.branch_from).get("global_step", 0))
+        step = verify_checkpoint(config.branch_from)  # memory-mapped: the tensors are not read
     except CheckpointError as err:
-        raise CheckpointError(f"branch_from: {err}") from err
+        raise CheckpointError(f"branch_from: {config.branch_from} is not a readable checkpoint: {err}") from err
     if step >= config.trainer.max_steps:
         raise ConfigError(f"invalid config key 'trainer.max_steps': {config.trainer.max_steps} is not after the "
                           f"step of branch_from ({step}); the branch trains until trainer.max_steps")

@@ -44,32 +44,37 @@ class AttentionLayout:
         return self.cu_seqlens is not None
 
     @classmethod
-    def padded(cls, attention_mask: Tensor | None) -> "AttentionLayout":
-        if attention_mask is None or bool(attention_mask.all()):
+    def padded(cls, attention_mask: Tensor | None, skip_if_full: bool = True) -> "AttentionLayout":
+        """`skip_if_full`: no mask when the batch has no padding (flash kernels), which reads the mask on the host."""
+        if attention_mask is None or (skip_if_full and bool(attention_mask.all())):
             return cls()
         return cls(key_padding_mask=attention_mask.bool()[:, None, None, :])
 
     @classmethod
-    def from_cu_seqlens(cls, cu_seqlens: Tensor, max_seqlen: int | None = None) -> "AttentionLayout":
+    def from_cu_seqlens(cls, cu_seqlens: Tensor, max_seqlen: int | None = None,
+                        total: int | None = None) -> "AttentionLayout":
+        """`max_seqlen` and `total` (the number of tokens), when the caller knows them, spare reading the device
+        on the host (and keep a compiled graph whole)."""
         cu_seqlens = cu_seqlens.to(torch.int32)
         lengths = cu_seqlens[1:] - cu_seqlens[:-1]
         if max_seqlen is None:
             max_seqlen = int(lengths.max())
         n_docs = lengths.numel()
-        positions = position_ids_from_cu_seqlens(cu_seqlens)
-        doc_index = torch.repeat_interleave(torch.arange(n_docs, device=cu_seqlens.device), lengths.long())
+        positions = position_ids_from_cu_seqlens(cu_seqlens, total)
+        doc_index = torch.repeat_interleave(torch.arange(n_docs, device=cu_seqlens.device), lengths.long(),
+                                            output_size=positions.numel())
         pad_index = doc_index * max_seqlen + positions
         grid = torch.arange(max_seqlen, device=cu_seqlens.device)
         pad_mask = (grid[None, :] < lengths[:, None])[:, None, None, :]
         return cls(cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, pad_index=pad_index, pad_mask=pad_mask)
 
 
-def position_ids_from_cu_seqlens(cu_seqlens: Tensor) -> Tensor:
-    """Positions that restart at 0 at the start of every packed document."""
+def position_ids_from_cu_seqlens(cu_seqlens: Tensor, total: int | None = None) -> Tensor:
+    """Positions that restart at 0 at the start of every packed document (`total`: the number of tokens)."""
     cu_seqlens = cu_seqlens.long()
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    total = int(cu_seqlens[-1])
-    starts = torch.repeat_interleave(cu_seqlens[:-1], lengths)
+    total = int(cu_seqlens[-1]) if total is None else total
+    starts = torch.repeat_interleave(cu_seqlens[:-1], lengths, output_size=total)
     return torch.arange(total, device=cu_seqlens.device) - starts
 
 

@@ -169,9 +169,9 @@ class NeoBERT(NeoBERTPreTrained):
         self._check_inputs(input_ids, attention_mask, position_ids, cu_seqlens)
         if cu_seqlens is not None:
             flat = input_ids.reshape(-1)
-            layout = AttentionLayout.from_cu_seqlens(cu_seqlens, max_seqlen)
+            layout = AttentionLayout.from_cu_seqlens(cu_seqlens, max_seqlen, total=flat.numel())
             if position_ids is None:
-                position_ids = position_ids_from_cu_seqlens(layout.cu_seqlens)
+                position_ids = position_ids_from_cu_seqlens(layout.cu_seqlens, total=flat.numel())
             hidden, states = self._run(flat, position_ids.reshape(-1), layout, output_hidden_states)
             unflat = lambda t: t.reshape(*input_ids.shape, -1)  # noqa: E731
             return EncoderOutput(unflat(hidden), tuple(map(unflat, states)) if states else None)
@@ -179,7 +179,14 @@ class NeoBERT(NeoBERTPreTrained):
         batch, length = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)
-        has_padding = attention_mask is not None and not bool(attention_mask.all())
+        # Compiled, whether the batch has padding is not looked at (that would read a device value on the host):
+        # the padded layout always takes the mask.
+        compiling = torch.compiler.is_compiling()
+        has_padding = attention_mask is not None and (compiling or not bool(attention_mask.all()))
+        if compiling:
+            layout = AttentionLayout.padded(attention_mask, skip_if_full=False)
+            hidden, states = self._run(input_ids, position_ids, layout, output_hidden_states)
+            return EncoderOutput(hidden, states)
         if self.config.attention_backend == "varlen" and has_padding:
             return self._forward_unpadded(input_ids, attention_mask, position_ids, output_hidden_states)
         layout = AttentionLayout.padded(attention_mask)
@@ -226,13 +233,17 @@ class NeoBERT(NeoBERTPreTrained):
             raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
         if input_ids.numel() == 0:
             raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
-        if input_ids.device.type != "meta" and not torch.compiler.is_compiling():
+        # Checks of values (not shapes) read the device on the host: eager only, never inside a compiled graph.
+        check_values = input_ids.device.type != "meta" and not torch.compiler.is_compiling()
+        if check_values:
             low, high = int(input_ids.min()), int(input_ids.max())
             if low < 0 or high >= config.vocab_size:
                 raise ValueError(f"token ids must be in [0, {config.vocab_size}); got min {low}, max {high}")
         if cu_seqlens is not None:
             if attention_mask is not None:
                 raise ValueError("pass either cu_seqlens (packed batch) or attention_mask (padded batch), not both")
+            longest = 0  # compiled: the document lengths are not read (max_seqlen is the caller's)
+        if cu_seqlens is not None and check_values:
             if int(cu_seqlens[-1]) != input_ids.numel() or int(cu_seqlens[0]) != 0:
                 raise ValueError(
                     f"cu_seqlens must run from 0 to the number of tokens ({input_ids.numel()}), "
@@ -242,7 +253,7 @@ class NeoBERT(NeoBERTPreTrained):
             if bool((lengths <= 0).any()):
                 raise ValueError("cu_seqlens describes an empty document (lengths must be positive)")
             longest = int(lengths.max())
-        else:
+        elif cu_seqlens is None:
             if input_ids.dim() != 2:
                 raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
             if attention_mask is not None:
@@ -251,12 +262,12 @@ class NeoBERT(NeoBERTPreTrained):
                         f"attention_mask shape {tuple(attention_mask.shape)} does not match input_ids shape "
                         f"{tuple(input_ids.shape)}"
                     )
-                if not bool(attention_mask.bool().any(dim=1).all()):
+                if check_values and not bool(attention_mask.bool().any(dim=1).all()):
                     raise ValueError("a sequence in the batch has no real token (its attention_mask is all 0)")
             longest = input_ids.shape[1]
         if longest > config.max_length:
             raise ValueError(f"sequence length {longest} exceeds max_length={config.max_length}")
-        if position_ids is not None and position_ids.numel() and int(position_ids.max()) >= config.max_length:
+        if check_values and position_ids is not None and position_ids.numel() and int(position_ids.max()) >= config.max_length:
             raise ValueError(f"position id {int(position_ids.max())} exceeds max_length={config.max_length}")
 
 
@@ -287,7 +298,7 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
             if labels.shape != input_ids.shape:
                 raise ValueError(f"labels shape {tuple(labels.shape)} != input_ids shape {tuple(input_ids.shape)}")
             bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= self.config.vocab_size))
-            if bool(bad.any()):
+            if not torch.compiler.is_compiling() and bool(bad.any()):
                 raise ValueError(f"labels must be -100 or token ids in [0, {self.config.vocab_size})")
         if masked_only:
             if labels is None:

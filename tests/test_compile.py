@@ -1,0 +1,55 @@
+"""The model's forward + MLM loss is one graph under `torch.compile(fullgraph=True)`, padded and packed, on both
+attention backends: no graph break, so no host synchronisation inside it (on a GPU every break or `.item()`
+stalls the pipeline; this is the part of the GPU path that can be checked on a CPU). Compiled, value checks of
+the inputs are skipped (they would read the device on the host); eager keeps them."""
+
+import pytest
+import torch
+import torch._dynamo
+
+from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
+
+
+def batch(vocab_size: int):
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(5, vocab_size, (2, 16), generator=generator)
+    attention_mask = torch.ones(2, 16, dtype=torch.long)
+    attention_mask[1, 10:] = 0
+    labels = torch.full_like(input_ids, -100)
+    labels[:, 3] = input_ids[:, 3]
+    labels[0, 7] = input_ids[0, 7]
+    return input_ids, attention_mask, labels
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "varlen"])
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_forward_and_loss_compile_without_graph_breaks(backend, layout):
+    torch.manual_seed(0)
+    model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", attention_backend=backend)).eval()
+    input_ids, attention_mask, labels = batch(model.config.vocab_size)
+    cu_seqlens = torch.tensor([0, 5, 16, 32], dtype=torch.int32)
+
+    def loss(input_ids, attention_mask, labels, cu_seqlens):
+        if layout == "packed":
+            return model(input_ids, labels=labels, cu_seqlens=cu_seqlens, max_seqlen=16).loss
+        return model(input_ids, attention_mask, labels=labels).loss
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(loss)(input_ids, attention_mask, labels, cu_seqlens)
+    assert explained.graph_break_count == 0, [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True, backend="eager")  # fullgraph: a break would raise
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids, attention_mask, labels, cu_seqlens),
+                                   loss(input_ids, attention_mask, labels, cu_seqlens))
+
+
+def test_eager_still_checks_values():
+    model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny")).eval()
+    input_ids, attention_mask, labels = batch(model.config.vocab_size)
+    with pytest.raises(ValueError, match="token ids must be in"):
+        model(input_ids + model.config.vocab_size, attention_mask)
+    with pytest.raises(ValueError, match="cu_seqlens must run from 0"):
+        model(input_ids, cu_seqlens=torch.tensor([0, 5, 30], dtype=torch.int32))
+    with pytest.raises(ValueError, match="not both"):
+        model(input_ids, attention_mask, cu_seqlens=torch.tensor([0, 16, 32], dtype=torch.int32))

@@ -179,14 +179,13 @@ class NeoBERT(NeoBERTPreTrained):
         batch, length = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)
-        # Compiled, whether the batch has padding is not looked at (that would read a device value on the host):
-        # the padded layout always takes the mask.
-        compiling = torch.compiler.is_compiling()
-        has_padding = attention_mask is not None and (compiling or not bool(attention_mask.all()))
-        if compiling:
+        if torch.compiler.is_compiling():
+            # Whether the batch has padding is not looked at (that would read a device value on the host): the
+            # mask is always applied, and varlen does not unpad (a data-dependent shape).
             layout = AttentionLayout.padded(attention_mask, skip_if_full=False)
             hidden, states = self._run(input_ids, position_ids, layout, output_hidden_states)
             return EncoderOutput(hidden, states)
+        has_padding = attention_mask is not None and not bool(attention_mask.all())
         if self.config.attention_backend == "varlen" and has_padding:
             return self._forward_unpadded(input_ids, attention_mask, position_ids, output_hidden_states)
         layout = AttentionLayout.padded(attention_mask)

@@ -84,6 +84,16 @@ class BatchBuilder:
         stats = {"rows": len(docs), "tokens": tokens, "mask_rate": self.masker.rate if rate is None else rate}
         return batch, stats
 
+    def all_batches(self, documents, rows: int, generator: torch.Generator) -> Iterator[tuple[dict, dict]]:
+        """Every batch of a finite set of documents, the last one smaller (validation, measurements)."""
+        for ids in documents:
+            self.add(ids)
+            while self.ready(rows):
+                yield self.pop(rows, generator)
+        left = self.flush()
+        if left:
+            yield self.pop(left, generator)
+
     def state(self) -> dict:
         if self.packer is None:
             return {"pending": copy.deepcopy(self.pending)}
@@ -326,13 +336,6 @@ def validation_batches(data, masking, tokenizer, micro_batch_size: int) -> list[
                            data.packing_open_rows)
     tokenize, skipped = DocumentTokenizer(tokenizer, text_column(data)), {}
     generator = torch.Generator().manual_seed(derived_seed(data.seed, 999))
-    batches = []
-    for block in read_blocks(open_source(data).take(data.validation_docs), 1000, data):
-        for ids in tokenize(block, skipped):
-            builder.add(ids)
-            while builder.ready(micro_batch_size):
-                batches.append(builder.pop(micro_batch_size, generator)[0])
-    left = builder.flush()
-    if left:  # the last, smaller batch
-        batches.append(builder.pop(left, generator)[0])
-    return batches
+    documents = (ids for block in read_blocks(open_source(data).take(data.validation_docs), 1000, data)
+                 for ids in tokenize(block, skipped))
+    return [batch for batch, _ in builder.all_batches(documents, micro_batch_size, generator)]

@@ -96,16 +96,8 @@ def packing_report(docs: int = 3000, max_length: int = 128, batch_size: int = 32
     report = {}
     for mode in ("none", "greedy", "best_fit"):
         builder = BatchBuilder(masker, max_length, mode, set(tokenizer.all_special_ids), open_rows)
-        generator, rows, tokens, segments = torch.Generator().manual_seed(0), 0, 0, 0
-        for ids in documents:
-            builder.add(ids)
-            while builder.ready(batch_size):
-                batch, stats = builder.pop(batch_size, generator)
-                rows, tokens = rows + stats["rows"], tokens + stats["tokens"]
-                segments += len(batch["cu_seqlens"]) - 1 if "cu_seqlens" in batch else stats["rows"]
-        left = builder.flush()
-        if left:
-            batch, stats = builder.pop(left, generator)
+        rows, tokens, segments = 0, 0, 0
+        for batch, stats in builder.all_batches(documents, batch_size, torch.Generator().manual_seed(0)):
             rows, tokens = rows + stats["rows"], tokens + stats["tokens"]
             segments += len(batch["cu_seqlens"]) - 1 if "cu_seqlens" in batch else stats["rows"]
         report[mode] = {"packing_efficiency": tokens / (rows * max_length), "rows": rows,

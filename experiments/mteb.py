@@ -6,6 +6,7 @@
     python -m experiments.mteb --model runs/contrastive/export \
         --tasks sts:data/sts-dev.csv,retrieval:data/pairs.jsonl                      # local tasks, no hub
     python -m experiments.mteb --config mteb instructions=none batch_size=32
+    python -m experiments.mteb --model runs/contrastive/export --tasks sts:data/sts-dev.csv --dim 256   # Matryoshka
 
 Writes results.json, summary.json and summary.md (paper Table 4 layout) under output_dir.
 """
@@ -30,11 +31,13 @@ def parse_args(argv=None) -> MtebConfig:
     parser.add_argument("--config", help="YAML file (or packaged config name, e.g. mteb) with MtebConfig keys")
     parser.add_argument("--model", help="checkpoint directory, Hugging Face encoder (dir or hub name), preset:<name>")
     parser.add_argument("--tasks", help="comma-separated: mteb task names, 'english', sts:<file>, retrieval:<file>")
+    parser.add_argument("--dim", type=int, help="evaluate embeddings truncated to their first DIM dimensions "
+                                                "(re-normalised), e.g. after Matryoshka training")
     parser.add_argument("--output-dir")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of MtebConfig")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
-    overrides = flag_overrides(args, values=("model", "output_dir"), lists=("tasks",))
+    overrides = flag_overrides(args, values=("model", "output_dir", "dim"), lists=("tasks",))
     return load_config(MtebConfig, args.config, overrides)
 
 

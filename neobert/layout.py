@@ -37,6 +37,7 @@ GLUE_PREDICTIONS_DIR = "predictions"
 GLUE_SWEEP_JSON, GLUE_SWEEP_MD = "sweep.json", "sweep.md"
 GLUE_TABLE_JSON, GLUE_TABLE_MD = "glue_results.json", "glue_results.md"  # `--task all`
 STS_ZERO_SHOT_DIR, STS_TUNED_DIR = "sts_zero_shot", "sts_tuned"  # contrastive: the local STS before and after
+MATRYOSHKA_JSON = "matryoshka.json"  # in a contrastive export: the embedding sizes it was trained for
 MTEB_SUMMARY_JSON, MTEB_SUMMARY_MD = "summary.json", "summary.md"
 THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT = "throughput.csv", "throughput.md", "throughput.png"
 PPPL_DOCUMENTS_CSV, PPPL_BUCKETS_JSON = "documents.csv", "buckets.json"

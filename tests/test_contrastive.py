@@ -39,14 +39,14 @@ def _jsonl(path, rows):
 def test_local_formats_pairs_nli_and_sts(tmp_path):
     pairs = read_local_examples(_jsonl(tmp_path / "p.jsonl", [{"query": "q1", "positive": "p1", "negative": "n1"},
                                                               {"anchor": "q2", "positive": "p2"}][:1]))
-    assert pairs == [ContrastiveExample("q1", "p1", "n1")]
+    assert pairs == [ContrastiveExample("q1", "p1", ("n1",))]
     nli = read_local_examples(_jsonl(tmp_path / "nli.jsonl", [
         {"premise": "A man sings.", "hypothesis": "A person sings.", "label": "entailment"},
         {"premise": "A man sings.", "hypothesis": "Nobody sings.", "label": "contradiction"},
         {"premise": "A man sings.", "hypothesis": "He is on stage.", "label": "neutral"},
         {"premise": "Cats sleep.", "hypothesis": "Animals rest.", "label": 0}]))
-    assert nli == [ContrastiveExample("A man sings.", "A person sings.", "Nobody sings."),
-                   ContrastiveExample("Cats sleep.", "Animals rest.", None)]
+    assert nli == [ContrastiveExample("A man sings.", "A person sings.", ("Nobody sings.",)),
+                   ContrastiveExample("Cats sleep.", "Animals rest.")]
     sts = tmp_path / "sts.csv"
     sts.write_text("main\tf\t2012\t0001\t4.500\tA plane takes off.\tAn airplane departs.\n"
                    "main\tf\t2012\t0002\t1.000\tA dog barks.\tA man eats.\n")
@@ -74,15 +74,15 @@ def test_every_example_carries_its_datasets_instruction(tmp_path):
     # AllNLI is symmetric: the same instruction on every side; it has no trailing space, so one is added.
     assert corpora["AllNLI"][0] == ContrastiveExample("Retrieve semantically similar text. a0",
                                                       "Retrieve semantically similar text. p0",
-                                                      "Retrieve semantically similar text. n0")
+                                                      ("Retrieve semantically similar text. n0",))
     # MS MARCO is asymmetric: queries get the instruction, passages none.
     assert corpora["MSMARCO"][1].query.startswith("Given a web search query, retrieve relevant passages")
     assert corpora["MSMARCO"][1].query.endswith("Query: a1")
-    assert corpora["MSMARCO"][1].positive == "p1" and corpora["MSMARCO"][1].negative == "n1"
+    assert corpora["MSMARCO"][1].positive == "p1" and corpora["MSMARCO"][1].negatives == ("n1",)
     assert corpora["Mine"][0] == ContrastiveExample("Custom: q", "Custom: d")
     no_negatives = load_corpora(ContrastiveDataConfig(datasets=["AllNLI"], local_files={"AllNLI": str(local)},
                                                       use_hard_negatives=False))
-    assert all(e.negative is None for e in no_negatives[0].examples)
+    assert all(e.negatives == () for e in no_negatives[0].examples)
 
 
 def test_packaged_config_has_the_paper_protocol_and_the_old_keys_still_work():
@@ -142,9 +142,9 @@ def test_batches_hold_one_dataset_no_repeated_text_and_follow_size_power_alpha()
     sampler = ContrastiveBatchSampler(corpora, batch_size=8, alpha=0.5, seed=3, steps_per_epoch=2000)
     counts = Counter()
     for batch in sampler:
-        datasets = {d for d, _ in batch}
+        datasets = {d for d, _, _ in batch}
         assert len(datasets) == 1, "a batch mixes data sets"
-        texts = [t for d, i in batch for t in (corpora[d].examples[i].query, corpora[d].examples[i].positive)]
+        texts = [t for d, i, _ in batch for t in (corpora[d].examples[i].query, corpora[d].examples[i].positive)]
         assert len(texts) == len(set(texts)), "a batch repeats a text"
         counts[datasets.pop()] += 1
     # size**0.5: sqrt(1600) : sqrt(100) = 40 : 10, so 80% of the batches come from "big" (not 94% as by size).
@@ -156,7 +156,7 @@ def test_ranks_share_the_dataset_and_split_the_global_batch():
     ranks = [list(ContrastiveBatchSampler(corpora, 4, 1.0, seed=1, rank=r, world_size=2)) for r in range(2)]
     assert len(ranks[0]) == len(ranks[1]) == 16
     for first, second in zip(*ranks):
-        assert {d for d, _ in first} == {d for d, _ in second}
+        assert {d for d, _, _ in first} == {d for d, _, _ in second}
         assert not set(first) & set(second)
     with pytest.raises(ValueError, match="fewer examples than one global batch"):
         ContrastiveBatchSampler([_corpus("tiny", 5)], 4, 1.0, world_size=2)

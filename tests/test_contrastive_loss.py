@@ -1,4 +1,5 @@
-"""InfoNCE: a hand computation, hard negatives, the cross-process gather (2 gloo processes), and GradCache."""
+"""InfoNCE: a hand computation, hard negatives, Matryoshka, the cross-process gather (2 gloo processes), and
+GradCache (with Matryoshka too)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 import torch.multiprocessing as mp
 
 from neobert.config.contrastive import ContrastiveConfig, ContrastiveLossConfig
-from neobert.lit.contrastive import ContrastiveModule, distributed_info_nce, info_nce
+from neobert.config import ConfigError
+from neobert.lit.contrastive import ContrastiveModule, distributed_info_nce, info_nce, matryoshka_info_nce
 
 
 def test_info_nce_matches_a_hand_computation_on_3x3():
@@ -44,10 +46,50 @@ def test_hard_negatives_enter_every_denominator():
     assert with_near.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
+def test_matryoshka_loss_is_the_weighted_sum_of_infonce_on_each_truncation_by_hand():
+    torch.manual_seed(0)
+    queries, positives, negatives = torch.randn(5, 16), torch.randn(5, 16), torch.randn(10, 16)
+    weights = {16: 1.0, 8: 0.5, 4: 2.0}
+
+    def by_hand(d: int) -> float:  # explicit cosines of the first d dimensions, one query at a time
+        total = 0.0
+        candidates = torch.cat([positives, negatives])[:, :d]
+        for i in range(5):
+            q = queries[i, :d] / queries[i, :d].norm()
+            scores = [float(q @ (c / c.norm())) / 0.07 for c in candidates]
+            total += -(scores[i] - math.log(sum(math.exp(x) for x in scores)))
+        return total / 5
+
+    loss, parts = matryoshka_info_nce(queries, positives, negatives, 0.07, weights)
+    assert set(parts) == {16, 8, 4}
+    for d in weights:
+        assert parts[d].item() == pytest.approx(by_hand(d), rel=1e-5)
+    assert loss.item() == pytest.approx(sum(w * by_hand(d) for d, w in weights.items()), rel=1e-5)
+    # One dimension equal to the embedding size is plain InfoNCE; truncation is not a no-op.
+    assert matryoshka_info_nce(queries, positives, negatives, 0.07, {16: 1.0})[0].item() == pytest.approx(
+        info_nce(queries, positives, negatives).item(), rel=1e-6)
+    assert parts[4].item() != pytest.approx(parts[16].item(), rel=1e-3)
+
+
+def test_matryoshka_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"loss\.matryoshka_dims"):
+        ContrastiveLossConfig(matryoshka_dims=[64, 64]).validate()
+    with pytest.raises(ConfigError, match=r"loss\.matryoshka_weights"):
+        ContrastiveLossConfig(matryoshka_dims=[64, 32], matryoshka_weights=[1.0]).validate()
+    with pytest.raises(ConfigError, match=r"loss\.matryoshka_dims.*\[1024\].*512"):
+        ContrastiveLossConfig(matryoshka_dims=[1024, 256]).dimension_weights(512)
+    assert ContrastiveLossConfig(matryoshka_dims=[512, 256]).dimension_weights(512) == {512: 1.0, 256: 1.0}
+    assert ContrastiveLossConfig().dimension_weights(384) == {384: 1.0}
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# Plain InfoNCE (the whole 6-dimensional embedding) and Matryoshka over 6, 3 and 2 dimensions.
+GATHER_CASES = {"infonce": {6: 1.0}, "matryoshka": {6: 1.0, 3: 0.5, 2: 2.0}}
 
 
 def _gathered_worker(rank: int, world: int, port: int, tensors: dict, results) -> None:
@@ -57,10 +99,12 @@ def _gathered_worker(rank: int, world: int, port: int, tensors: dict, results) -
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         per_rank = tensors["q"].shape[0] // world
-        local = {k: v[rank * per_rank:(rank + 1) * per_rank].clone().requires_grad_() for k, v in tensors.items()}
-        loss = distributed_info_nce(local["q"], local["p"], local["n"], temperature=0.07)
-        loss.backward()
-        results[rank] = (loss.item(), {k: v.grad.clone() for k, v in local.items()})
+        for case, weights in GATHER_CASES.items():
+            local = {k: v[rank * per_rank:(rank + 1) * per_rank].clone().requires_grad_()
+                     for k, v in tensors.items()}
+            loss, _ = distributed_info_nce(local["q"], local["p"], local["n"], 0.07, weights)
+            loss.backward()
+            results[(case, rank)] = (loss.item(), {k: v.grad.clone() for k, v in local.items()})
     finally:
         dist.destroy_process_group()
 
@@ -69,25 +113,30 @@ def _gathered_worker(rank: int, world: int, port: int, tensors: dict, results) -
 def test_gathered_negatives_equal_the_loss_on_the_concatenated_batch():
     """Two gloo processes, each with half the batch: the mean of their losses is the single-process loss on the
     whole batch, and each process's embedding gradients are the whole-batch gradients times the world size
-    (DDP divides parameter gradients by it), because the gather carries gradients back across processes."""
+    (DDP divides parameter gradients by it), because the gather carries gradients back across processes. The
+    same holds for the Matryoshka loss, whose truncations slice the gathered embeddings."""
     torch.manual_seed(0)
     world = 2
-    tensors = {"q": torch.randn(6, 5), "p": torch.randn(6, 5), "n": torch.randn(6, 5)}
-    full = {k: v.clone().requires_grad_() for k, v in tensors.items()}
-    full_loss = info_nce(full["q"], full["p"], full["n"])
-    full_loss.backward()
-
+    tensors = {"q": torch.randn(6, 6), "p": torch.randn(6, 6), "n": torch.randn(6, 6)}
     results = mp.Manager().dict()
     mp.start_processes(_gathered_worker, args=(world, _free_port(), tensors, results), nprocs=world,
                        start_method="spawn")
-    losses = [results[r][0] for r in range(world)]
-    assert sum(losses) / world == pytest.approx(full_loss.item(), rel=1e-5)
-    # A process that saw only its own half (no gather) would have a different loss.
-    assert info_nce(tensors["q"][:3], tensors["p"][:3], tensors["n"][:3]).item() != pytest.approx(losses[0], rel=1e-3)
-    for rank in range(world):
-        for key in ("q", "p", "n"):
-            grad = results[rank][1][key] / world
-            torch.testing.assert_close(grad, full[key].grad[rank * 3:(rank + 1) * 3], rtol=1e-5, atol=1e-6)
+    for case, weights in GATHER_CASES.items():
+        full = {k: v.clone().requires_grad_() for k, v in tensors.items()}
+        full_loss, _ = matryoshka_info_nce(full["q"], full["p"], full["n"], 0.07, weights)
+        full_loss.backward()
+        losses = [results[(case, r)][0] for r in range(world)]
+        assert sum(losses) / world == pytest.approx(full_loss.item(), rel=1e-5), case
+        # A process that saw only its own half (no gather) would have a different loss.
+        alone, _ = matryoshka_info_nce(tensors["q"][:3], tensors["p"][:3], tensors["n"][:3], 0.07, weights)
+        assert alone.item() != pytest.approx(losses[0], rel=1e-3), case
+        for rank in range(world):
+            for key in ("q", "p", "n"):
+                grad = results[(case, rank)][1][key] / world
+                torch.testing.assert_close(grad, full[key].grad[rank * 3:(rank + 1) * 3], rtol=1e-5, atol=1e-6,
+                                           msg=f"{case} {key}")
+    matryoshka = [results[("matryoshka", r)][0] for r in range(world)]
+    assert matryoshka != [results[("infonce", r)][0] for r in range(world)]
 
 
 def _batch(vocab: int, size: int, length: int, generator) -> dict:
@@ -97,10 +146,12 @@ def _batch(vocab: int, size: int, length: int, generator) -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-@pytest.mark.parametrize("dropout_on, chunk_size", [(False, 4), (True, 6)])
-def test_grad_cache_gives_the_same_gradients_as_one_backward(dropout_on, chunk_size):
-    """Chunked GradCache accumulates the gradients of one ordinary backward. With dropout on and one chunk per
-    side, both paths draw the same masks only if GradCache replays each chunk's RNG state when re-embedding."""
+@pytest.mark.parametrize("dropout_on, chunk_size, matryoshka_dims", [(False, 4, []), (True, 6, []),
+                                                                    (False, 4, [64, 32, 8]), (True, 6, [16, 64])])
+def test_grad_cache_gives_the_same_gradients_as_one_backward(dropout_on, chunk_size, matryoshka_dims):
+    """Chunked GradCache accumulates the gradients of one ordinary backward, with plain InfoNCE and with the
+    Matryoshka loss. With dropout on and one chunk per side, both paths draw the same masks only if GradCache
+    replays each chunk's RNG state when re-embedding."""
     from neobert.data.backbone import Backbone
     from neobert.model.config import NeoBERTConfig
     from neobert.model.modeling import NeoBERT
@@ -111,19 +162,24 @@ def test_grad_cache_gives_the_same_gradients_as_one_backward(dropout_on, chunk_s
     batch = {side: _batch(200, 6, 12, generator) for side in ("query", "positive", "negative")}
 
     def grads(chunk: int) -> dict[str, torch.Tensor]:
-        config = ContrastiveConfig(loss=ContrastiveLossConfig(grad_cache_chunk_size=chunk))
+        config = ContrastiveConfig(loss=ContrastiveLossConfig(grad_cache_chunk_size=chunk,
+                                                              matryoshka_dims=matryoshka_dims))
         module = ContrastiveModule(Backbone(encoder, None, 64, 2, True), config.loss, config.optimizer,
                                    config.scheduler, config.trainer)
         module.zero_grad()
         torch.manual_seed(1)
         if chunk:
             module.manual_backward = lambda loss: loss.backward()  # no Trainer in this unit test
-            module.grad_cache_backward(batch)
+            losses[chunk] = module.grad_cache_backward(batch)
         else:
-            module._loss_from_embeddings({s: module.embed(**inputs) for s, inputs in batch.items()}).backward()
+            losses[chunk] = module._loss_from_embeddings({s: module.embed(**inputs) for s, inputs in batch.items()})
+            losses[chunk][0].backward()
         return {name: p.grad.clone() for name, p in module.named_parameters()}
 
+    losses = {}
     reference, cached = grads(0), grads(chunk_size)
+    assert losses[chunk_size][0].item() == pytest.approx(losses[0][0].item(), rel=1e-5)
+    assert set(losses[chunk_size][1]) == set(matryoshka_dims or [64])
     assert reference.keys() == cached.keys()
     for name in reference:
         torch.testing.assert_close(cached[name], reference[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -107,6 +107,12 @@ class ContrastiveDataConfig:
     batch_size: int = 64  # per device; the negatives grow with the number of devices
     alpha: float = 0.5  # data sets are drawn with probability proportional to size**alpha
     use_hard_negatives: bool = True
+    # Hard negatives per query, at most (null = all a data set has). A batch uses as many as each of its examples
+    # has, so every device contributes the same number of candidates.
+    max_hard_negatives: Optional[int] = None
+    # No two examples of a global batch share a text (query, positive or negative): a repeated positive would be a
+    # false in-batch negative. Off only to reproduce a sampler that allows them.
+    no_duplicates: bool = True
     max_length: int = 512
     sts_min_score: float = 4.0
     max_examples_per_dataset: Optional[int] = None
@@ -121,6 +127,8 @@ class ContrastiveDataConfig:
         require(self.max_examples_per_dataset is None or self.max_examples_per_dataset > 0,
                 f"{prefix}.max_examples_per_dataset", "must be positive or null")
         require(self.num_workers >= 0, f"{prefix}.num_workers", "must be >= 0")
+        require(self.max_hard_negatives is None or self.max_hard_negatives >= 0, f"{prefix}.max_hard_negatives",
+                "must be >= 0 or null (all)")
 
 
 @dataclass
@@ -129,10 +137,30 @@ class ContrastiveLossConfig:
     # GradCache: embed the batch in chunks of this many texts without a graph, take the loss gradient on the
     # embeddings, then re-embed chunk by chunk with a graph. 0 = off (one ordinary forward/backward).
     grad_cache_chunk_size: int = 0
+    # Matryoshka representation learning (Kusupati et al., 2022): the loss is the weighted sum of InfoNCE on the
+    # first d dimensions of every embedding (re-normalised) for each d listed, e.g. [768, 512, 256, 128, 64], so a
+    # truncated embedding still works. Empty = InfoNCE on the whole embedding only. Weights default to 1 each.
+    matryoshka_dims: List[int] = field(default_factory=list)
+    matryoshka_weights: Optional[List[float]] = None
 
     def validate(self, prefix: str = "loss") -> None:
         require(self.temperature > 0, f"{prefix}.temperature", "must be positive")
         require(self.grad_cache_chunk_size >= 0, f"{prefix}.grad_cache_chunk_size", "must be >= 0 (0 = off)")
+        dims = list(self.matryoshka_dims)
+        require(all(d > 0 for d in dims) and len(set(dims)) == len(dims), f"{prefix}.matryoshka_dims",
+                f"must be distinct positive dimensions, got {dims}")
+        weights = self.matryoshka_weights
+        require(weights is None or (len(weights) == len(dims) and all(w > 0 for w in weights)),
+                f"{prefix}.matryoshka_weights", f"must be {len(dims)} positive numbers, one per "
+                f"{prefix}.matryoshka_dims entry (or null: 1 each), got {weights}")
+
+    def dimension_weights(self, hidden_size: int) -> dict[int, float]:
+        """{d: weight} of the loss: every Matryoshka dimension, or just the whole embedding."""
+        if not self.matryoshka_dims:
+            return {hidden_size: 1.0}
+        too_large = [d for d in self.matryoshka_dims if d > hidden_size]
+        require(not too_large, "loss.matryoshka_dims", f"{too_large} exceed the model's embedding size {hidden_size}")
+        return dict(zip(self.matryoshka_dims, self.matryoshka_weights or [1.0] * len(self.matryoshka_dims)))
 
 
 @dataclass
@@ -150,6 +178,8 @@ class ContrastiveConfig:
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(loggers=["csv"]))
     # A local STS file (STS Benchmark layout) scored before and after training: the zero-shot vs tuned check.
     eval_sts: Optional[str] = None
+    # Also score eval_sts on embeddings truncated to these sizes (re-normalised); empty = loss.matryoshka_dims.
+    eval_sts_dims: List[int] = field(default_factory=list)
     output_dir: str = "runs/contrastive"
 
     RENAMED_KEYS: ClassVar[Dict[str, str]] = {
@@ -167,6 +197,7 @@ class ContrastiveConfig:
             section.validate()
         # The linear decay needs the run's length.
         require(self.trainer.max_steps > 0, "trainer.max_steps", "must be positive")
+        require(all(d > 0 for d in self.eval_sts_dims), "eval_sts_dims", "must be positive dimensions")
         require(not self.trainer.ema.decay, "trainer.ema", "is supported by pretraining only (experiments.pretrain)")
         # GradCache steps the optimizer itself, once per batch: Lightning cannot accumulate for it.
         require(self.loss.grad_cache_chunk_size == 0 or self.trainer.accumulate_grad_batches == 1,

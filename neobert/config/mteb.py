@@ -22,6 +22,9 @@ class MtebConfig:
     max_length: Optional[int] = 512
     max_examples: Optional[int] = None  # cap on the examples of local tasks (quick checks)
     device: Optional[str] = None  # default: cuda if available
+    # Evaluate embeddings truncated to their first `dim` dimensions, re-normalised (after Matryoshka training,
+    # loss.matryoshka_dims); null = the whole embedding.
+    dim: Optional[int] = None
     output_dir: str = "runs/mteb"
 
     def instructions_file(self) -> Optional[Path]:
@@ -35,6 +38,7 @@ class MtebConfig:
         require(self.batch_size > 0, "batch_size", "must be positive")
         require(self.max_length is None or self.max_length > 0, "max_length", "must be positive or null")
         require(self.max_examples is None or self.max_examples > 0, "max_examples", "must be positive or null")
+        require(self.dim is None or self.dim > 0, "dim", "must be positive or null")
         try:
             self.instructions_file()
         except ConfigError as err:

@@ -1,11 +1,14 @@
 """Contrastive training data (paper Section 5.2): (query, positive[, hard negative]) examples from the
 paper's training sets, each prefixed with its data set's instruction, one data set per batch, data sets drawn in
-proportion to size**alpha, and no repeated text inside a batch (a repeat would be a false in-batch negative).
+proportion to size**alpha, no repeated text inside a batch (a repeat would be a false in-batch negative), and an
+exactly resumable order of batches.
 
 Every data set is a hub data set by default (`CONTRASTIVE_DATASETS`, in `neobert.config.contrastive`) and can be
 replaced by a local file with `data.local_files.<name>=<path>`; a name that is not in the registry is a local-only
 data set. Local files:
-* `.jsonl` / `.csv` / `.tsv` with columns `query` (or `anchor`), `positive` and optionally `negative`;
+* `.jsonl` / `.csv` / `.tsv` with columns `query` (or `anchor`), `positive` and optionally hard negatives: a
+  `negative` column, numbered `negative_1` ... `negative_k` columns (sentence-transformers' mined layout), or a
+  jsonl `negatives` list (what `python -m experiments.mine_negatives` writes);
 * All-NLI format: columns `premise`, `hypothesis`, `label` (entailment / contradiction, or 0 / 2 as in SNLI);
   each premise becomes (premise, an entailed hypothesis, a contradicted hypothesis when there is one);
 * STS format: the STS Benchmark release CSV (`sts-train.csv`: tab-separated genre, file, year, id, score,
@@ -22,7 +25,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, NamedTuple, Optional
 
 import lightning as L
 import torch
@@ -50,7 +53,16 @@ def prepend_instruction(instruction: str | None, text: str) -> str:
 class ContrastiveExample:
     query: str
     positive: str
-    negative: Optional[str] = None
+    negatives: tuple[str, ...] = ()  # hard negatives, most useful first (mined ones are in rank order)
+
+    def __post_init__(self):
+        if isinstance(self.negatives, str):  # would silently become one negative per character
+            raise TypeError("ContrastiveExample.negatives is a tuple of texts, not one string")
+        object.__setattr__(self, "negatives", tuple(self.negatives))
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        return (self.query, self.positive, *self.negatives)
 
 
 def read_sts_pairs(path: str | Path) -> list[tuple[str, str, float]]:
@@ -98,8 +110,20 @@ def read_local_examples(path: str | Path, sts_min_score: float = 4.0) -> list[Co
         raise ValueError(f"{path}: expected columns query (or anchor), positive[, negative], or the All-NLI "
                          f"(premise, hypothesis, label) or STS (sentence1, sentence2, score) layouts; "
                          f"got {sorted(columns)}")
-    return [ContrastiveExample(_text(r, query, path, i), _text(r, "positive", path, i),
-                               r.get("negative") or None) for i, r in enumerate(rows, 1)]
+    return [ContrastiveExample(_text(r, query, path, i), _text(r, "positive", path, i), _negatives(r, path, i))
+            for i, r in enumerate(rows, 1)]
+
+
+def _negatives(row: dict, path: Path, number: int) -> tuple[str, ...]:
+    """The hard negatives of a row: a `negatives` list, a `negative` text, or `negative_1` ... `negative_k`."""
+    if "negatives" in row:
+        values = row["negatives"]
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise ValueError(f"{path}: example {number}: 'negatives' must be a list of texts")
+    else:
+        numbered = sorted((k for k in row if k.startswith("negative_") and k[9:].isdigit()), key=lambda k: int(k[9:]))
+        values = [row[k] for k in (["negative"] if "negative" in row else []) + numbered]
+    return tuple(v for v in values if isinstance(v, str) and v.strip())
 
 
 def load_hub_examples(name: str, source: ContrastiveSource, sts_min_score: float) -> list[ContrastiveExample]:
@@ -109,8 +133,8 @@ def load_hub_examples(name: str, source: ContrastiveSource, sts_min_score: float
         return _examples_from_sts(zip(table[source.query], table[source.positive], table[source.score]),
                                   sts_min_score)
     negatives = table[source.negative] if source.negative else [None] * len(table)
-    return [ContrastiveExample(q, p, n or None) for q, p, n in zip(table[source.query], table[source.positive],
-                                                                   negatives) if q and p]
+    return [ContrastiveExample(q, p, (n,) if n else ()) for q, p, n in zip(table[source.query],
+                                                                          table[source.positive], negatives) if q and p]
 
 
 def _examples_from_sts(pairs, min_score: float) -> list[ContrastiveExample]:
@@ -133,8 +157,8 @@ def _examples_from_nli(rows: list[dict], path: Path) -> list[ContrastiveExample]
     for premise, hypotheses in entailed.items():
         negatives = contradicted.get(premise, [])
         for i, hypothesis in enumerate(hypotheses):
-            examples.append(ContrastiveExample(premise, hypothesis, negatives[i % len(negatives)] if negatives
-                                               else None))
+            examples.append(ContrastiveExample(premise, hypothesis, (negatives[i % len(negatives)],) if negatives
+                                               else ()))
     if not examples:
         raise ValueError(f"{path}: no entailment pairs (label 'entailment' or 0) in this NLI file")
     return examples
@@ -208,26 +232,49 @@ def load_corpora(config: ContrastiveDataConfig) -> list[ContrastiveCorpus]:
         document_instruction = query_instruction
         if source is not None and source.document_instruction is not None and name not in config.instructions:
             document_instruction = source.document_instruction
+        kept_negatives = config.max_hard_negatives if config.use_hard_negatives else 0
         corpora.append(ContrastiveCorpus(name, [
-            ContrastiveExample(prepend_instruction(query_instruction, e.query),
-                               prepend_instruction(document_instruction, e.positive),
-                               prepend_instruction(document_instruction, e.negative)
-                               if e.negative and config.use_hard_negatives else None)
-            for e in examples]))
+            _with_instructions(e, query_instruction, document_instruction, kept_negatives) for e in examples]))
         log.info("contrastive data set %s: %d examples", name, len(examples))
     return corpora
 
 
-class ContrastiveBatchSampler(Sampler[list[tuple[int, int]]]):
+def _with_instructions(example: ContrastiveExample, query_instruction: str, document_instruction: str,
+                       max_negatives: Optional[int]) -> ContrastiveExample:
+    """The example as the model sees it; a hard negative that repeats the example's own query or positive (or an
+    earlier negative) is dropped, since it would be scored against itself."""
+    query = prepend_instruction(query_instruction, example.query)
+    positive = prepend_instruction(document_instruction, example.positive)
+    negatives = dict.fromkeys(prepend_instruction(document_instruction, n) for n in example.negatives)
+    negatives = [n for n in negatives if n not in (query, positive)]
+    return ContrastiveExample(query, positive, tuple(negatives[:max_negatives]))
+
+
+class BatchItem(NamedTuple):
+    """One example of a batch, as the sampler names it."""
+
+    dataset: int
+    example: int
+    negatives: int  # how many of its hard negatives this batch uses (the same for every example of the batch)
+
+
+class ContrastiveBatchSampler(Sampler[list[BatchItem]]):
     """Yields this rank's share of global batches, each from ONE data set, data sets drawn with probability
     proportional to size**alpha. Every rank draws the same data set sequence (same seed) and takes its own
     slice of the same global batch, so the batch gathered across devices is one duplicate-free batch.
 
-    A global batch never holds the same query or document text twice (it would be a false negative for
-    InfoNCE); an example that would repeat one is deferred to a later batch. Items are (dataset, example)."""
+    With `no_duplicates`, a global batch never holds the same text twice, whether query, positive or hard negative
+    (a repeated positive is a false negative for InfoNCE); an example that would repeat one is deferred to a later
+    batch. A batch uses as many hard negatives per example as its poorest example has, so every rank contributes
+    the same number of candidates.
+
+    The batches are one deterministic stream from (corpora, seed): epochs only cut it into `steps_per_epoch`
+    pieces. `state_dict` is how many global batches were drawn; `restart(n)` replays the first n (no text is
+    touched), so a resumed run continues with the very batches an uninterrupted one would see."""
 
     def __init__(self, corpora: list[ContrastiveCorpus], batch_size: int, alpha: float, seed: int = 0,
-                 rank: int = 0, world_size: int = 1, steps_per_epoch: Optional[int] = None):
+                 rank: int = 0, world_size: int = 1, steps_per_epoch: Optional[int] = None,
+                 no_duplicates: bool = True):
         self.corpora, self.batch_size, self.rank, self.world_size = corpora, batch_size, rank, world_size
         self.global_batch = batch_size * world_size
         too_small = [c.name for c in corpora if len(c.examples) < self.global_batch]
@@ -237,24 +284,40 @@ class ContrastiveBatchSampler(Sampler[list[tuple[int, int]]]):
         sizes = torch.tensor([len(c.examples) for c in corpora], dtype=torch.float64)
         self.probabilities = (sizes ** alpha / (sizes ** alpha).sum()).tolist()
         self.steps_per_epoch = steps_per_epoch or int(sum(len(c.examples) for c in corpora) // self.global_batch)
-        self.seed, self.epoch = seed, 0
-        # Per data set: the queue of example indices still to serve this pass, persisted across epochs.
-        self._queues: list[deque[int]] = [deque() for _ in corpora]
-        self._passes = [0] * len(corpora)
+        self.seed, self.no_duplicates = seed, no_duplicates
+        self.restart(0)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def restart(self, batches_drawn: int) -> None:
+        """Positions the stream just after its first `batches_drawn` global batches."""
+        self._dataset_rng = random.Random(self.seed)
+        # Per data set: the queue of example indices still to serve in this pass over it, and the passes so far.
+        self._queues: list[deque[int]] = [deque() for _ in self.corpora]
+        self._passes = [0] * len(self.corpora)
+        self.batches_drawn = 0
+        for _ in range(batches_drawn):
+            self._draw()
+
+    def state_dict(self) -> dict:
+        return {"batches_drawn": self.batches_drawn}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.restart(state["batches_drawn"])
 
     def __len__(self) -> int:
         return self.steps_per_epoch
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        rng = random.Random(self.seed * 1_000_003 + self.epoch)
+    def __iter__(self) -> Iterator[list[BatchItem]]:
         for _ in range(self.steps_per_epoch):
-            dataset = rng.choices(range(len(self.corpora)), weights=self.probabilities)[0]
-            batch = self._next_global_batch(dataset)
-            mine = batch[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
-            yield [(dataset, index) for index in mine]
+            yield self._draw()
+
+    def _draw(self) -> list[BatchItem]:
+        dataset = self._dataset_rng.choices(range(len(self.corpora)), weights=self.probabilities)[0]
+        batch = self._next_global_batch(dataset)
+        examples = self.corpora[dataset].examples
+        negatives = min(len(examples[index].negatives) for index in batch)
+        self.batches_drawn += 1
+        mine = batch[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+        return [BatchItem(dataset, index, negatives) for index in mine]
 
     def _next_global_batch(self, dataset: int) -> list[int]:
         examples = self.corpora[dataset].examples
@@ -264,15 +327,14 @@ class ContrastiveBatchSampler(Sampler[list[tuple[int, int]]]):
             if not queue:
                 queue.extend(self._shuffled(dataset))
             index = queue.popleft()
-            example = examples[index]
-            texts = {example.query, example.positive} | ({example.negative} if example.negative else set())
-            if texts & seen:
+            texts = examples[index].texts
+            if self.no_duplicates and not seen.isdisjoint(texts):
                 deferred.append(index)
                 if len(deferred) > len(examples):
                     raise ValueError(f"data set {self.corpora[dataset].name!r} cannot fill a batch of "
                                      f"{self.global_batch} without repeating a text; lower data.batch_size")
                 continue
-            seen |= texts
+            seen.update(texts)
             batch.append(index)
         queue.extendleft(reversed(deferred))  # served first next time
         return batch
@@ -288,16 +350,16 @@ class _CorporaDataset(Dataset):
     def __init__(self, corpora: list[ContrastiveCorpus]):
         self.corpora = corpora
 
-    def __getitem__(self, item: tuple[int, int]) -> ContrastiveExample:
-        dataset, index = item
-        return self.corpora[dataset].examples[index]
+    def __getitem__(self, item: BatchItem) -> ContrastiveExample:
+        example = self.corpora[item.dataset].examples[item.example]
+        return ContrastiveExample(example.query, example.positive, example.negatives[:item.negatives])
 
     def __len__(self) -> int:
         return sum(len(c.examples) for c in self.corpora)
 
 
 class ContrastiveCollator:
-    """Tokenizes queries, positives and (when every example of the batch has one) hard negatives."""
+    """Tokenizes queries, positives and hard negatives (k per example, example-major: [B x k] texts)."""
 
     def __init__(self, tokenizer, max_length: int):
         self.tokenizer, self.max_length = tokenizer, max_length
@@ -310,18 +372,22 @@ class ContrastiveCollator:
     def __call__(self, examples: list[ContrastiveExample]) -> dict[str, dict[str, torch.Tensor]]:
         batch = {"query": self._tokenize([e.query for e in examples]),
                  "positive": self._tokenize([e.positive for e in examples])}
-        # A data set either has hard negatives for every example or not at all; a partial set (e.g. an NLI
-        # premise with no contradiction) trains on in-batch negatives only, so shapes agree across devices.
-        if all(e.negative for e in examples):
-            batch["negative"] = self._tokenize([e.negative for e in examples])
+        if len({len(e.negatives) for e in examples}) != 1:
+            raise ValueError("the examples of a batch have different numbers of hard negatives")
+        if examples[0].negatives:
+            batch["negative"] = self._tokenize([n for e in examples for n in e.negatives])
         return batch
 
 
 class ContrastiveDataModule(L.LightningDataModule):
+    """The contrastive batches; its `state_dict` (in every Lightning checkpoint) is how many batches were trained,
+    which the LightningModule reports with `record_trained_batch`, so prefetched batches never count."""
+
     def __init__(self, config: ContrastiveDataConfig, tokenizer):
         super().__init__()
         self.config, self.tokenizer = config, tokenizer
         self.corpora: list[ContrastiveCorpus] | None = None
+        self.trained_batches = 0
 
     def setup(self, stage: str | None = None) -> None:
         if self.corpora is None:
@@ -331,7 +397,17 @@ class ContrastiveDataModule(L.LightningDataModule):
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         sampler = ContrastiveBatchSampler(self.corpora, self.config.batch_size, self.config.alpha,
-                                          self.config.seed, rank, world)
+                                          self.config.seed, rank, world, no_duplicates=self.config.no_duplicates)
+        sampler.restart(self.trained_batches)
         return DataLoader(_CorporaDataset(self.corpora), batch_sampler=sampler,
                           collate_fn=ContrastiveCollator(self.tokenizer, self.config.max_length),
                           num_workers=self.config.num_workers)
+
+    def record_trained_batch(self) -> None:
+        self.trained_batches += 1
+
+    def state_dict(self) -> dict:
+        return {"trained_batches": self.trained_batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.trained_batches = state["trained_batches"]

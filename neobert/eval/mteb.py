@@ -3,7 +3,8 @@ paper's per-task instructions actually applied (paper Section 5.2, Table 4; the 
 used them).
 
 * `MtebEncoder`: mteb's encoder protocol around a `Backbone`: instruction prefix per task and side (queries;
-  documents for retrieval/reranking), length-sorted batches, masked mean pooling, bf16 autocast on GPU.
+  documents for retrieval/reranking), length-sorted batches, masked mean pooling, bf16 autocast on GPU, and
+  optionally Matryoshka truncation to the first `dim` dimensions.
 * `LocalSTSTask` / `LocalRetrievalTask`: tasks read from local files (tests, firewalled machines).
 * `run_mteb`: evaluates, then writes `results.json` and the paper's Table 4 summary (`summary.json`, `summary.md`).
 """
@@ -32,7 +33,7 @@ from neobert.config import ConfigError, config_path
 from neobert.data.backbone import Backbone
 from neobert.data.contrastive import prepend_instruction, read_local_examples, read_sts_pairs
 from neobert.hub import require_hub
-from neobert.layout import MTEB_SUMMARY_JSON, MTEB_SUMMARY_MD, RESULTS_JSON
+from neobert.layout import MATRYOSHKA_JSON, MTEB_SUMMARY_JSON, MTEB_SUMMARY_MD, RESULTS_JSON
 from neobert.model.modeling import pool_embeddings
 
 log = logging.getLogger(__name__)
@@ -112,15 +113,35 @@ def embed_texts(backbone: Backbone, texts: Sequence[str], batch_size: int = 64, 
     return output
 
 
+def truncate_embeddings(embeddings: Tensor, dim: int | None) -> Tensor:
+    """The first `dim` dimensions of each embedding, re-normalised to unit length (a Matryoshka truncation);
+    None = unchanged."""
+    if dim is None:
+        return embeddings
+    if not 0 < dim <= embeddings.shape[-1]:
+        raise ConfigError(f"dim={dim}: must be between 1 and the embedding size {embeddings.shape[-1]}")
+    return torch.nn.functional.normalize(embeddings[:, :dim], dim=-1)
+
+
+def trained_dims(model: str | Path) -> list[int] | None:
+    """The embedding sizes a contrastive export was trained for (its matryoshka.json), None when it has none."""
+    path = Path(model) / MATRYOSHKA_JSON
+    return json.loads(path.read_text())["dims"] if path.is_file() else None
+
+
 class MtebEncoder(AbsEncoder):
     """mteb v2 encoder protocol for a `Backbone` (ours or any Hugging Face encoder):
-    `MtebEncoder(load_backbone("runs/contrastive/export"), TaskInstructions.load(DEFAULT_INSTRUCTIONS))`."""
+    `MtebEncoder(load_backbone("runs/contrastive/export"), TaskInstructions.load(DEFAULT_INSTRUCTIONS))`.
+    `dim` evaluates embeddings truncated to their first `dim` dimensions (re-normalised)."""
 
     def __init__(self, backbone: Backbone, instructions: TaskInstructions | None = None, batch_size: int = 64,
                  max_length: int | None = None, device: str | None = None, dtype: torch.dtype | None = None,
-                 name: str = "neobert-suite/encoder", revision: str = "local"):
+                 name: str = "neobert-suite/encoder", revision: str = "local", dim: int | None = None):
+        if dim is not None and not 0 < dim <= backbone.hidden_size:
+            raise ConfigError(f"dim={dim}: must be between 1 and the model's embedding size {backbone.hidden_size}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = backbone.to(self.device)
+        self.dim = dim
         self.instructions = instructions or TaskInstructions()
         self.batch_size, self.max_length = batch_size, max_length
         # bf16 on GPU (paper protocol), fp32 on CPU where bf16 matmuls are slow and less exact.
@@ -136,7 +157,8 @@ class MtebEncoder(AbsEncoder):
                      prompt_type)
         texts = [prepend_instruction(instruction, text) for batch in inputs for text in batch["text"]]
         batch_size = kwargs.get("batch_size") or self.batch_size
-        return embed_texts(self.model, texts, batch_size, self.max_length, self.device, self.dtype).numpy()
+        embeddings = embed_texts(self.model, texts, batch_size, self.max_length, self.device, self.dtype)
+        return truncate_embeddings(embeddings, self.dim).numpy()
 
 
 # ----------------------------------------------------------------------------------------------- local tasks
@@ -186,8 +208,8 @@ class LocalSTSTask(_LocalTaskMixin, AbsTaskSTS):
 
 
 class LocalRetrievalTask(_LocalTaskMixin, AbsTaskRetrieval):
-    """Retrieval from a jsonl of (query, positive[, negative]) examples (the contrastive layouts): the corpus is
-    every positive and negative, each query's relevant document its positive; main score nDCG@10."""
+    """Retrieval from a jsonl of (query, positive[, negatives]) examples (the contrastive layouts): the corpus is
+    every positive and hard negative, each query's relevant document its positive; main score nDCG@10."""
 
     def __init__(self, path: str | Path, name: str | None = None, split: str = "test",
                  max_examples: int | None = None, **kwargs):
@@ -212,8 +234,8 @@ class LocalRetrievalTask(_LocalTaskMixin, AbsTaskRetrieval):
             query_id = f"q{number}"
             queries[query_id] = example.query
             relevant[query_id] = {doc_id(example.positive): 1}
-            if example.negative:
-                doc_id(example.negative)
+            for negative in example.negatives:
+                doc_id(negative)
         self.dataset = {"default": {self.split: RetrievalSplitData(
             queries=Dataset.from_dict({"id": list(queries), "text": list(queries.values())}),
             corpus=Dataset.from_dict({"id": list(documents.values()), "text": list(documents)}),

@@ -30,7 +30,7 @@ def run_contrastive(config: ContrastiveConfig) -> dict:
     datamodule = ContrastiveDataModule(config.data, backbone.tokenizer)
     datamodule.setup("fit")  # reads (or fails to reach) every data set before the model work starts
 
-    before = sts_score(config, backbone, output_dir / STS_ZERO_SHOT_DIR)
+    before = sts_scores(config, backbone, output_dir / STS_ZERO_SHOT_DIR)
     module = ContrastiveModule(backbone, config.loss, config.optimizer, config.scheduler, config.trainer)
     # GradCache steps and clips itself (manual optimisation), and Lightning refuses a clip value then.
     clip = {} if module.automatic_optimization else {"gradient_clip_val": None}
@@ -40,26 +40,36 @@ def run_contrastive(config: ContrastiveConfig) -> dict:
     export_dir = after = None
     if trainer.is_global_zero:  # one process writes; the others return what they know
         export_dir = module.export(output_dir / EXPORT_DIR)
-        after = sts_score(config, backbone, output_dir / STS_TUNED_DIR)
+        after = sts_scores(config, backbone, output_dir / STS_TUNED_DIR)
     result = {"model": config.model, "steps": trainer.global_step,
-              "export": str(export_dir) if export_dir else None, "sts_zero_shot": before, "sts_tuned": after,
+              "export": str(export_dir) if export_dir else None,
+              "sts_zero_shot": before.get("full") if before else None,
+              "sts_tuned": after.get("full") if after else None,
               "datasets": [c.name for c in datamodule.corpora]}
+    if len(before or {}) > 1:  # truncated embeddings were scored too
+        result["sts_zero_shot_by_dim"], result["sts_tuned_by_dim"] = before, after
     if trainer.is_global_zero:
         (output_dir / RESULTS_JSON).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
-def sts_score(config: ContrastiveConfig, backbone: Backbone, output_dir: Path) -> Optional[float]:
+def sts_scores(config: ContrastiveConfig, backbone: Backbone, output_dir: Path) -> dict[str, float] | None:
     """The cosine Spearman of `backbone` on the local STS file `config.eval_sts` (None when there is none), with
-    the instruction MTEB's STS tasks get (STSBenchmark's in the instruction file)."""
+    the instruction MTEB's STS tasks get (STSBenchmark's in the instruction file): {"full": score} plus one entry
+    per truncated size of `config.eval_sts_dims` (default: the Matryoshka dimensions)."""
     if config.eval_sts is None:
         return None
     # mteb is heavy: imported only when an STS file is scored.
     from neobert.eval.mteb import DEFAULT_INSTRUCTIONS, LocalSTSTask, MtebEncoder, TaskInstructions, run_mteb
 
     instruction = TaskInstructions.load(DEFAULT_INSTRUCTIONS).for_task("STSBenchmark")
-    encoder = MtebEncoder(backbone, TaskInstructions(query={STS_TASK: instruction}),
-                          batch_size=config.data.batch_size, name=config.model)
-    report = run_mteb(encoder, [LocalSTSTask(config.eval_sts, name=STS_TASK)], output_dir,
-                      config.data.batch_size, show_progress_bar=False)
-    return report["tasks"][STS_TASK]["main_score"]
+    dims = [d for d in (config.eval_sts_dims or config.loss.matryoshka_dims) if d != backbone.hidden_size]
+    scores = {}
+    for dim in [None, *dims]:
+        encoder = MtebEncoder(backbone, TaskInstructions(query={STS_TASK: instruction}),
+                              batch_size=config.data.batch_size, name=config.model, dim=dim)
+        report = run_mteb(encoder, [LocalSTSTask(config.eval_sts, name=STS_TASK)],
+                          output_dir if dim is None else output_dir / f"dim{dim}", config.data.batch_size,
+                          show_progress_bar=False)
+        scores["full" if dim is None else str(dim)] = report["tasks"][STS_TASK]["main_score"]
+    return scores

@@ -5,16 +5,24 @@ the per-task instructions, and write results.json, summary.json and summary.md u
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from neobert.config.mteb import MtebConfig
 from neobert.data.backbone import load_backbone
-from neobert.eval.mteb import MtebEncoder, TaskInstructions, resolve_tasks, run_mteb
+from neobert.eval.mteb import MtebEncoder, TaskInstructions, resolve_tasks, run_mteb, trained_dims
+
+log = logging.getLogger(__name__)
 
 
 def evaluate_model(config: MtebConfig, show_progress_bar: bool = True) -> dict[str, Any]:
     tasks = resolve_tasks(config.tasks, config.max_examples)  # before loading the model: bad specs fail fast
     backbone = load_backbone(config.model, tokenizer=config.tokenizer)
+    dims = trained_dims(config.model)
+    if config.dim is not None and config.dim != backbone.hidden_size and config.dim not in (dims or []):
+        log.warning("dim=%d: %s was not trained for this truncation (%s); its scores may be poor", config.dim,
+                    config.model, f"Matryoshka dims {dims}" if dims else "no matryoshka.json")
+    name = config.model if config.dim is None else f"{config.model} (dim {config.dim})"
     encoder = MtebEncoder(backbone, TaskInstructions.load(config.instructions_file()), config.batch_size,
-                          config.max_length, config.device, name=config.model)
+                          config.max_length, config.device, name=name, dim=config.dim)
     return run_mteb(encoder, tasks, config.output_dir, config.batch_size, show_progress_bar)

@@ -30,7 +30,7 @@ def main(argv=None):
     parser.add_argument("--no-glue", action="store_true", help="pretrain only")
     parser.add_argument("overrides", nargs="*", help="PretrainConfig key=value overrides for every step")
     add_debug_flag(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # key=value overrides may follow any flag
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     results, paths = run_ablations(args.steps, args.budget, args.budget_override, args.output_dir,

@@ -30,7 +30,7 @@ def parse_args(argv=None) -> ContrastiveConfig:
     parser.add_argument("--output-dir")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=100")
     add_debug_flag(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # key=value overrides may follow any flag
     return load_config(ContrastiveConfig, args.config, flag_overrides(args, values=("model", "output_dir")))
 
 

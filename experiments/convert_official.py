@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokenizer", default="google-bert/bert-base-uncased")
     parser.add_argument("overrides", nargs="*", help="NeoBERTConfig fields, e.g. max_length=1024")
     add_debug_flag(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # key=value overrides may follow any flag
     if any("=" not in item for item in args.overrides):
         parser.error(f"overrides must look like field=value, got {[o for o in args.overrides if '=' not in o]}")
     fields = dict(item.split("=", 1) for item in args.overrides)

@@ -36,7 +36,7 @@ def parse_args(argv=None) -> MtebConfig:
     parser.add_argument("--output-dir")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of MtebConfig")
     add_debug_flag(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # key=value overrides may follow any flag
     overrides = flag_overrides(args, values=("model", "output_dir", "dim"), lists=("tasks",))
     return load_config(MtebConfig, args.config, overrides)
 

@@ -24,7 +24,7 @@ def main(argv=None) -> Path:
                         help="tokenize the config's data into parquet shards under DIR and exit")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=100")
     add_debug_flag(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # key=value overrides may follow any flag
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = load_pretrain_config(args.config, args.overrides)
     if args.pretokenize:

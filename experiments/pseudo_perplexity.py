@@ -24,7 +24,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--config", help="YAML file with PseudoPerplexityConfig keys")
     parser.add_argument("overrides", nargs="*", help="key=value overrides")
     add_debug_flag(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # key=value overrides may follow any flag
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     paths = run_pseudo_perplexity_job(load_config(PseudoPerplexityConfig, args.config, args.overrides))
     print(paths["markdown"].read_text())

@@ -32,7 +32,7 @@ def parse_args(argv=None):
     parser.add_argument("--output-dir")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of ThroughputConfig")
     add_debug_flag(parser)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # key=value overrides may follow any flag
     overrides = flag_overrides(args, values=("mode", "output_dir"),
                                lists=("models", "lengths", "batch_sizes", "layouts"))
     return load_config(ThroughputConfig, args.config, overrides)

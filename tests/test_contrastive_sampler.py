@@ -174,3 +174,42 @@ def test_a_run_resumed_from_a_lightning_checkpoint_trains_on_the_same_batches(tm
     assert len(first) == 3 and len(resumed) == 4
     for step, (got, want) in enumerate(zip(first + resumed, expected)):
         assert torch.equal(got, want), f"step {step} trained on another batch"
+
+
+def test_the_contrastive_job_resumes_a_stopped_run_to_the_uninterrupted_weights(tmp_path):
+    """experiments.contrastive with checkpoints every 2 steps, stopped after 4 of 6 steps then resumed, exports the
+    weights of an uninterrupted 6-step run; a second run into the same output_dir without resume is refused."""
+    from safetensors.torch import load_file
+
+    from experiments.contrastive import main
+    from neobert.config import ConfigError
+    from neobert.layout import WEIGHTS_NAME
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"query": f"question {i % 7}", "positive": f"answer {i}",
+                                        "negatives": [f"wrong {i}", f"wrong {i + 1}"]}) + "\n" for i in range(24)))
+
+    def run(output: str, *extra: str) -> dict:
+        return main(["--config", "contrastive", "--model", "preset:tiny", "--output-dir", str(tmp_path / output),
+                     "data.datasets=[Pairs]", f"data.local_files.Pairs={data}", "data.batch_size=4",
+                     "data.max_length=16", "optimizer.lr=1e-3", "scheduler.warmup_steps=1", "trainer.max_steps=6",
+                     "trainer.checkpoint_every_n_steps=2", "trainer.keep_checkpoints=-1",
+                     "trainer.precision=32-true", "trainer.accelerator=cpu", "logging.progress_bar=false",
+                     "loss.matryoshka_dims=[64,16]", *extra])
+
+    run("whole")
+    run("stopped")
+    # The stop: only the step-4 checkpoint is left, as if the process had died during step 5.
+    checkpoints = tmp_path / "stopped" / "checkpoints"
+    for path in checkpoints.glob("*.ckpt"):
+        if "step-00000004" not in path.name:
+            path.unlink()
+    with pytest.raises(ConfigError, match="resume=true"):
+        run("stopped")
+    resumed = run("stopped", "resume=true")
+    assert resumed["steps"] == 6
+    whole = load_file(tmp_path / "whole" / "export" / WEIGHTS_NAME)
+    again = load_file(tmp_path / "stopped" / "export" / WEIGHTS_NAME)
+    for name in whole:
+        torch.testing.assert_close(again[name], whole[name], rtol=0, atol=0, msg=name)
+    assert json.loads((tmp_path / "whole" / "export" / "matryoshka.json").read_text())["dims"] == [64, 16]

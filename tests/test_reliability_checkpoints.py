@@ -152,11 +152,11 @@ def test_an_unreadable_last_checkpoint_falls_back_and_resumes_exactly(tmp_path, 
     damaged_bytes = {name: (directory / name).read_bytes() for name in damaged}
 
     second = Recorder()
-    with caplog.at_level(logging.WARNING, logger="neobert.jobs.pretrain"):
+    with caplog.at_level(logging.WARNING, logger="neobert.lit.checkpoints"):
         run_pretraining(tiny_config(tmp_path, *RUN, "resume=true"), [second])
 
     # One log line: which checkpoint, and why each newer one was skipped.
-    warnings = [r.getMessage() for r in caplog.records if r.name == "neobert.jobs.pretrain"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "neobert.lit.checkpoints"]
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith(f"resume=true: resuming from {directory / f'step-{resumed_step:08d}.ckpt'}; "
                                   f"skipped {damaged[0]} (corrupt or truncated (")

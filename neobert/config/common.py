@@ -55,6 +55,10 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1
     gradient_clip_val: float = 1.0  # gradient-norm clipping; 0 = off
     eval_every_n_steps: int = 0  # optimizer steps between validations; 0 = no validation during training
+    # output_dir/checkpoints/step-N.ckpt every N optimizer steps, plus last.ckpt (what resume=true continues from);
+    # 0 = none. The newest keep_checkpoints step checkpoints are kept (-1 = all).
+    checkpoint_every_n_steps: int = 0
+    keep_checkpoints: int = 3
     seed: int = 0
     ema: EmaConfig = field(default_factory=EmaConfig)
 
@@ -72,6 +76,8 @@ class TrainerConfig:
         require(self.accumulate_grad_batches > 0, f"{prefix}.accumulate_grad_batches", "must be positive")
         require(self.gradient_clip_val >= 0, f"{prefix}.gradient_clip_val", "must be >= 0 (0 = off)")
         require(self.eval_every_n_steps >= 0, f"{prefix}.eval_every_n_steps", "must be >= 0 (0 = off)")
+        require(self.checkpoint_every_n_steps >= 0, f"{prefix}.checkpoint_every_n_steps", "must be >= 0 (0 = off)")
+        require(self.keep_checkpoints >= -1, f"{prefix}.keep_checkpoints", "must be >= -1 (-1 = all)")
         self.ema.validate(f"{prefix}.ema")
         # The EMA keeps a full copy of the weights on every rank, which sharded weights do not give it.
         require(not self.ema.decay or not ("fsdp" in self.strategy or self.strategy.endswith("_3")),

@@ -174,13 +174,14 @@ class ContrastiveConfig:
     scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(name="linear", warmup_steps=100))
     # Negatives grow with the devices (every device's documents are gathered); strategy "ddp" for several.
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(
-        devices=1, max_steps=2000, precision="bf16-mixed"))
+        devices=1, max_steps=2000, precision="bf16-mixed", checkpoint_every_n_steps=500))
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(loggers=["csv"]))
     # A local STS file (STS Benchmark layout) scored before and after training: the zero-shot vs tuned check.
     eval_sts: Optional[str] = None
     # Also score eval_sts on embeddings truncated to these sizes (re-normalised); empty = loss.matryoshka_dims.
     eval_sts_dims: List[int] = field(default_factory=list)
     output_dir: str = "runs/contrastive"
+    resume: bool = False  # continue from output_dir's newest readable checkpoint: weights, optimizer, data position
 
     RENAMED_KEYS: ClassVar[Dict[str, str]] = {
         **{f"train.{key}": f"loss.{key}" for key in ("temperature", "grad_cache_chunk_size")},

@@ -50,6 +50,8 @@ class GlueTrainerConfig(TrainerConfig):
         require(self.eval_every_n_steps > 0, f"{prefix}.eval_every_n_steps",
                 "must be positive: validation picks the best checkpoint")
         require(self.early_stopping_patience >= 0, f"{prefix}.early_stopping_patience", "must be >= 0 (0 = off)")
+        require(self.checkpoint_every_n_steps == 0, f"{prefix}.checkpoint_every_n_steps",
+                "is not used by GLUE fine-tuning, which keeps each run's best checkpoint (trainer.eval_every_n_steps)")
         require(not self.ema.decay, f"{prefix}.ema", "is supported by pretraining only (experiments.pretrain)")
 
 

@@ -86,7 +86,6 @@ class PretrainTrainerConfig(TrainerConfig):
     micro_batch_size: int = 32  # sequences per device per forward; x accumulation x devices = the batch
     eval_every_n_steps: int = 1000  # validation loss every N optimizer steps (needs data.validation_docs)
     checkpoint_every_n_steps: int = 1000
-    keep_checkpoints: int = 3  # step checkpoints kept besides last.ckpt (-1 = all)
     batch_size_warmup: BatchSizeWarmupConfig = field(default_factory=BatchSizeWarmupConfig)
 
     @property

@@ -1,11 +1,13 @@
-"""Contrastive fine-tuning, the whole job (paper Section 5.2): load the encoder and the data, train, export in our
-hub layout + sentence-transformers layout, and score an optional local STS task before and after.
+"""Contrastive fine-tuning, the whole job (paper Section 5.2): load the encoder and the data, train (or resume: the
+checkpoints hold the data position too), export in our hub layout + sentence-transformers layout, and score an
+optional local STS task before and after (and at the Matryoshka truncations).
 `python -m experiments.contrastive` is its command line; docs/contrastive_mteb.md the guide.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -15,6 +17,8 @@ from neobert.config.contrastive import ContrastiveConfig
 from neobert.data.backbone import Backbone, load_backbone
 from neobert.data.contrastive import ContrastiveDataModule
 from neobert.layout import EXPORT_DIR, RESULTS_JSON, STS_TUNED_DIR, STS_ZERO_SHOT_DIR
+from neobert.lit.checkpoints import (refuse_existing_checkpoints, resume_checkpoint,
+                                     step_checkpoint_callback)
 from neobert.lit.contrastive import ContrastiveModule
 from neobert.lit.trainer import build_trainer
 
@@ -26,6 +30,9 @@ def run_contrastive(config: ContrastiveConfig) -> dict:
     summary (also in `<output_dir>/results.json`)."""
     L.seed_everything(config.trainer.seed, workers=True)
     output_dir = Path(config.output_dir)
+    if not config.resume:
+        refuse_existing_checkpoints(output_dir)
+    ckpt_path = resume_checkpoint(output_dir) if config.resume else None
     backbone = load_backbone(config.model, tokenizer=config.tokenizer)
     datamodule = ContrastiveDataModule(config.data, backbone.tokenizer)
     datamodule.setup("fit")  # reads (or fails to reach) every data set before the model work starts
@@ -35,8 +42,14 @@ def run_contrastive(config: ContrastiveConfig) -> dict:
     # GradCache steps and clips itself (manual optimisation), and Lightning refuses a clip value then.
     clip = {} if module.automatic_optimization else {"gradient_clip_val": None}
     # Each rank takes its own slice of the same global batch (ContrastiveBatchSampler).
-    trainer = build_trainer(config.trainer, config.logging, output_dir, use_distributed_sampler=False, **clip)
-    trainer.fit(module, datamodule=datamodule)
+    every = config.trainer.checkpoint_every_n_steps
+    callbacks = [step_checkpoint_callback(output_dir, config.trainer)] if every else []
+    trainer = build_trainer(config.trainer, config.logging, output_dir, callbacks=callbacks,
+                            use_distributed_sampler=False, **clip)
+    with warnings.catch_warnings():
+        # Lightning cannot see that the DataModule's state_dict holds the data position, and warns on resume.
+        warnings.filterwarnings("ignore", message=".*your dataloader is not resumable")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     export_dir = after = None
     if trainer.is_global_zero:  # one process writes; the others return what they know
         export_dir = module.export(output_dir / EXPORT_DIR)

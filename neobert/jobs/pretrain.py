@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Sequence
 
 import lightning as L
-from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from neobert.config import ConfigError, config_path, load_config
@@ -22,9 +21,9 @@ from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, load_tokenizer
 from neobert.errors import CheckpointError
 from neobert.eval.plots import final_value, plot_curves
 from neobert.layout import CONFIG_NAME, EMA_EXPORT_DIR, EXPORT_DIR, LOGS_DIR, LOSS_PLOT, TENSORBOARD_DIR, WEIGHTS_NAME
-from neobert.layout import checkpoint_dir, metrics_csvs
-from neobert.lit.checkpoints import (OLDER, model_state_dict, newest_readable_checkpoint,
-                                     read_lightning_checkpoint, remove_partial_writes, set_aside, verify_checkpoint)
+from neobert.layout import metrics_csvs
+from neobert.lit.checkpoints import (model_state_dict, read_lightning_checkpoint, refuse_existing_checkpoints,
+                                     resume_checkpoint, step_checkpoint_callback, verify_checkpoint)
 from neobert.lit.ema import ExponentialMovingAverage
 from neobert.lit.glue_callback import GlueEvalCallback
 from neobert.lit.mteb_callback import MtebEvalCallback
@@ -83,10 +82,8 @@ def prepare(config: PretrainConfig):
         raise ConfigError(f"invalid config key 'init_from': {config.init_from!r} does not exist")
     if config.branch_from:
         branch_step(config)  # readable, and before trainer.max_steps
-    checkpoints = checkpoint_dir(config.output_dir)
-    if not config.resume and checkpoints.is_dir() and any(checkpoints.glob("*.ckpt")):
-        raise ConfigError(f"output_dir={config.output_dir!r} already holds checkpoints: set resume=true to "
-                          f"continue that run, or choose another output_dir")
+    if not config.resume:
+        refuse_existing_checkpoints(config.output_dir)
     return tokenizer, model_config, datamodule
 
 
@@ -105,11 +102,7 @@ def branch_step(config: PretrainConfig) -> int:
 
 
 def build_callbacks(config: PretrainConfig) -> list[L.Callback]:
-    callbacks: list[L.Callback] = [
-        ModelCheckpoint(dirpath=checkpoint_dir(config.output_dir), filename="step-{step:08d}",
-                        auto_insert_metric_name=False, every_n_train_steps=config.trainer.checkpoint_every_n_steps,
-                        save_last=True, save_top_k=config.trainer.keep_checkpoints, monitor="step", mode="max"),
-    ]
+    callbacks: list[L.Callback] = [step_checkpoint_callback(config.output_dir, config.trainer)]
     if config.glue_callback.every_n_steps > 0:
         callbacks.append(GlueEvalCallback(config.glue_callback))
     if config.mteb_callback.every_n_steps > 0:
@@ -149,24 +142,6 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
     if trainer.is_global_zero:
         summarise(config, export_dir, baseline)
     return export_dir
-
-
-def resume_checkpoint(output_dir: str | Path) -> Path | None:
-    """The checkpoint resume=true starts from: the newest one that loads (verified here, before any training).
-    Unreadable newer ones (a truncated or corrupt file) are renamed `<name>.unreadable` and the fallback is
-    logged in one line; leftovers of interrupted atomic writes are deleted. Raises CheckpointError when the
-    run has checkpoints but none is readable; None (a new run) when it has none."""
-    path, skipped = newest_readable_checkpoint(output_dir)
-    for partial in remove_partial_writes(output_dir):
-        log.info("removed %s, the temporary file of a checkpoint write that was interrupted", partial)
-    if path is None:
-        log.info("resume=true but %s has no checkpoint: starting a new run", output_dir)
-        return None
-    if skipped:
-        moved = set_aside([p for p, reason in skipped if not reason.startswith(OLDER)])
-        log.warning("resume=true: resuming from %s; skipped %s", path, "; ".join(
-            f"{p.name} ({reason})" + (f", renamed to {moved[p].name}" if p in moved else "") for p, reason in skipped))
-    return path
 
 
 def run_pretokenize(config: PretrainConfig, out_dir: str | Path) -> list[Path]:

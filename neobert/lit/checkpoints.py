@@ -1,5 +1,5 @@
-"""Lightning checkpoints written by this suite: writing them atomically, finding the newest one that loads (for
-resume), reading them (a `.ckpt` file, or a DeepSpeed checkpoint directory), and the weights of the module's
+"""Lightning checkpoints written by this suite: writing them atomically, where a run writes them, finding the newest
+one that loads (for resume), reading them (a `.ckpt` file, or a DeepSpeed checkpoint directory), and the weights of the module's
 `model` inside them.
 
 Besides Lightning's own entries, our pretraining checkpoints carry `CHECKPOINT_KEY`: the model config (hub
@@ -9,6 +9,7 @@ dict), the tokenizer name and the run config, so that a checkpoint alone can be 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import tempfile
@@ -17,11 +18,15 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 
-from neobert.errors import CheckpointError
+from neobert.config import TrainerConfig
+from neobert.errors import CheckpointError, ConfigError
 from neobert.layout import LAST_CHECKPOINT, checkpoint_dir
 from neobert.model.checkpoint import submodule_state
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_KEY = "neobert"
 # The EMA of the weights (trainer.ema, neobert.lit.ema): the same keys and shapes as the checkpoint's state_dict.
@@ -215,3 +220,38 @@ def model_state_dict(checkpoint: dict, source: str) -> dict:
     if state is None:
         raise CheckpointError(f"{source} has no state_dict: not a Lightning checkpoint")
     return submodule_state(state, "model.")
+
+
+# ---------------------------------------------------------------------------------------------- a run's checkpoints
+def step_checkpoint_callback(output_dir: str | Path, trainer: TrainerConfig) -> ModelCheckpoint:
+    """`output_dir/checkpoints/step-NNNNNNNN.ckpt` every `trainer.checkpoint_every_n_steps` optimizer steps (the
+    newest `trainer.keep_checkpoints` kept) and `last.ckpt`: what `resume=true` continues from."""
+    return ModelCheckpoint(dirpath=checkpoint_dir(output_dir), filename="step-{step:08d}", auto_insert_metric_name=False,
+                           every_n_train_steps=trainer.checkpoint_every_n_steps, save_last=True,
+                           save_top_k=trainer.keep_checkpoints, monitor="step", mode="max")
+
+
+def refuse_existing_checkpoints(output_dir: str | Path) -> None:
+    """A new run must not mix its checkpoints with an earlier run's."""
+    checkpoints = checkpoint_dir(output_dir)
+    if checkpoints.is_dir() and any(checkpoints.glob("*.ckpt")):
+        raise ConfigError(f"output_dir={str(output_dir)!r} already holds checkpoints: set resume=true to "
+                          f"continue that run, or choose another output_dir")
+
+
+def resume_checkpoint(output_dir: str | Path) -> Path | None:
+    """The checkpoint resume=true starts from: the newest one that loads (verified here, before any training).
+    Unreadable newer ones (a truncated or corrupt file) are renamed `<name>.unreadable` and the fallback is
+    logged in one line; leftovers of interrupted atomic writes are deleted. Raises CheckpointError when the
+    run has checkpoints but none is readable; None (a new run) when it has none."""
+    path, skipped = newest_readable_checkpoint(output_dir)
+    for partial in remove_partial_writes(output_dir):
+        log.info("removed %s, the temporary file of a checkpoint write that was interrupted", partial)
+    if path is None:
+        log.info("resume=true but %s has no checkpoint: starting a new run", output_dir)
+        return None
+    if skipped:
+        moved = set_aside([p for p, reason in skipped if not reason.startswith(OLDER)])
+        log.warning("resume=true: resuming from %s; skipped %s", path, "; ".join(
+            f"{p.name} ({reason})" + (f", renamed to {moved[p].name}" if p in moved else "") for p, reason in skipped))
+    return path

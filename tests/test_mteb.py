@@ -77,6 +77,46 @@ def test_instructions_reach_the_tokenizer_for_queries_and_documents(tmp_path):
     assert report["tasks"]["MyRetrieval"]["type"] == "Retrieval"
 
 
+def test_dim_evaluates_renormalised_truncations_and_warns_off_the_trained_sizes(tmp_path, caplog):
+    """`experiments.mteb --dim d` scores the first d dimensions of each embedding, re-normalised; a size the export
+    was not trained for (its matryoshka.json) is logged; a size beyond the embedding names the key."""
+    import torch
+
+    from experiments.mteb import main
+    from neobert.config import ConfigError
+    from neobert.data.backbone import load_backbone
+    from neobert.eval.mteb import MtebEncoder, embed_texts, truncate_embeddings
+    from neobert.layout import MATRYOSHKA_JSON
+    from neobert.model.sentence_transformers import export_sentence_transformers
+
+    backbone = load_backbone("preset:tiny")  # 64 dimensions
+    texts = [a for a, _, _ in STS_ROWS]
+    full = embed_texts(backbone, texts)
+    truncated = MtebEncoder(backbone, dim=16, device="cpu").encode(
+        [{"text": texts}], task_metadata=type("Meta", (), {"name": "T"})(), hf_split="test", hf_subset="default")
+    expected = torch.nn.functional.normalize(full[:, :16], dim=-1)
+    torch.testing.assert_close(torch.from_numpy(truncated), expected)
+    assert truncated.shape == (len(texts), 16)
+    torch.testing.assert_close(truncate_embeddings(full, None), full)
+    with pytest.raises(ConfigError, match="dim=65"):
+        MtebEncoder(backbone, dim=65)
+
+    export = export_sentence_transformers(backbone.encoder, backbone.tokenizer, tmp_path / "export")
+    (export / MATRYOSHKA_JSON).write_text(json.dumps({"dims": [64, 32], "weights": [1.0, 1.0]}))
+    sts = _write_sts(tmp_path / "sts.csv", STS_ROWS)
+    scores = {}
+    for dim in (32, 8):
+        with caplog.at_level("WARNING", logger="neobert.jobs.mteb"):
+            report = main(["--model", str(export), "--tasks", f"sts:S={sts}", "--dim", str(dim),
+                           "--output-dir", str(tmp_path / f"dim{dim}"), "instructions=none"])
+        scores[dim] = report["tasks"]["S"]["main_score"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "neobert.jobs.mteb"]
+    assert len(warned) == 1 and warned[0].startswith("dim=8:") and "[64, 32]" in warned[0]
+    assert scores[32] != scores[8]
+    with pytest.raises(ConfigError, match="dim"):
+        main(["--model", str(export), "--tasks", f"sts:{sts}", "--dim", "128", "--output-dir", str(tmp_path / "x")])
+
+
 def test_instruction_file_covers_the_english_benchmark():
     """Every task of the paper's English MTEB has a query instruction, and retrieval documents theirs."""
     import mteb

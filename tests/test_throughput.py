@@ -129,3 +129,36 @@ def test_training_mode_times_a_backward_and_counts_3x_flops():
     assert rows[0].flops_per_token == 3 * inference.flops_per_token(16, training=False)
     assert rows[1].tokens_per_s > 0 and rows[1].achieved_flops == pytest.approx(rows[1].tokens_per_s *
                                                                                  rows[1].flops_per_token)
+
+
+def test_lognormal_lengths_are_seeded_capped_and_padded_to_the_batch_maximum():
+    lengths = tp.document_lengths(4000, 512, torch.Generator().manual_seed(0), "lognormal")
+    assert lengths == tp.document_lengths(4000, 512, torch.Generator().manual_seed(0), "lognormal")
+    assert min(lengths) >= 8 and max(lengths) == 512
+    assert sorted(lengths)[2000] == pytest.approx(128, rel=0.1)  # median length / 4
+    assert 0.01 < sum(n == 512 for n in lengths) / 4000 < 0.06  # the tail reaches the cap
+    padded = tp.make_batch(8, 512, "padded", 100, 0, torch.device("cpu"), seed=3, distribution="lognormal")
+    unpadded = tp.make_batch(8, 512, "unpadded", 100, 0, torch.device("cpu"), seed=3, distribution="lognormal")
+    assert padded.input_ids.shape[1] == int(padded.attention_mask.sum(1).max()) < 512
+    assert padded.real_tokens == unpadded.real_tokens == int(unpadded.cu_seqlens[-1])
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_bfloat16_on_cpu_casts_inference_weights_and_autocasts_training(mode, monkeypatch):
+    built = {}
+    real_build = tp.build_model
+
+    def spy(name, device, dtype, *args, **kwargs):
+        built[name] = dtype
+        return real_build(name, device, dtype, *args, **kwargs)
+
+    monkeypatch.setattr(tp, "build_model", spy)
+    config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], layouts=["padded"],
+                              batch_sizes=[2], repeats=1, mode=mode, dtype="bfloat16", device="cpu")
+    [row] = tp.run_throughput(config)
+    assert row.dtype == "bfloat16" and row.tokens_per_s > 0
+    assert built["neobert"] == (torch.bfloat16 if mode == "inference" else torch.float32)  # mixed: fp32 weights
+    with pytest.raises(ConfigError, match="'dtype'"):
+        ThroughputConfig(dtype="float16x").validate()
+    with pytest.raises(ConfigError, match="'length_distribution'"):
+        ThroughputConfig(length_distribution="zipf").validate()

@@ -11,6 +11,8 @@ from neobert.config.loader import require
 MODEL_NAMES = ("neobert", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
 LAYOUTS = ("full", "padded", "unpadded")
 MODES = ("inference", "training")
+DTYPES = ("auto", "float32", "bfloat16")
+LENGTH_DISTRIBUTIONS = ("uniform", "lognormal")
 
 
 @dataclass
@@ -19,7 +21,11 @@ class ThroughputConfig:
 
     models: List[str] = field(default_factory=lambda: list(MODEL_NAMES))
     lengths: List[int] = field(default_factory=list)  # CPU: 128, 512; GPU: 128 ... 4096
+    # full: every row `length` real tokens. padded / unpadded: variable-length documents (length_distribution,
+    # capped at `length`), padded to the batch's longest (sdpa) or laid end to end (varlen); tokens/s counts
+    # real tokens only.
     layouts: List[str] = field(default_factory=lambda: ["full"])
+    length_distribution: str = "uniform"  # uniform in [length/8, length] | lognormal (median length/4, sigma 0.7)
     mode: str = "inference"  # inference | training (forward + backward, no optimizer update)
     batch_sizes: List[int] = field(default_factory=list)  # candidates; default powers of two 1 ... 1024
     max_tokens: int = 4096  # CPU memory budget per batch (batch x length); ignored on GPU (OOM probing instead)
@@ -29,6 +35,9 @@ class ThroughputConfig:
     neobert_preset: str = "neobert"
     official_code_dir: Optional[str] = None  # a local copy of the hub repo chandar-lab/NeoBERT (model.py + config)
     device: str = "auto"  # auto | cpu | cuda
+    # Inference: the weights in this dtype. Training: float32 weights under autocast to it (bf16-mixed).
+    # auto = bfloat16 on GPU, float32 on CPU (bfloat16 is ~2.5x faster on CPUs with avx512_bf16: measure it).
+    dtype: str = "auto"
     peak_flops: Optional[float] = None  # for MFU; default: neobert.eval.flops.peak_flops by GPU name
     threads: int = 0  # torch CPU threads; 0 = leave as is
     seed: int = 0
@@ -40,6 +49,9 @@ class ThroughputConfig:
         bad = sorted(set(self.layouts) - set(LAYOUTS))
         require(not bad, "layouts", f"unknown {bad}; known: {list(LAYOUTS)}")
         require(self.mode in MODES, "mode", f"must be one of {MODES}, got {self.mode!r}")
+        require(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        require(self.length_distribution in LENGTH_DISTRIBUTIONS, "length_distribution",
+                f"must be one of {LENGTH_DISTRIBUTIONS}, got {self.length_distribution!r}")
         require(all(n > 0 for n in self.lengths), "lengths", "must be positive integers")
         require(all(b > 0 for b in self.batch_sizes), "batch_sizes", "must be positive integers")
         require(self.repeats >= 1, "repeats", "must be at least 1")

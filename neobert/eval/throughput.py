@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -150,9 +151,16 @@ class Batch:
     position_ids: Tensor | None = None
 
 
-def document_lengths(batch_size: int, length: int, generator: torch.Generator) -> list[int]:
-    """A realistic spread of document lengths for padded batches: uniform in [length/8, length], with one
-    document of the full length so that the padded width is `length` (as a length-sorted loader would give)."""
+def document_lengths(batch_size: int, length: int, generator: torch.Generator,
+                     distribution: str = "uniform") -> list[int]:
+    """Document lengths for padded and unpadded batches, at most `length`:
+    * uniform: uniform in [length/8, length], with one document of the full length so that the padded width is
+      `length` (as a length-sorted loader would give);
+    * lognormal: median length/4, sigma 0.7 (a long right tail, as real text has; ~3% reach the cap), at least 8
+      tokens; the padded width is the longest document of the batch."""
+    if distribution == "lognormal":
+        draws = torch.randn(batch_size, generator=generator, dtype=torch.float64) * 0.7 + math.log(length / 4)
+        return draws.exp().round().clamp(min(8, length), length).long().tolist()
     low = max(1, length // 8)
     lengths = torch.randint(low, length + 1, (batch_size,), generator=generator).tolist()
     lengths[0] = length
@@ -160,12 +168,13 @@ def document_lengths(batch_size: int, length: int, generator: torch.Generator) -
 
 
 def make_batch(batch_size: int, length: int, layout: str, vocab_size: int, pad_token_id: int,
-               device: torch.device, seed: int = 0) -> Batch:
+               device: torch.device, seed: int = 0, distribution: str = "uniform") -> Batch:
     generator = torch.Generator().manual_seed(seed)
     if layout == "full":
         lengths = [length] * batch_size
     else:
-        lengths = document_lengths(batch_size, length, generator)
+        lengths = document_lengths(batch_size, length, generator, distribution)
+        length = max(lengths)  # padded to the batch's longest document
     ids = torch.randint(0, vocab_size, (batch_size, length), generator=generator)
     ids[ids == pad_token_id] = (pad_token_id + 1) % vocab_size  # pad ids only where padding is
     mask = (torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]).long()
@@ -185,13 +194,15 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_step(model: BenchModel, batch: Batch, training: bool, device: torch.device) -> float:
-    """Seconds for one inference forward, or one training step (forward + backward of a scalar loss)."""
+def time_step(model: BenchModel, batch: Batch, training: bool, device: torch.device,
+              autocast_dtype: torch.dtype | None = None) -> float:
+    """Seconds for one inference forward, or one training step (forward + backward of a scalar loss, under
+    autocast to `autocast_dtype` when one is given: mixed precision)."""
     _synchronize(device)
     start = time.perf_counter()
     if training:
         model.module.train()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             hidden = model.forward(model.module, batch)
         hidden.float().square().mean().backward()
         model.module.zero_grad(set_to_none=True)
@@ -252,6 +263,12 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
 def default_lengths(device: torch.device) -> list[int]:
     return [128, 256, 512, 1024, 2048, 4096] if device.type == "cuda" else [128, 512]
 
@@ -261,8 +278,11 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     if config.threads:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = resolve_dtype(config.dtype, device)
     training = config.mode == "training"
+    # Training keeps float32 weights and autocasts (what bf16-mixed training does); inference casts the weights.
+    weights_dtype = torch.float32 if training else dtype
+    autocast_dtype = dtype if training and dtype != torch.float32 else None
     lengths = config.lengths or default_lengths(device)
     candidates = config.batch_sizes or [2 ** i for i in range(11)]
     peak = config.peak_flops or peak_flops(device)
@@ -278,7 +298,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     torch.manual_seed(config.seed)
     for name in config.models:
         try:
-            models[name] = build_model(name, device, dtype, config.neobert_preset, config.official_code_dir)
+            models[name] = build_model(name, device, weights_dtype, config.neobert_preset, config.official_code_dir)
         except ModelUnavailable as err:
             progress(f"{name}: not available: {err}")
             for layout in config.layouts:
@@ -295,7 +315,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                 if layout == "unpadded" and not bench.supports_unpadded:
                     unavailable(name, layout, length, "no unpadded path on this machine", bench)
                     continue
-                best = _search(bench, layout, length, candidates, config, device, training)
+                best = _search(bench, layout, length, candidates, config, device, training, autocast_dtype)
                 if best is None:
                     unavailable(name, layout, length, "no candidate batch size fits", bench)
                     continue
@@ -305,7 +325,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
             times: dict[str, list[float]] = {name: [] for name in chosen}
             for _ in range(config.repeats):
                 for name, (size, batch) in chosen.items():
-                    times[name].append(time_step(models[name], batch, training, device))
+                    times[name].append(time_step(models[name], batch, training, device, autocast_dtype))
             for name, (size, batch) in chosen.items():
                 bench = models[name]
                 step = statistics.median(times[name])
@@ -322,19 +342,20 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
 
 
 def _search(bench: BenchModel, layout: str, length: int, candidates: Sequence[int], config: ThroughputConfig,
-            device: torch.device, training: bool) -> tuple[int, Batch] | None:
+            device: torch.device, training: bool, autocast_dtype: torch.dtype | None) -> tuple[int, Batch] | None:
     batches: dict[int, Batch] = {}
 
     def batch_of(size: int) -> Batch:
         if size not in batches:
-            batches[size] = make_batch(size, length, layout, bench.vocab_size, bench.pad_token_id, device, config.seed)
+            batches[size] = make_batch(size, length, layout, bench.vocab_size, bench.pad_token_id, device, config.seed,
+                                       config.length_distribution)
         return batches[size]
 
     def fits(size: int) -> bool:
         if device.type != "cuda":
             return config.max_tokens <= 0 or size * length <= config.max_tokens
         try:
-            time_step(bench, batch_of(size), training, device)
+            time_step(bench, batch_of(size), training, device, autocast_dtype)
             return True
         except (torch.OutOfMemoryError, RuntimeError) as err:
             if not is_out_of_memory(err):
@@ -346,15 +367,15 @@ def _search(bench: BenchModel, layout: str, length: int, candidates: Sequence[in
     def throughput(size: int) -> float:
         batch = batch_of(size)
         for _ in range(config.warmup):
-            time_step(bench, batch, training, device)
-        return batch.real_tokens / time_step(bench, batch, training, device)
+            time_step(bench, batch, training, device, autocast_dtype)
+        return batch.real_tokens / time_step(bench, batch, training, device, autocast_dtype)
 
     if len(set(candidates)) == 1:  # a batch size the user fixed: no search and no CPU budget, just warm up
         size = candidates[0]
         if device.type == "cuda" and not fits(size):
             return None
         for _ in range(config.warmup):
-            time_step(bench, batch_of(size), training, device)
+            time_step(bench, batch_of(size), training, device, autocast_dtype)
         return size, batch_of(size)
     best, _, _ = search_batch_size(candidates, fits, throughput, config.search_top)
     if best is None:

@@ -33,11 +33,13 @@ def parse_args(argv=None) -> MtebConfig:
     parser.add_argument("--tasks", help="comma-separated: mteb task names, 'english', sts:<file>, retrieval:<file>")
     parser.add_argument("--dim", type=int, help="evaluate embeddings truncated to their first DIM dimensions "
                                                 "(re-normalised), e.g. after Matryoshka training")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                        help="encoder autocast dtype (default: bfloat16 on GPU, float32 on CPU)")
     parser.add_argument("--output-dir")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of MtebConfig")
     add_debug_flag(parser)
     args = parser.parse_intermixed_args(argv)  # key=value overrides may follow any flag
-    overrides = flag_overrides(args, values=("model", "output_dir", "dim"), lists=("tasks",))
+    overrides = flag_overrides(args, values=("model", "output_dir", "dim", "dtype"), lists=("tasks",))
     return load_config(MtebConfig, args.config, overrides)
 
 

@@ -22,6 +22,9 @@ class MtebConfig:
     max_length: Optional[int] = 512
     max_examples: Optional[int] = None  # cap on the examples of local tasks (quick checks)
     device: Optional[str] = None  # default: cuda if available
+    # Autocast dtype of the encoder: float32 | bfloat16; null = bfloat16 on GPU (the paper), float32 on CPU.
+    # bfloat16 is ~2.5x faster on CPUs with avx512_bf16 (docs/benchmarks.md has its score difference).
+    dtype: Optional[str] = None
     # Evaluate embeddings truncated to their first `dim` dimensions, re-normalised (after Matryoshka training,
     # loss.matryoshka_dims); null = the whole embedding.
     dim: Optional[int] = None
@@ -39,6 +42,8 @@ class MtebConfig:
         require(self.max_length is None or self.max_length > 0, "max_length", "must be positive or null")
         require(self.max_examples is None or self.max_examples > 0, "max_examples", "must be positive or null")
         require(self.dim is None or self.dim > 0, "dim", "must be positive or null")
+        require(self.dtype in (None, "float32", "bfloat16"), "dtype",
+                f"must be float32, bfloat16 or null, got {self.dtype!r}")
         try:
             self.instructions_file()
         except ConfigError as err:

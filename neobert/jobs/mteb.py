@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
+
 from neobert.config.mteb import MtebConfig
 from neobert.data.backbone import load_backbone
 from neobert.eval.mteb import MtebEncoder, TaskInstructions, resolve_tasks, run_mteb, trained_dims
@@ -24,5 +26,6 @@ def evaluate_model(config: MtebConfig, show_progress_bar: bool = True) -> dict[s
                     config.model, f"Matryoshka dims {dims}" if dims else "no matryoshka.json")
     name = config.model if config.dim is None else f"{config.model} (dim {config.dim})"
     encoder = MtebEncoder(backbone, TaskInstructions.load(config.instructions_file()), config.batch_size,
-                          config.max_length, config.device, name=name, dim=config.dim)
+                          config.max_length, config.device, getattr(torch, config.dtype) if config.dtype else None,
+                          name=name, dim=config.dim)
     return run_mteb(encoder, tasks, config.output_dir, config.batch_size, show_progress_bar)

@@ -122,6 +122,27 @@ def test_cli_end_to_end_on_local_files(tmp_path):
     assert "| tiny |" in paths["markdown"].read_text()
 
 
+def test_bfloat16_autocast_scores_close_to_float32_and_runs_in_bfloat16(model, monkeypatch):
+    torch.manual_seed(0)
+    documents = [toy_document(n).tolist() for n in (9, 17, 30)]
+    fp32 = pp.score_documents(model, documents, SPECIAL, MASK, "m")
+    seen = []
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        output = forward(*args, **kwargs)
+        seen.append(output.logits.dtype)
+        return output
+
+    monkeypatch.setattr(model, "forward", spy)
+    bf16 = pp.score_documents(model, documents, SPECIAL, MASK, "m", dtype=torch.bfloat16)
+    assert set(seen) == {torch.bfloat16}  # the autocast reached the model
+    for a, b in zip(fp32, bf16):
+        assert b.pppl == pytest.approx(a.pppl, rel=0.02) and b.scored_tokens == a.scored_tokens
+    with pytest.raises(ConfigError, match="'dtype'"):
+        PseudoPerplexityConfig(models=["runs/x/export"], dtype="half").validate()
+
+
 def test_missing_model_dir_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="models"):
         pp.load_model_and_tokenizer(str(tmp_path / "nope"))

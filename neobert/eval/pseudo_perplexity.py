@@ -77,7 +77,8 @@ class DocumentScore:
 
 def score_documents(model: NeoBERTForMaskedLM, documents: Iterable[list[int]], special_ids: set[int],
                     mask_token_id: int, model_name: str, tokens_per_forward: int = 16384,
-                    progress: Callable | None = None) -> list[DocumentScore]:
+                    progress: Callable | None = None, dtype: torch.dtype | None = None) -> list[DocumentScore]:
+    """Per-document pseudo-perplexity; the model runs under autocast to `dtype` when one is given."""
     device = next(model.parameters()).device
     model.eval()
     scores = []
@@ -86,7 +87,8 @@ def score_documents(model: NeoBERTForMaskedLM, documents: Iterable[list[int]], s
     for index, ids in enumerate(iterator):
         input_ids = torch.tensor(ids, device=device)
         scored = torch.tensor([t not in special_ids for t in ids], device=device)
-        nll = token_nlls(model, input_ids, scored, mask_token_id, tokens_per_forward)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype not in (None, torch.float32)):
+            nll = token_nlls(model, input_ids, scored, mask_token_id, tokens_per_forward)
         if nll.numel() == 0:
             continue
         total = float(nll.sum())
@@ -184,7 +186,8 @@ def run_pseudo_perplexity(config: PseudoPerplexityConfig) -> tuple[list[Document
         name = Path(directory).name if Path(directory).name != EXPORT_DIR else Path(directory).parent.name
         log.info("%s: scoring %d documents", name, len(chosen))
         all_scores += score_documents(model, chosen, special, tokenizer.mask_token_id, name,
-                                      config.tokens_per_forward, progress=lambda d: tqdm(d, desc=name))
+                                      config.tokens_per_forward, progress=lambda d: tqdm(d, desc=name),
+                                      dtype=getattr(torch, config.dtype) if config.dtype else None)
     return all_scores, bucket_scores(all_scores, list(config.bucket_edges))
 
 

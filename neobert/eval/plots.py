@@ -3,7 +3,8 @@
 * Figure 1: GLUE score per ablation step (:func:`plot_ablation_glue`).
 * Figure 2: pseudo-perplexity against document length (:func:`plot_pseudo_perplexity`).
 * Figure 3: throughput against sequence length (:func:`plot_throughput`).
-* Training curves of any run from its CSV logs (:func:`plot_curves`, :func:`read_curves`, :func:`final_value`).
+* Training curves of any run from its CSV logs (:func:`plot_curves`, :func:`read_curves`, :func:`final_value`),
+  and one metric of several runs side by side (:func:`compare_runs`).
 
 Every function writes a PNG when given a path and returns it (or the figure when no path is given).
 """
@@ -130,6 +131,29 @@ def plot_curves(csv_paths, keys: Sequence[str], out_png: str | Path, hlines: dic
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return out_png
+
+
+def compare_runs(runs: Mapping[str, str | Path | Iterable[str | Path]], key: str, out_png: str | Path,
+                 title: str | None = None, ylabel: str = "loss (nats)") -> Path:
+    """One line per run (label -> its CSV logs) of one metric against the optimizer step."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, csv_paths in runs.items():
+        points = read_curves(csv_paths, [key])[key]
+        if not points:
+            raise ValueError(f"run {label!r} never logged {key!r}")
+        steps = sorted(points)
+        ax.plot(steps, [points[s] for s in steps], label=label)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title or key)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch._dynamo
 
+from neobert.data.masking import masked_index
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
 
@@ -23,16 +24,20 @@ def batch(vocab_size: int):
 
 @pytest.mark.parametrize("backend", ["sdpa", "varlen"])
 @pytest.mark.parametrize("layout", ["padded", "packed"])
-def test_forward_and_loss_compile_without_graph_breaks(backend, layout):
+@pytest.mark.parametrize("logits", ["all", "masked_index"])
+def test_forward_and_loss_compile_without_graph_breaks(backend, layout, logits):
+    """`masked_index` (the collator's flat indices of the masked positions) keeps the masked-only logits in the
+    graph; the boolean search of `masked_only=True` would need a data-dependent shape."""
     torch.manual_seed(0)
     model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", attention_backend=backend)).eval()
     input_ids, attention_mask, labels = batch(model.config.vocab_size)
     cu_seqlens = torch.tensor([0, 5, 16, 32], dtype=torch.int32)
+    masked = {"masked_index": masked_index(labels)} if logits == "masked_index" else {}
 
     def loss(input_ids, attention_mask, labels, cu_seqlens):
         if layout == "packed":
-            return model(input_ids, labels=labels, cu_seqlens=cu_seqlens, max_seqlen=16).loss
-        return model(input_ids, attention_mask, labels=labels).loss
+            return model(input_ids, labels=labels, cu_seqlens=cu_seqlens, max_seqlen=16, **masked).loss
+        return model(input_ids, attention_mask, labels=labels, **masked).loss
 
     torch._dynamo.reset()
     explained = torch._dynamo.explain(loss)(input_ids, attention_mask, labels, cu_seqlens)
@@ -42,6 +47,18 @@ def test_forward_and_loss_compile_without_graph_breaks(backend, layout):
     with torch.no_grad():
         torch.testing.assert_close(compiled(input_ids, attention_mask, labels, cu_seqlens),
                                    loss(input_ids, attention_mask, labels, cu_seqlens))
+
+
+def test_masked_index_gives_the_masked_only_loss_and_logits():
+    model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny")).eval()
+    input_ids, attention_mask, labels = batch(model.config.vocab_size)
+    with torch.no_grad():
+        by_search = model(input_ids, attention_mask, labels=labels, masked_only=True)
+        by_index = model(input_ids, attention_mask, labels=labels, masked_index=masked_index(labels))
+        full = model(input_ids, attention_mask, labels=labels)
+    torch.testing.assert_close(by_index.logits, by_search.logits)
+    torch.testing.assert_close(by_index.loss, full.loss)
+    assert by_index.logits.shape[0] == 3  # the three masked positions of `batch`, row-major
 
 
 def test_eager_still_checks_values():

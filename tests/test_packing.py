@@ -278,8 +278,9 @@ def assert_masked_from(batch: dict, original: torch.Tensor) -> None:
 def test_collate_packed_unequal_rows_are_one_row_without_pad():
     rows = [[[CLS, 11, 12, SEP], [CLS, 13, SEP]], [[CLS, 14, 15, 16, 17, SEP]], [[21, 22]]]  # 7, 6 and 2 tokens
     batch = masker().collate_packed(rows, torch.Generator().manual_seed(0))
-    assert set(batch) == {"input_ids", "labels", "cu_seqlens", "max_seqlen"}
+    assert set(batch) == {"input_ids", "labels", "cu_seqlens", "max_seqlen", "masked_index"}
     assert batch["input_ids"].shape == (1, 15) and batch["labels"].shape == (1, 15)
+    assert torch.equal(batch["masked_index"], (batch["labels"].reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1))
     assert (batch["input_ids"] != PAD_ID).all()
     assert batch["cu_seqlens"].dtype == torch.int32 and batch["cu_seqlens"].tolist() == [0, 4, 7, 13, 15]
     assert batch["max_seqlen"] == 6

@@ -234,12 +234,27 @@ def test_a_non_finite_loss_stops_the_run_on_its_step_and_saves_nothing(tmp_path,
         run_pretraining(config, [poison])
     assert str(error.value) == (
         f"the training loss is {kind} at global step 3: the batch came from data stream 0 (the stream's batch 4, "
-        "ending at epoch 0, shuffle block 0, document 16 of the block). Training stopped before this step's "
-        "update; nothing was saved over the last checkpoint (resume=true restarts from it)")
+        "ending at epoch 0, shuffle block 0, document 16 of the block). Training stopped before the update of "
+        "global step 3 (the loss is checked every 1 steps, logging.log_every_n_steps, and before every checkpoint); "
+        "nothing was saved after the last good checkpoint (resume=true restarts from it)")
     directory = checkpoints_of(tmp_path)
     assert sorted(poison.before) == ["last.ckpt", "step-00000002.ckpt"]
     assert files(directory) == poison.before  # the step-2 checkpoints, byte for byte, and nothing else
     assert torch.load(directory / "last.ckpt", weights_only=False)["global_step"] == 2
+
+
+def test_a_non_finite_loss_between_log_reads_is_caught_before_the_next_checkpoint(tmp_path):
+    """The step loop reads the loss only every logging.log_every_n_steps steps: a loss that turns infinite at step
+    3 of a run that reads every 5 is caught when the step-4 checkpoint would be written; the error still names
+    step 3 and its batch, and the step-2 checkpoints are left as they were."""
+    poison = PoisonAt(3, "inf", checkpoints_of(tmp_path))
+    with pytest.raises(NonFiniteLossError) as error:
+        run_pretraining(tiny_config(tmp_path, *RUN, "logging.log_every_n_steps=5"), [poison])
+    assert str(error.value).startswith(
+        "the training loss is inf at global step 3: the batch came from data stream 0 (the stream's batch 4, ")
+    assert "Training stopped before writing the checkpoint of global step 4 (the loss is checked every 5 steps" in (
+        str(error.value))
+    assert files(checkpoints_of(tmp_path)) == poison.before
 
 
 def test_a_non_finite_loss_names_the_micro_batch_when_accumulating(tmp_path):

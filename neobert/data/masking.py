@@ -74,7 +74,8 @@ class MLMMasker:
             input_ids[row, : len(doc)] = torch.tensor(doc, dtype=torch.long)
             attention_mask[row, : len(doc)] = 1
         inputs, labels = self.mask(input_ids, generator, rate)
-        return {"input_ids": inputs, "attention_mask": attention_mask, "labels": labels}
+        return {"input_ids": inputs, "attention_mask": attention_mask, "labels": labels,
+                "masked_index": masked_index(labels)}
 
     def collate_packed(self, rows: list[list[list[int]]], generator: torch.Generator | None = None,
                        rate: float | None = None) -> dict:
@@ -94,4 +95,11 @@ class MLMMasker:
         cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         cu_seqlens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
         inputs, labels = self.mask(input_ids, generator, rate)
-        return {"input_ids": inputs, "labels": labels, "cu_seqlens": cu_seqlens, "max_seqlen": max(lengths)}
+        return {"input_ids": inputs, "labels": labels, "cu_seqlens": cu_seqlens, "max_seqlen": max(lengths),
+                "masked_index": masked_index(labels)}
+
+
+def masked_index(labels: Tensor) -> Tensor:
+    """Flat indices of the masked positions (labels != -100), found here on the host where the batch is built, so
+    that the model's masked-only logits need not look for them on the device (NeoBERTForMaskedLM masked_index)."""
+    return (labels.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)

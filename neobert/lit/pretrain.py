@@ -5,7 +5,6 @@ tokenizer, run config). The whole job is `neobert.jobs.pretrain.run_pretraining`
 
 from __future__ import annotations
 
-import math
 import time
 
 import lightning as L
@@ -22,8 +21,10 @@ from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
 
 class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite: the run stops on that step, before the optimizer step and
-    before any checkpoint is written over the last good one (ModelCheckpoint's save_on_exception is off)."""
+    """The training loss became NaN or infinite. The loss stays on the device during the step loop; the module
+    looks at it when it reads its metrics (every logging.log_every_n_steps steps), before any checkpoint is
+    written and at the end of training, and then stops the run naming the first bad step: nothing is saved over
+    the last good checkpoint (ModelCheckpoint's save_on_exception is off)."""
 
 
 def describe_data_position(data_state: dict | None) -> str:
@@ -45,8 +46,16 @@ class MLMPretrainingModule(L.LightningModule):
         self.model = NeoBERTForMaskedLM(model_config)
         self.tokenizer = tokenizer
         self.masked_only = config.model.masked_only_logits
-        self._sums = self._empty_sums()
-        self._step_started: float | None = None
+        # The step loop reads nothing back from the device (a GPU would wait for the host at every read): the
+        # forward skips its input checks, and the metrics and the loss's finiteness are kept on the device and
+        # read every logging.log_every_n_steps steps (`_read_metrics`).
+        self.model.set_validate_inputs(False)
+        self._step = self._empty_step()
+        self._interval_tokens: torch.Tensor | float = 0.0
+        self._interval_started: float | None = None
+        self._micro_batches: list[tuple[int, int, dict | None]] = []  # (step, micro-batch, data state) since the last read
+        self._first_nonfinite: torch.Tensor | None = None  # index into _micro_batches, -1 while all were finite
+        self._first_nonfinite_loss: torch.Tensor | None = None
         self.start_step = 0  # where a wsd decay branch starts (the job sets it from branch_from)
         # Training FLOPs per token; the decoder only runs at masked positions with masked-only logits.
         weights = matmul_params(self.model)
@@ -69,74 +78,115 @@ class MLMPretrainingModule(L.LightningModule):
         encoder_kwargs = {}
         if "cu_seqlens" in batch:
             encoder_kwargs = {"cu_seqlens": batch["cu_seqlens"], "max_seqlen": batch["max_seqlen"]}
-        return self.model(batch["input_ids"], batch.get("attention_mask"), labels=batch["labels"],
-                          masked_only=self.masked_only, **encoder_kwargs)
+        masked = {}
+        if self.masked_only:  # the collator's index (no search on the device), or a search for batches without one
+            masked = {"masked_index": batch["masked_index"]} if "masked_index" in batch else {"masked_only": True}
+        return self.model(batch["input_ids"], batch.get("attention_mask"), labels=batch["labels"], **masked,
+                          **encoder_kwargs)
 
     @staticmethod
-    def _accuracy_counts(output, labels: torch.Tensor) -> tuple[int, int]:
+    def _accuracy_counts(output, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(correct, masked) predictions, as device tensors: nothing is read back."""
+        if output.masked_index is not None:
+            targets = labels.reshape(-1).index_select(0, output.masked_index)
+            return (output.logits.argmax(-1) == targets).sum(), targets.new_tensor(targets.numel())
         if output.masked_positions is not None:
             targets = labels[output.masked_positions]
-            logits = output.logits
-        else:
-            positions = labels != -100
-            targets, logits = labels[positions], output.logits[positions]
-        return int((logits.argmax(-1) == targets).sum()), int(targets.numel())
+            return (output.logits.argmax(-1) == targets).sum(), targets.new_tensor(targets.numel())
+        scored = labels != -100
+        return ((output.logits.argmax(-1) == labels) & scored).sum(), scored.sum()
 
     def training_step(self, batch: dict, batch_idx: int):
         data_state = batch.pop(DATA_STATE_KEY, None)
         if data_state is not None and self.trainer.datamodule is not None:
             self.trainer.datamodule.record(data_state)  # the data position of the next checkpoint
         output = self(batch)
-        correct, masked = self._accuracy_counts(output, batch["labels"])
-        tokens = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
-        loss = float(output.loss.detach())
+        loss = output.loss.detach()
         accumulate = self.trainer.accumulate_grad_batches
-        if not math.isfinite(loss):
-            micro = f", micro-batch {batch_idx % accumulate + 1} of {accumulate}" if accumulate > 1 else ""
-            raise NonFiniteLossError(
-                f"the training loss is {loss} at global step {self.trainer.global_step}{micro}: "
-                f"{describe_data_position(data_state)}. Training stopped before this step's update; nothing was "
-                f"saved over the last checkpoint (resume=true restarts from it)")
-        self._sums["loss"] += loss
-        self._sums["correct"] += correct
-        self._sums["masked"] += masked
-        self._sums["tokens"] += tokens
+        self._track_finite(loss, batch_idx % accumulate + 1, data_state)
+        correct, masked = self._accuracy_counts(output, batch["labels"])
+        tokens = batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].numel()
+        step = self._step
+        step["loss"] = step["loss"] + loss
+        step["correct"] = step["correct"] + correct
+        step["masked"] = step["masked"] + masked
+        step["tokens"] = step["tokens"] + tokens
+        self._interval_tokens = self._interval_tokens + tokens
         stats = (data_state or {}).get("stats")
         if stats is not None:  # what the data schedule and the packer did (neobert.data.pretraining.BatchBuilder)
-            self._sums["sequences"] += stats["rows"]
-            self._sums["capacity"] += stats["rows"] * self.config.data.max_length
-            self._sums["mask_rate"] = stats["mask_rate"]
-        if (batch_idx + 1) % accumulate == 0:  # the last micro-batch of an optimizer step: log step means
-            self._log_step(accumulate)
+            step["sequences"] += stats["rows"]
+            step["capacity"] += stats["rows"] * self.config.data.max_length
+            step["mask_rate"] = stats["mask_rate"]
+        if (batch_idx + 1) % accumulate == 0:  # the last micro-batch of an optimizer step
+            # The steps Lightning writes its logs at (its interval can be shorter than logging.log_every_n_steps).
+            if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
+                self._read_metrics(accumulate)
+            self._step = self._empty_step()
         return output.loss
 
     @staticmethod
-    def _empty_sums() -> dict:
+    def _empty_step() -> dict:
         return {"loss": 0.0, "correct": 0, "masked": 0, "tokens": 0, "sequences": 0, "capacity": 0, "mask_rate": None}
 
-    def _log_step(self, accumulate: int) -> None:
-        sums, world = self._sums, self.trainer.world_size
+    # ------------------------------------------------------------------ NaN / inf, checked without a host read
+    def _track_finite(self, loss: torch.Tensor, micro_batch: int, data_state: dict | None) -> None:
+        """Remembers, on the device, the first micro-batch since the last read whose loss was not finite."""
+        self._micro_batches.append((self.trainer.global_step, micro_batch, data_state))
+        if self._first_nonfinite is None:
+            self._first_nonfinite = torch.full((), -1, dtype=torch.long, device=loss.device)
+            self._first_nonfinite_loss = torch.zeros((), dtype=loss.dtype, device=loss.device)
+        first_bad = (self._first_nonfinite < 0) & ~torch.isfinite(loss)
+        index = torch.full((), len(self._micro_batches) - 1, dtype=torch.long, device=loss.device)
+        self._first_nonfinite = torch.where(first_bad, index, self._first_nonfinite)
+        self._first_nonfinite_loss = torch.where(first_bad, loss, self._first_nonfinite_loss)
+
+    def check_finite(self, stopping: str) -> None:
+        """Raises NonFiniteLossError if a training loss since the last check was NaN or infinite (one host read);
+        `stopping` says what the error stops (e.g. "before the update of global step 5")."""
+        if self._first_nonfinite is None:
+            return
+        first = int(self._first_nonfinite)
+        if first >= 0:
+            step, micro_batch, data_state = self._micro_batches[first]
+            accumulate = self.trainer.accumulate_grad_batches
+            micro = f", micro-batch {micro_batch} of {accumulate}" if accumulate > 1 else ""
+            raise NonFiniteLossError(
+                f"the training loss is {float(self._first_nonfinite_loss)} at global step {step}{micro}: "
+                f"{describe_data_position(data_state)}. Training stopped {stopping} (the loss is checked every "
+                f"{self.trainer.log_every_n_steps} steps, logging.log_every_n_steps, and before every checkpoint); "
+                f"nothing was saved after the last good checkpoint (resume=true restarts from it)")
+        self._micro_batches.clear()
+
+    def on_train_end(self) -> None:
+        self.check_finite("at the end of training, before the export")
+
+    # ------------------------------------------------------------------ metrics, read every log interval
+    def _read_metrics(self, accumulate: int) -> None:
+        self.check_finite(f"before the update of global step {self.trainer.global_step}")
+        step, world = self._step, self.trainer.world_size
+        loss, correct, masked, tokens, interval_tokens = (
+            torch.stack([torch.as_tensor(v, dtype=torch.float64, device=self.device) for v in (
+                step["loss"], step["correct"], step["masked"], step["tokens"], self._interval_tokens)]).tolist())
         metrics = {
-            "train/loss": sums["loss"] / accumulate,
-            "train/accuracy": sums["correct"] / max(1, sums["masked"]),
+            "train/loss": loss / accumulate,
+            "train/accuracy": correct / max(1.0, masked),
             "train/lr": self.trainer.optimizers[0].param_groups[0]["lr"],
-            "train/tokens": float(sums["tokens"] * world),
+            "train/tokens": tokens * world,
         }
-        if sums["capacity"]:
-            metrics["train/batch_size"] = float(sums["sequences"] * world)  # sequences (packed rows) per step
-            metrics["train/packing_efficiency"] = sums["tokens"] / sums["capacity"]  # real tokens / row capacity
-            metrics["train/mask_rate"] = sums["mask_rate"]
-        now = time.perf_counter()
-        if self._step_started is not None:
-            tokens_per_second = sums["tokens"] * world / (now - self._step_started)
+        if step["capacity"]:
+            metrics["train/batch_size"] = float(step["sequences"] * world)  # sequences (packed rows) per step
+            metrics["train/packing_efficiency"] = tokens / step["capacity"]  # real tokens / row capacity
+            metrics["train/mask_rate"] = step["mask_rate"]
+        now = time.perf_counter()  # the read above waited for the device: the interval's time is real
+        if self._interval_started is not None:
+            tokens_per_second = interval_tokens * world / (now - self._interval_started)
             metrics["train/tokens_per_sec"] = tokens_per_second
             peak = peak_flops(self.device)
             if peak:
                 metrics["train/mfu"] = mfu(tokens_per_second / world, self.flops_per_token, peak)
-        self._step_started = now
+        self._interval_started, self._interval_tokens = now, 0.0
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
         self.log("loss", metrics["train/loss"], prog_bar=True, on_step=True, on_epoch=False, logger=False)
-        self._sums = self._empty_sums()
 
     def on_before_optimizer_step(self, optimizer) -> None:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -149,8 +199,9 @@ class MLMPretrainingModule(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int):
         output = self(batch)
         correct, masked = self._accuracy_counts(output, batch["labels"])
-        self.log("val/loss", output.loss, on_epoch=True, sync_dist=True, batch_size=max(1, masked), prog_bar=True)
-        self.log("val/accuracy", correct / max(1, masked), on_epoch=True, sync_dist=True, batch_size=max(1, masked))
+        masked = max(1, int(masked))  # the epoch mean's weight (validation is not the step loop)
+        self.log("val/loss", output.loss, on_epoch=True, sync_dist=True, batch_size=masked, prog_bar=True)
+        self.log("val/accuracy", correct / masked, on_epoch=True, sync_dist=True, batch_size=masked)
 
     def validation_loss(self, batch: dict) -> tuple[torch.Tensor, int]:
         """The MLM loss of a validation batch and its weight (masked tokens); the EMA callback scores its weights
@@ -164,6 +215,7 @@ class MLMPretrainingModule(L.LightningModule):
                                     self.config.trainer.max_steps, self.start_step)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.check_finite(f"before writing the checkpoint of global step {self.trainer.global_step}")
         checkpoint[CHECKPOINT_KEY] = {
             "model_config": self.model.config.to_hub_dict(),
             "tokenizer": self.config.data.tokenizer,

@@ -32,7 +32,8 @@ class MaskedLMOutput:
     logits: Tensor  # [..., vocab], or [n_masked, vocab] when computed at masked positions only
     loss: Tensor | None = None
     last_hidden_state: Tensor | None = None
-    masked_positions: Tensor | None = None  # bool, input shape; set when logits are masked-only
+    masked_positions: Tensor | None = None  # bool, input shape; set when logits are masked-only (masked_only)
+    masked_index: Tensor | None = None  # flat indices of the logits' positions (masked_index)
 
 
 @dataclass
@@ -106,6 +107,20 @@ class NeoBERTPreTrained(nn.Module):
     """Shared by the encoder and its heads: config, weight init, hub-format save/load."""
 
     config: NeoBERTConfig
+    # True: the forward checks input values (token ids, masks, labels) and looks whether a padded batch has padding
+    # (to skip the mask, or to unpad it for varlen), which reads device values on the host. False (the training
+    # loop, `set_validate_inputs(False)`): it reads nothing back, so a GPU step never waits for the host.
+    validate_inputs: bool = True
+
+    def set_validate_inputs(self, enabled: bool) -> None:
+        """Sets `validate_inputs` on this model and every NeoBERT module inside it."""
+        for module in self.modules():
+            if isinstance(module, NeoBERTPreTrained):
+                module.validate_inputs = enabled
+
+    def _reads_device(self) -> bool:
+        """Whether the forward may read device values on the host (never inside a compiled graph)."""
+        return self.validate_inputs and not torch.compiler.is_compiling()
 
     def init_weights(self) -> None:
         self.apply(self._init_module)
@@ -179,7 +194,7 @@ class NeoBERT(NeoBERTPreTrained):
         batch, length = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(length, device=input_ids.device).expand(batch, length)
-        if torch.compiler.is_compiling():
+        if not self._reads_device():
             # Whether the batch has padding is not looked at (that would read a device value on the host): the
             # mask is always applied, and varlen does not unpad (a data-dependent shape).
             layout = AttentionLayout.padded(attention_mask, skip_if_full=False)
@@ -233,7 +248,7 @@ class NeoBERT(NeoBERTPreTrained):
         if input_ids.numel() == 0:
             raise ValueError(f"empty batch: input_ids has shape {tuple(input_ids.shape)}")
         # Checks of values (not shapes) read the device on the host: eager only, never inside a compiled graph.
-        check_values = input_ids.device.type != "meta" and not torch.compiler.is_compiling()
+        check_values = input_ids.device.type != "meta" and self._reads_device()
         if check_values:
             low, high = int(input_ids.min()), int(input_ids.max())
             if low < 0 or high >= config.vocab_size:
@@ -288,17 +303,27 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
         attention_mask: Tensor | None = None,
         labels: Tensor | None = None,
         masked_only: bool = False,
+        masked_index: Tensor | None = None,
         **encoder_kwargs,
     ) -> MaskedLMOutput:
         """labels: token ids at masked positions, -100 elsewhere. `masked_only` projects to the vocabulary
-        only at the masked positions (labels != -100), which skips ~80% of the largest matmul."""
+        only at the masked positions (labels != -100), which skips ~80% of the largest matmul. `masked_index`
+        (flat indices of the masked positions, from the collator) does the same without finding them on the
+        device: no host read, and a shape known in advance; the logits come in its order."""
         hidden = self.model(input_ids, attention_mask, **encoder_kwargs).last_hidden_state
         if labels is not None:
             if labels.shape != input_ids.shape:
                 raise ValueError(f"labels shape {tuple(labels.shape)} != input_ids shape {tuple(input_ids.shape)}")
             bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= self.config.vocab_size))
-            if not torch.compiler.is_compiling() and bool(bad.any()):
+            if self._reads_device() and bool(bad.any()):
                 raise ValueError(f"labels must be -100 or token ids in [0, {self.config.vocab_size})")
+        if masked_index is not None:
+            if labels is None:
+                raise ValueError("masked_index needs labels: they are the targets at those positions")
+            targets = labels.reshape(-1).index_select(0, masked_index)
+            logits = self.decoder(hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_index))
+            loss = F.cross_entropy(logits.float(), targets) if masked_index.numel() else logits.sum() * 0.0
+            return MaskedLMOutput(logits, loss, hidden, masked_index=masked_index)
         if masked_only:
             if labels is None:
                 raise ValueError("masked_only=True needs labels to know which positions are masked")

@@ -197,10 +197,14 @@ def test_short_contrastive_run_beats_zero_shot_sts(tmp_path, capsys):
                    str(tmp_path / "run"), "data.datasets=[STSBenchmark]",
                    f"data.local_files.STSBenchmark={train_file}", f"eval_sts={dev_file}", "data.batch_size=16",
                    "data.max_length=48", "optimizer.lr=1e-3", "scheduler.warmup_steps=5", "trainer.max_steps=40",
-                   "trainer.precision=32-true", "trainer.accelerator=cpu", "logging.progress_bar=false"])
+                   "trainer.precision=32-true", "trainer.accelerator=cpu", "logging.progress_bar=false",
+                   "eval_sts_dims=[16]"])
     with capsys.disabled():
         print(f"\nlocal STS (300 dev pairs) zero-shot {result['sts_zero_shot']:.4f} -> tuned {result['sts_tuned']:.4f}")
     assert result["steps"] == 40
+    # Also scored on embeddings truncated to 16 of their 64 dimensions (eval_sts_dims), before and after.
+    assert set(result["sts_tuned_by_dim"]) == {"full", "16"} and result["sts_tuned_by_dim"]["full"] == result["sts_tuned"]
+    assert result["sts_tuned_by_dim"]["16"] != result["sts_tuned"]
     assert result["sts_tuned"] > result["sts_zero_shot"] + 0.02, result
     assert (tmp_path / "run" / EXPORT_DIR / "modules.json").is_file()
     assert len(metrics_csvs(tmp_path / "run")) == 1  # logs/version_0/metrics.csv

@@ -203,8 +203,9 @@ def test_short_contrastive_run_beats_zero_shot_sts(tmp_path, capsys):
         print(f"\nlocal STS (300 dev pairs) zero-shot {result['sts_zero_shot']:.4f} -> tuned {result['sts_tuned']:.4f}")
     assert result["steps"] == 40
     # Also scored on embeddings truncated to 16 of their 64 dimensions (eval_sts_dims), before and after.
-    assert set(result["sts_tuned_by_dim"]) == {"full", "16"} and result["sts_tuned_by_dim"]["full"] == result["sts_tuned"]
-    assert result["sts_tuned_by_dim"]["16"] != result["sts_tuned"]
+    by_dim = result["sts_tuned_by_dim"]
+    assert set(by_dim) == {"full", "16"} and by_dim["full"] == result["sts_tuned"]
+    assert by_dim["16"] != result["sts_tuned"]
     assert result["sts_tuned"] > result["sts_zero_shot"] + 0.02, result
     assert (tmp_path / "run" / EXPORT_DIR / "modules.json").is_file()
     assert len(metrics_csvs(tmp_path / "run")) == 1  # logs/version_0/metrics.csv

@@ -214,10 +214,13 @@ def test_minilm_sts_dev_matches_sentence_transformers(tmp_path, capsys):
     assert ours == pytest.approx(theirs, abs=1e-3)
     assert ours == pytest.approx(0.8672, abs=2e-3)
     assert os.path.isfile(tmp_path / "summary.md")
-    # bf16 autocast on CPU (--dtype bfloat16) stays within 0.002 of fp32.
-    bf16 = main(["--model", model_dir, "--tasks", f"sts:STSDev={sts_dev}", "--output-dir", str(tmp_path / "bf16"),
-                 "--dtype", "bfloat16", "instructions=none", "batch_size=128"])
-    ours_bf16 = bf16["tasks"]["STSDev"]["scores"]["test"][0]["cosine_spearman"]
+    # bf16 autocast on CPU (--dtype bfloat16) stays within 0.002 of fp32, on the first 300 pairs (bf16 is emulated,
+    # and slow, on CPUs without avx512_bf16).
+    scores = {}
+    for dtype in ("float32", "bfloat16"):
+        report = main(["--model", model_dir, "--tasks", f"sts:STSDev={sts_dev}", "--output-dir", str(tmp_path / dtype),
+                       "--dtype", dtype, "instructions=none", "batch_size=128", "max_examples=300"])
+        scores[dtype] = report["tasks"]["STSDev"]["scores"]["test"][0]["cosine_spearman"]
     with capsys.disabled():
-        print(f"bfloat16 autocast: {ours_bf16:.4f} (float32 {ours:.4f})")
-    assert ours_bf16 == pytest.approx(ours, abs=2e-3)
+        print(f"first 300 pairs: bfloat16 autocast {scores['bfloat16']:.4f}, float32 {scores['float32']:.4f}")
+    assert scores["bfloat16"] == pytest.approx(scores["float32"], abs=2e-3)

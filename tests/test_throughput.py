@@ -162,3 +162,21 @@ def test_bfloat16_on_cpu_casts_inference_weights_and_autocasts_training(mode, mo
         ThroughputConfig(dtype="float16x").validate()
     with pytest.raises(ConfigError, match="'length_distribution'"):
         ThroughputConfig(length_distribution="zipf").validate()
+
+
+def test_bfloat16_on_a_cpu_without_native_bf16_is_warned(tmp_path, caplog, monkeypatch):
+    from neobert.eval import flops
+
+    with_flag, without = tmp_path / "avx512", tmp_path / "avx2"
+    with_flag.write_text("flags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n")
+    without.write_text("flags\t\t: fpu sse2 avx2\n")
+    assert flops.cpu_has_native_bf16(with_flag) is True and flops.cpu_has_native_bf16(without) is False
+    assert flops.cpu_has_native_bf16(tmp_path / "missing") is None
+    for native, warned in ((False, True), (True, False), (None, False)):
+        monkeypatch.setattr(flops, "cpu_has_native_bf16", lambda native=native: native)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="neobert.eval.flops"):
+            assert flops.warn_if_bf16_is_emulated("cpu", torch.bfloat16) is warned
+        assert ("emulated" in caplog.text) is warned
+    assert not flops.warn_if_bf16_is_emulated("cpu", torch.float32)
+    assert not flops.warn_if_bf16_is_emulated("cuda", torch.bfloat16)

@@ -23,7 +23,7 @@ class MtebConfig:
     max_examples: Optional[int] = None  # cap on the examples of local tasks (quick checks)
     device: Optional[str] = None  # default: cuda if available
     # Autocast dtype of the encoder: float32 | bfloat16; null = bfloat16 on GPU (the paper), float32 on CPU.
-    # bfloat16 is ~2.5x faster on CPUs with avx512_bf16 (docs/benchmarks.md has its score difference).
+    # bfloat16 is faster on CPUs with avx512_bf16 or AMX, and far slower where it is emulated (a warning says so).
     dtype: Optional[str] = None
     # Evaluate embeddings truncated to their first `dim` dimensions, re-normalised (after Matryoshka training,
     # loss.matryoshka_dims); null = the whole embedding.

@@ -37,7 +37,8 @@ class PseudoPerplexityConfig:
     max_scanned_documents: int = 5000  # give up filling buckets after reading this many documents
     tokens_per_forward: int = 16384  # masked copies per forward pass = this // document length (at least 1)
     device: str = "auto"
-    dtype: Optional[str] = None  # autocast dtype: bfloat16 (fast on CPUs with avx512_bf16 and on GPUs); null = float32
+    # Autocast dtype: bfloat16 (fast on GPUs and CPUs with avx512_bf16, emulated and slow on others); null = float32.
+    dtype: Optional[str] = None
     seed: int = 0
     output_dir: str = "runs/pseudo_perplexity"
 

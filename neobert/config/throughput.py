@@ -36,7 +36,8 @@ class ThroughputConfig:
     official_code_dir: Optional[str] = None  # a local copy of the hub repo chandar-lab/NeoBERT (model.py + config)
     device: str = "auto"  # auto | cpu | cuda
     # Inference: the weights in this dtype. Training: float32 weights under autocast to it (bf16-mixed).
-    # auto = bfloat16 on GPU, float32 on CPU (bfloat16 is ~2.5x faster on CPUs with avx512_bf16: measure it).
+    # auto = bfloat16 on GPU, float32 on CPU (bfloat16 is faster on CPUs with avx512_bf16, emulated and far slower
+    # without: a warning says which).
     dtype: str = "auto"
     peak_flops: Optional[float] = None  # for MFU; default: neobert.eval.flops.peak_flops by GPU name
     threads: int = 0  # torch CPU threads; 0 = leave as is

@@ -1,4 +1,5 @@
-"""Token-based FLOP counts and model FLOP utilisation (MFU), for any encoder.
+"""Token-based FLOP counts and model FLOP utilisation (MFU), for any encoder, and what the machine can do: GPU
+peaks, and whether the CPU multiplies bfloat16 natively.
 
 Forward FLOPs per token = 2 x (weights of the matmuls every token goes through) + 4 x layers x hidden x
 sequence length (q k^T and attention x v). Training is 3x the forward (backward = 2x forward).
@@ -6,8 +7,14 @@ sequence length (q k^T and attention x v). Training is 3x the forward (backward 
 
 from __future__ import annotations
 
+import functools
+import logging
+from pathlib import Path
+
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 # Dense bf16 tensor-core peaks per device, for MFU.
 PEAK_FLOPS = {"h100": 989e12, "h200": 989e12, "a100": 312e12}
@@ -36,3 +43,28 @@ def peak_flops(device: torch.device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device).lower()
     return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
+
+
+# CPU flags of native bfloat16 matmuls (Linux /proc/cpuinfo names). Without them PyTorch emulates bf16: measured
+# ~100x slower than float32 on an AVX2-only EPYC, ~5x faster on an EPYC with avx512_bf16 (docs/benchmarks.md).
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@functools.cache
+def cpu_has_native_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU multiplies bfloat16 natively; None where it cannot be told (no /proc/cpuinfo)."""
+    try:
+        flags = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    return any(flag in flags.split() for flag in NATIVE_BF16_CPU_FLAGS)
+
+
+def warn_if_bf16_is_emulated(device_type: str, dtype: torch.dtype | None) -> bool:
+    """Logs a warning when bfloat16 is asked for on a CPU without native bf16 (it would be far slower than float32);
+    returns whether it warned."""
+    if device_type != "cpu" or dtype != torch.bfloat16 or cpu_has_native_bf16() is not False:
+        return False
+    log.warning("bfloat16 on this CPU is emulated (no %s in /proc/cpuinfo): it is far slower than float32 here "
+                "(~100x measured on an AVX2-only CPU); use float32 on this machine", " or ".join(NATIVE_BF16_CPU_FLAGS))
+    return True

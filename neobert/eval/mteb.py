@@ -31,6 +31,7 @@ from torch import Tensor
 
 from neobert.config import ConfigError, config_path
 from neobert.data.backbone import Backbone
+from neobert.eval.flops import warn_if_bf16_is_emulated
 from neobert.data.contrastive import prepend_instruction, read_local_examples, read_sts_pairs
 from neobert.hub import require_hub
 from neobert.layout import MATRYOSHKA_JSON, MTEB_SUMMARY_JSON, MTEB_SUMMARY_MD, RESULTS_JSON
@@ -148,6 +149,7 @@ class MtebEncoder(AbsEncoder):
         self.dtype = dtype if dtype is not None else (torch.bfloat16 if self.device.type == "cuda" else None)
         if self.dtype == torch.float32:
             self.dtype = None  # no autocast
+        warn_if_bf16_is_emulated(self.device.type, self.dtype)
         self.mteb_model_meta = ModelMeta.create_empty(overwrites={"name": name, "revision": revision})
         self._missing_logged: set[str] = set()
 

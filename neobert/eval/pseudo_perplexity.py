@@ -26,6 +26,7 @@ from tqdm import tqdm
 from neobert.config.pseudo_perplexity import PseudoPerplexityConfig
 from neobert.data.corpus import iterate_documents, truncate
 from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
+from neobert.eval.flops import warn_if_bf16_is_emulated
 from neobert.eval.throughput import resolve_device
 from neobert.layout import CONFIG_NAME, EXPORT_DIR, WEIGHTS_NAME, has_tokenizer
 from neobert.model.modeling import IGNORE_INDEX, NeoBERTForMaskedLM
@@ -80,6 +81,7 @@ def score_documents(model: NeoBERTForMaskedLM, documents: Iterable[list[int]], s
                     progress: Callable | None = None, dtype: torch.dtype | None = None) -> list[DocumentScore]:
     """Per-document pseudo-perplexity; the model runs under autocast to `dtype` when one is given."""
     device = next(model.parameters()).device
+    warn_if_bf16_is_emulated(device.type, dtype)
     model.eval()
     scores = []
     documents = list(documents)

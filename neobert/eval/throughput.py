@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, RobertaConfig
 
 from neobert.config.throughput import ThroughputConfig
-from neobert.eval.flops import flops_per_token, matmul_params, peak_flops
+from neobert.eval.flops import flops_per_token, matmul_params, peak_flops, warn_if_bf16_is_emulated
 from neobert.model import NeoBERT, NeoBERTConfig
 
 log = logging.getLogger(__name__)
@@ -279,6 +279,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    warn_if_bf16_is_emulated(device.type, dtype)
     training = config.mode == "training"
     # Training keeps float32 weights and autocasts (what bf16-mixed training does); inference casts the weights.
     weights_dtype = torch.float32 if training else dtype

@@ -16,6 +16,7 @@ from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, Strategy
 
 from neobert.config import ConfigError, LoggingConfig, TrainerConfig
+from neobert.eval.flops import warn_if_bf16_is_emulated
 from neobert.layout import LOGS_DIR, TENSORBOARD_DIR
 from neobert.lit.checkpoints import AtomicCheckpointIO
 from neobert.lit.ema import ExponentialMovingAverage
@@ -82,6 +83,10 @@ def build_trainer(config: TrainerConfig, logging: LoggingConfig, output_dir: str
     `strategy` replaces the configured one (e.g. a SingleDeviceStrategy for an evaluation inside another run);
     `overrides` are further Trainer arguments a job needs (e.g. use_distributed_sampler=False)."""
     check_launch_environment(config)
+    precision = resolve_precision(config)
+    on_cpu = config.accelerator == "cpu" or (config.accelerator == "auto" and not torch.cuda.is_available())
+    if on_cpu and precision.startswith("bf16"):
+        warn_if_bf16_is_emulated("cpu", torch.bfloat16)
     every = config.eval_every_n_steps if validate is not False else 0
     callbacks = list(callbacks)
     if config.ema.decay > 0:
@@ -99,7 +104,7 @@ def build_trainer(config: TrainerConfig, logging: LoggingConfig, output_dir: str
         num_nodes=config.num_nodes,
         strategy=strategy,
         plugins=plugins,
-        precision=resolve_precision(config),
+        precision=precision,
         max_steps=config.max_steps,
         max_epochs=config.max_epochs,
         accumulate_grad_batches=config.accumulate_grad_batches,

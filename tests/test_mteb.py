@@ -98,6 +98,16 @@ def test_dim_evaluates_renormalised_truncations_and_warns_off_the_trained_sizes(
     torch.testing.assert_close(torch.from_numpy(truncated), expected)
     assert truncated.shape == (len(texts), 16)
     torch.testing.assert_close(truncate_embeddings(full, None), full)
+    # A shared cache embeds each text once across truncations, and gives the same vectors.
+    cache = {}
+    backbone.tokenizer = _RecordingTokenizer(backbone.tokenizer)
+    for dim in (None, 16, 8):
+        cached = MtebEncoder(backbone, dim=dim, device="cpu", cache=cache).encode(
+            [{"text": texts + texts[:2]}], task_metadata=type("Meta", (), {"name": "T"})(), hf_split="test",
+            hf_subset="default")
+        torch.testing.assert_close(torch.from_numpy(cached[:len(texts)]), truncate_embeddings(full, dim))
+    assert sorted(t for call in backbone.tokenizer.calls for t in call) == sorted(texts)
+    backbone.tokenizer = backbone.tokenizer._tokenizer
     with pytest.raises(ConfigError, match="dim=65"):
         MtebEncoder(backbone, dim=65)
 

@@ -133,16 +133,19 @@ def trained_dims(model: str | Path) -> list[int] | None:
 class MtebEncoder(AbsEncoder):
     """mteb v2 encoder protocol for a `Backbone` (ours or any Hugging Face encoder):
     `MtebEncoder(load_backbone("runs/contrastive/export"), TaskInstructions.load(DEFAULT_INSTRUCTIONS))`.
-    `dim` evaluates embeddings truncated to their first `dim` dimensions (re-normalised)."""
+    `dim` evaluates embeddings truncated to their first `dim` dimensions (re-normalised); encoders of one model
+    at several truncations can share a `cache` (text -> whole embedding) so each text is embedded once."""
 
     def __init__(self, backbone: Backbone, instructions: TaskInstructions | None = None, batch_size: int = 64,
                  max_length: int | None = None, device: str | None = None, dtype: torch.dtype | None = None,
-                 name: str = "neobert-suite/encoder", revision: str = "local", dim: int | None = None):
+                 name: str = "neobert-suite/encoder", revision: str = "local", dim: int | None = None,
+                 cache: dict[str, Tensor] | None = None):
         if dim is not None and not 0 < dim <= backbone.hidden_size:
             raise ConfigError(f"dim={dim}: must be between 1 and the model's embedding size {backbone.hidden_size}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = backbone.to(self.device)
         self.dim = dim
+        self.cache = cache  # text -> whole embedding, shared by encoders of one model at several truncations
         self.instructions = instructions or TaskInstructions()
         self.batch_size, self.max_length = batch_size, max_length
         # bf16 on GPU (paper protocol); fp32 on CPU unless asked (bf16 is faster where the CPU has avx512_bf16).
@@ -161,7 +164,13 @@ class MtebEncoder(AbsEncoder):
                      prompt_type)
         texts = [prepend_instruction(instruction, text) for batch in inputs for text in batch["text"]]
         batch_size = kwargs.get("batch_size") or self.batch_size
-        embeddings = embed_texts(self.model, texts, batch_size, self.max_length, self.device, self.dtype)
+        if self.cache is None:
+            embeddings = embed_texts(self.model, texts, batch_size, self.max_length, self.device, self.dtype)
+        else:  # embed only what no earlier call (e.g. at another truncation) has embedded
+            missing = list(dict.fromkeys(t for t in texts if t not in self.cache))
+            new = embed_texts(self.model, missing, batch_size, self.max_length, self.device, self.dtype)
+            self.cache.update(zip(missing, new))
+            embeddings = torch.stack([self.cache[t] for t in texts]) if texts else new
         return truncate_embeddings(embeddings, self.dim).numpy()
 
 

@@ -77,10 +77,10 @@ def sts_scores(config: ContrastiveConfig, backbone: Backbone, output_dir: Path) 
 
     instruction = TaskInstructions.load(DEFAULT_INSTRUCTIONS).for_task("STSBenchmark")
     dims = [d for d in (config.eval_sts_dims or config.loss.matryoshka_dims) if d != backbone.hidden_size]
-    scores = {}
+    scores, cache = {}, {}  # one embedding per text, truncated for each size
     for dim in [None, *dims]:
         encoder = MtebEncoder(backbone, TaskInstructions(query={STS_TASK: instruction}),
-                              batch_size=config.data.batch_size, name=config.model, dim=dim)
+                              batch_size=config.data.batch_size, name=config.model, dim=dim, cache=cache)
         report = run_mteb(encoder, [LocalSTSTask(config.eval_sts, name=STS_TASK)],
                           output_dir if dim is None else output_dir / f"dim{dim}", config.data.batch_size,
                           show_progress_bar=False)

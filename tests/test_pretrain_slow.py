@@ -139,7 +139,7 @@ def test_kill_minus_9_then_resume_continues_from_the_last_checkpoint(tmp_path, u
     proc = cli("--config", str(config), "resume=true")
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
-    assert (f"WARNING neobert.jobs.pretrain: resume=true: resuming from {checkpoints / f'step-{newest:08d}.ckpt'}; "
+    assert (f"WARNING neobert.lit.checkpoints: resume=true: resuming from {checkpoints / f'step-{newest:08d}.ckpt'}; "
             f"skipped last.ckpt (corrupt or truncated (") in out, out[-3000:]
     assert "renamed to last.ckpt.unreadable" in out
     assert torch.load(checkpoints / "last.ckpt", weights_only=False)["global_step"] == 24
@@ -198,7 +198,7 @@ def test_kill_minus_9_during_a_checkpoint_write_then_resume(tmp_path, uninterrup
     proc = cli("--config", str(config), "resume=true")
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
-    assert (f"WARNING neobert.jobs.pretrain: resume=true: resuming from {checkpoints / 'step-00000008.ckpt'}; "
+    assert (f"WARNING neobert.lit.checkpoints: resume=true: resuming from {checkpoints / 'step-00000008.ckpt'}; "
             "skipped last.ckpt (older (step 4) than step-00000008.ckpt (step 8): the run stopped between writing "
             "the two)") in out, out[-3000:]
     assert f"removed {partial}, the temporary file of a checkpoint write that was interrupted" in out

@@ -127,18 +127,7 @@ def plot_curves(csv_paths, keys: Sequence[str], out_png: str | Path, hlines: dic
             ax.plot(steps, [points[s] for s in steps], label=key, marker="o" if len(steps) < 20 else None)
     for label, value in (hlines or {}).items():
         ax.axhline(value, color="black", linestyle="--", linewidth=1, label=f"{label} ({value:.2f})")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-    return out_png
+    return _finish_step_axes(fig, ax, ylabel, title, out_png)
 
 
 def compare_runs(runs: Mapping[str, str | Path | Iterable[str | Path]], key: str, out_png: str | Path,
@@ -151,14 +140,16 @@ def compare_runs(runs: Mapping[str, str | Path | Iterable[str | Path]], key: str
             raise ValueError(f"run {label!r} never logged {key!r}")
         steps = sorted(points)
         ax.plot(steps, [points[s] for s in steps], label=label)
+    return _finish_step_axes(fig, ax, ylabel, title or key, out_png)
+
+
+def _finish_step_axes(fig, ax, ylabel: str, title: str | None, out_png: str | Path) -> Path:
+    """Labels, grid and legend of a plot against the optimizer step, saved to `out_png`."""
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(ylabel)
-    ax.set_title(title or key)
+    if title:
+        ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-    return out_png
+    return _finish(fig, out_png)

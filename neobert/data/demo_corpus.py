@@ -15,29 +15,20 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydoc_data.topics import topics
 
+from neobert.data.offline_corpus import chunk_paragraphs
+
 
 def demo_documents(max_chars: int = 500) -> list[dict]:
     """Topics cut at blank lines into documents of at most about `max_chars` characters (consecutive
     paragraphs of one topic are joined while they fit), in a stable order."""
-    documents = []
-    for name in sorted(topics):
-        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", topics[name]) if p.strip()]
-        current = ""
-        for paragraph in paragraphs:
-            if current and len(current) + len(paragraph) + 2 > max_chars:
-                documents.append({"topic": name, "content": current})
-                current = ""
-            current = f"{current}\n\n{paragraph}" if current else paragraph
-        if current:
-            documents.append({"topic": name, "content": current})
-    return documents
+    return [{"topic": name, "content": piece} for name in sorted(topics)
+            for piece in chunk_paragraphs(topics[name], max_chars)]
 
 
 def write_demo_corpus(path: str | Path, max_chars: int = 500) -> Path:

@@ -1,6 +1,6 @@
-"""Lightning checkpoints written by this suite: writing them atomically, where a run writes them, finding the newest
-one that loads (for resume), reading them (a `.ckpt` file, or a DeepSpeed checkpoint directory), and the weights of the module's
-`model` inside them.
+"""Lightning checkpoints written by this suite: writing them atomically, where a run writes them, finding the
+newest one that loads (for resume), reading them (a `.ckpt` file, or a DeepSpeed checkpoint directory), and the
+weights of the module's `model` inside them.
 
 Besides Lightning's own entries, our pretraining checkpoints carry `CHECKPOINT_KEY`: the model config (hub
 dict), the tokenizer name and the run config, so that a checkpoint alone can be exported.
@@ -226,7 +226,8 @@ def model_state_dict(checkpoint: dict, source: str) -> dict:
 def step_checkpoint_callback(output_dir: str | Path, trainer: TrainerConfig) -> ModelCheckpoint:
     """`output_dir/checkpoints/step-NNNNNNNN.ckpt` every `trainer.checkpoint_every_n_steps` optimizer steps (the
     newest `trainer.keep_checkpoints` kept) and `last.ckpt`: what `resume=true` continues from."""
-    return ModelCheckpoint(dirpath=checkpoint_dir(output_dir), filename="step-{step:08d}", auto_insert_metric_name=False,
+    return ModelCheckpoint(dirpath=checkpoint_dir(output_dir), filename="step-{step:08d}",
+                           auto_insert_metric_name=False,
                            every_n_train_steps=trainer.checkpoint_every_n_steps, save_last=True,
                            save_top_k=trainer.keep_checkpoints, monitor="step", mode="max")
 

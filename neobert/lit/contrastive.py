@@ -1,7 +1,7 @@
-"""Contrastive fine-tuning (paper Section 5.2): InfoNCE at temperature 0.07 over in-batch and hard
-negatives (optionally Matryoshka: summed over truncations of the embedding), masked mean pooling, embeddings gathered across devices WITH their gradients (so every device's
-queries see every device's documents as negatives), and optional GradCache so the contrastive batch can be
-larger than what fits in memory at once.
+"""Contrastive fine-tuning (paper Section 5.2): InfoNCE at temperature 0.07 over in-batch and hard negatives
+(optionally Matryoshka: summed over truncations of the embedding), masked mean pooling, embeddings gathered across
+devices WITH their gradients (so every device's queries see every device's documents as negatives), and optional
+GradCache so the contrastive batch can be larger than what fits in memory at once.
 """
 
 from __future__ import annotations

@@ -53,7 +53,8 @@ class MLMPretrainingModule(L.LightningModule):
         self._step = self._empty_step()
         self._interval_tokens: torch.Tensor | float = 0.0
         self._interval_started: float | None = None
-        self._micro_batches: list[tuple[int, int, dict | None]] = []  # (step, micro-batch, data state) since the last read
+        # (step, micro-batch, where its batch came from) of every micro-batch since the last read
+        self._micro_batches: list[tuple[int, int, str]] = []
         self._first_nonfinite: torch.Tensor | None = None  # index into _micro_batches, -1 while all were finite
         self._first_nonfinite_loss: torch.Tensor | None = None
         self.start_step = 0  # where a wsd decay branch starts (the job sets it from branch_from)
@@ -131,7 +132,7 @@ class MLMPretrainingModule(L.LightningModule):
     # ------------------------------------------------------------------ NaN / inf, checked without a host read
     def _track_finite(self, loss: torch.Tensor, micro_batch: int, data_state: dict | None) -> None:
         """Remembers, on the device, the first micro-batch since the last read whose loss was not finite."""
-        self._micro_batches.append((self.trainer.global_step, micro_batch, data_state))
+        self._micro_batches.append((self.trainer.global_step, micro_batch, describe_data_position(data_state)))
         if self._first_nonfinite is None:
             self._first_nonfinite = torch.full((), -1, dtype=torch.long, device=loss.device)
             self._first_nonfinite_loss = torch.zeros((), dtype=loss.dtype, device=loss.device)
@@ -147,12 +148,12 @@ class MLMPretrainingModule(L.LightningModule):
             return
         first = int(self._first_nonfinite)
         if first >= 0:
-            step, micro_batch, data_state = self._micro_batches[first]
+            step, micro_batch, position = self._micro_batches[first]
             accumulate = self.trainer.accumulate_grad_batches
             micro = f", micro-batch {micro_batch} of {accumulate}" if accumulate > 1 else ""
             raise NonFiniteLossError(
                 f"the training loss is {float(self._first_nonfinite_loss)} at global step {step}{micro}: "
-                f"{describe_data_position(data_state)}. Training stopped {stopping} (the loss is checked every "
+                f"{position}. Training stopped {stopping} (the loss is checked every "
                 f"{self.trainer.log_every_n_steps} steps, logging.log_every_n_steps, and before every checkpoint); "
                 f"nothing was saved after the last good checkpoint (resume=true restarts from it)")
         self._micro_batches.clear()

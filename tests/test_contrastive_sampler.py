@@ -213,3 +213,12 @@ def test_the_contrastive_job_resumes_a_stopped_run_to_the_uninterrupted_weights(
     for name in whole:
         torch.testing.assert_close(again[name], whole[name], rtol=0, atol=0, msg=name)
     assert json.loads((tmp_path / "whole" / "export" / "matryoshka.json").read_text())["dims"] == [64, 16]
+
+
+def test_a_data_set_that_cannot_fill_a_duplicate_free_batch_is_named():
+    """Eight examples over three distinct positives cannot make a duplicate-free batch of four: the error names the
+    data set and the key to lower, instead of looping for ever; without the filter the batches are drawn."""
+    corpus = ContrastiveCorpus("Narrow", [ContrastiveExample(f"q{i}", f"p{i % 3}") for i in range(8)])
+    with pytest.raises(ValueError, match=r"'Narrow' cannot fill a batch of 4 without repeating a text.*batch_size"):
+        list(ContrastiveBatchSampler([corpus], 4, 1.0, steps_per_epoch=3))
+    assert len(list(ContrastiveBatchSampler([corpus], 4, 1.0, steps_per_epoch=3, no_duplicates=False))) == 3

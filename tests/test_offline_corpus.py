@@ -54,3 +54,19 @@ def test_documents_from_files_and_docstrings_deduplicated_and_unreadable_files_s
     assert again == first
     with pytest.raises(ValueError, match="no prose"):
         write_offline_corpus(tmp_path / "empty.jsonl", [tmp_path / "nothing"])
+
+
+def test_the_command_line_writes_a_corpus_the_pretraining_data_reads(tmp_path, capsys):
+    from experiments.offline_corpus import main
+    from neobert.config.pretrain import PretrainDataConfig
+    from neobert.data.corpus import iterate_documents
+    from neobert.data.tokenizer import load_tokenizer
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "guide.md").write_text(f"# Guide\n\n{PROSE}\n\n{OTHER}\n")
+    summary = main([str(tmp_path / "corpus.jsonl"), "--roots", str(docs), "--max-chars", "200"])
+    assert summary["documents"] == 2 and json.loads(capsys.readouterr().out)["sha256"] == summary["sha256"]
+    tokenizer = load_tokenizer("bert-base-uncased")
+    read = list(iterate_documents(PretrainDataConfig(source=str(tmp_path / "corpus.jsonl")), tokenizer))
+    assert len(read) == 2 and tokenizer.decode(read[0], skip_special_tokens=True).startswith("the encoder reads")

@@ -8,7 +8,9 @@ A model directory (the hub layout, also what `transformers` and `sentence-transf
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Iterable
 
 # A model directory (hub layout).
 CONFIG_NAME = "config.json"
@@ -61,3 +63,18 @@ def metrics_csvs(output_dir: str | Path) -> list[Path]:
     """The CSV logs of a run, oldest version first (a resumed run adds a version)."""
     return sorted((Path(output_dir) / LOGS_DIR).glob(f"version_*/{METRICS_CSV}"),
                   key=lambda p: int(p.parent.name.removeprefix("version_")))
+
+
+def write_atomically(path: str | Path, lines: Iterable[str]) -> Path:
+    """Writes `lines` to a temporary file beside `path` and renames it over `path`: an interrupted or failed write
+    leaves no partial file under the real name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        with open(partial, "w", encoding="utf-8") as file:
+            file.writelines(lines)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path

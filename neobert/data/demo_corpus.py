@@ -13,7 +13,6 @@ machines with neither the hub nor GLUE files (the ablation ladder's evaluation).
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pyarrow.parquet as pq
 from pydoc_data.topics import topics
 
 from neobert.data.offline_corpus import chunk_paragraphs
+from neobert.layout import write_atomically
 
 
 def demo_documents(max_chars: int = 500) -> list[dict]:
@@ -36,13 +36,7 @@ def write_demo_corpus(path: str | Path, max_chars: int = 500) -> Path:
     path = Path(path)
     if path.is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for document in demo_documents(max_chars):
-            f.write(json.dumps(document, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_atomically(path, (json.dumps(d, ensure_ascii=False) + "\n" for d in demo_documents(max_chars)))
 
 
 def write_fallback_glue(corpus: str | Path, directory: str | Path, train: int = 480, validation: int = 160,

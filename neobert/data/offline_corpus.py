@@ -17,11 +17,12 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
 import re
 import sysconfig
 from pathlib import Path
 from typing import Iterable, Iterator
+
+from neobert.layout import write_atomically
 
 DOC_SUFFIXES = (".rst", ".md", ".txt")
 MAX_FILE_BYTES = 2_000_000  # larger "text" files are data (word lists, tables), not prose
@@ -112,12 +113,8 @@ def write_offline_corpus(path: str | Path, roots: Iterable[str | Path] | None = 
     returns its size and content hash: {"documents", "characters", "sha256", "path"}."""
     path = Path(path)
     if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        with tmp.open("w", encoding="utf-8") as f:
-            for document in offline_documents(roots, max_chars, min_words):
-                f.write(json.dumps(document, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
+        write_atomically(path, (json.dumps(d, ensure_ascii=False) + "\n"
+                                for d in offline_documents(roots, max_chars, min_words)))
     documents = characters = 0
     digest = hashlib.sha256()
     with path.open("rb") as f:

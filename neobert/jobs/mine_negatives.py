@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -29,6 +28,7 @@ from neobert.data.contrastive import prepend_instruction, read_local_examples
 from neobert.data.mining import mine_hard_negatives
 from neobert.errors import ConfigError, DataError
 from neobert.hub import require_hub
+from neobert.layout import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -171,15 +171,3 @@ def embed_distinct(embed: Embedder, texts: list[str]) -> Tensor:
     row_of = {text: row for row, text in enumerate(distinct)}
     log.info("embedding %d distinct texts (%d in all)", len(distinct), len(texts))
     return embed(distinct)[torch.tensor([row_of[text] for text in texts], dtype=torch.long)]
-
-
-def write_atomically(path: Path, lines: Iterable[str]) -> None:
-    """Writes a temporary file beside `path` and renames it over `path`: a failed run leaves no partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        with open(partial, "w", encoding="utf-8") as file:
-            file.writelines(lines)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)

@@ -25,9 +25,12 @@ def main(argv=None) -> dict:
                                                    "site-packages)")
     parser.add_argument("--max-chars", type=int, default=1000, help="longest document, in characters")
     parser.add_argument("--min-words", type=int, default=12, help="shortest paragraph kept, in words")
+    parser.add_argument("--shuffle-seed", type=int, help="write the documents in this seeded random order "
+                                                         "(default: file order)")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
-    summary = write_offline_corpus(args.output, args.roots or default_roots(), args.max_chars, args.min_words)
+    summary = write_offline_corpus(args.output, args.roots or default_roots(), args.max_chars, args.min_words,
+                                   args.shuffle_seed)
     print(json.dumps(summary, indent=2))
     return summary
 

@@ -44,9 +44,17 @@ MTEB_SUMMARY_JSON, MTEB_SUMMARY_MD = "summary.json", "summary.md"
 THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT = "throughput.csv", "throughput.md", "throughput.png"
 PPPL_DOCUMENTS_CSV, PPPL_BUCKETS_JSON = "documents.csv", "buckets.json"
 PPPL_MD, PPPL_PLOT = "pseudo_perplexity.md", "pseudo_perplexity.png"
-ABLATION_CORPUS = "corpus.jsonl"  # the demo corpus under the ladder's output directory (the notebook reads it)
-ABLATION_RESULTS_MD, ABLATION_GLUE_PLOT = "results.md", "glue_per_step.png"
+# The ablation ladder: corpora/<name>.jsonl (demo, offline), corpora/heldout.jsonl (the documents every step is
+# scored on) and corpora/<name>.train.jsonl (the rest of the corpus they come from); <step>/seed<k>/ per run.
+ABLATION_CORPORA_DIR, ABLATION_HELDOUT = "corpora", "heldout.jsonl"
+ABLATION_RESULTS_MD, ABLATION_RUN_ROW = "results.md", "ladder_row.json"
 ABLATION_TOKENIZERS_DIR, ABLATION_GLUE_DIR, ABLATION_GLUE_FALLBACK_DIR = "tokenizers", "glue", "glue_fallback"
+ABLATION_STS_DIR = "sts"
+
+
+def ablation_figure(metric: str) -> str:
+    """Figure 1 of the ladder for one metric (mean and sd over seeds per step)."""
+    return f"figure1_{metric}.png"
 
 
 def has_tokenizer(directory: str | Path) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import warnings
 
+from pathlib import Path
+
 import pytest
 
 from neobert.config import ConfigError, load_config
@@ -33,15 +35,18 @@ def test_paper_scale_diff_is_exactly_the_documented_change(step):
     assert set(diff) == set(step.changed_keys), diff
 
 
-@pytest.mark.parametrize("budget", ["tiny", "small"])
+CORPORA = {"demo": "demo.jsonl", "offline": "offline.train.jsonl"}  # what prepare_corpora would write
+
+
+@pytest.mark.parametrize("budget", ["tiny", "cpu", "small"])
 def test_budgets_keep_the_diff_structure(budget):
     scaled = ab.load_budget(budget)
     for step in CHILDREN:
-        parent = ab.load_step_config(step.parent, scaled, corpus="corpus.jsonl")
-        child = ab.load_step_config(step.step, scaled, corpus="corpus.jsonl")
+        parent = ab.load_step_config(step.parent, scaled, corpora=CORPORA)
+        child = ab.load_step_config(step.step, scaled, corpora=CORPORA)
         diff = ab.config_diff(parent, child)
         assert set(diff) <= set(step.changed_keys), (budget, step.step, diff)
-        if step.step != "m02" or scaled.data_source is None:  # M2's data change is void on the demo corpus
+        if step.step != "m02" or budget != "tiny":  # M2's data change is void when both corpora are the demo's
             assert diff, (budget, step.step)
 
 
@@ -73,12 +78,44 @@ def test_batch_tokens_per_step():
 
 def test_tiny_budget_scales_shapes_and_batches():
     tiny = ab.load_budget("tiny")
-    m8 = ab.load_step_config("m08", tiny, corpus="c.jsonl")
-    m10 = ab.load_step_config("m10", tiny, corpus="c.jsonl")
-    assert m8.model.overrides["num_hidden_layers"] == 6 and m8.data.source == "c.jsonl"
+    m8 = ab.load_step_config("m08", tiny, corpora=CORPORA)
+    m10 = ab.load_step_config("m10", tiny, corpora=CORPORA)
+    assert m8.model.overrides["num_hidden_layers"] == 6 and m8.data.source == "demo.jsonl"
     assert m10.data.max_length == 128 == m10.model.overrides["max_length"]
     assert ab.tokens_per_step(m10) == 4096 and m10.trainer.max_steps == tiny.max_steps
     assert m10.optimizer.lr == pytest.approx(6e-4 * tiny.lr_scale)
+
+
+def test_cpu_budget_data_shapes_and_batches():
+    cpu = ab.load_budget("cpu")
+    assert cpu.seeds == [0, 1, 2] and cpu.heldout.documents > 0 and cpu.heldout.mask_rate == 0.15
+    m1, m2 = (ab.load_step_config(s, cpu, corpora=CORPORA) for s in ("m01", "m02"))
+    # Wikipedia -> the demo corpus, RefinedWeb -> the offline corpus without its held-out documents
+    assert (m1.data.source, m2.data.source) == ("demo.jsonl", "offline.train.jsonl")
+    import torch
+
+    from neobert.model import NeoBERTForMaskedLM
+    layers = {}
+    for step in ("m05", "m07", "m08"):
+        config = ab.load_step_config(step, cpu, corpora=CORPORA)
+        with torch.device("meta"):
+            model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset(config.model.preset, **config.model.overrides))
+        layers[step] = sum(p.numel() for p in model.model.transformer_encoder.parameters())
+    # M7 and M8 the same transformer size (the paper's same-size step), 2.5x M5's, as in the paper
+    assert abs(layers["m07"] - layers["m08"]) / layers["m08"] < 0.01 and layers["m07"] > 2.4 * layers["m05"]
+    m8, m9, m10 = (ab.load_step_config(s, cpu, corpora=CORPORA) for s in ("m08", "m09", "m10"))
+    assert ab.tokens_per_step(m9) == ab.tokens_per_step(m10) == 4 * ab.tokens_per_step(m8)
+    assert m10.data.max_length == 512 > m9.data.max_length
+
+
+def test_budget_errors_name_the_key():
+    with pytest.raises(ConfigError, match="seeds"):
+        ab.load_budget("cpu", ["seeds=[0,0]"])
+    with pytest.raises(ConfigError, match="pseudo_perplexity_documents"):
+        ab.load_budget("cpu", ["heldout.pseudo_perplexity_documents=1000"])
+    with pytest.raises(ConfigError, match="data_sources"):
+        ab.prepare_corpora(ab.load_budget("tiny", ["data_sources.wikimedia/wikipedia=nowhere.jsonl"]),
+                           Path("unused"))
 
 
 def test_parse_steps_and_errors():
@@ -93,11 +130,11 @@ def test_parse_steps_and_errors():
 def test_shipped_ladder_configs_and_budgets_use_current_keys():
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)  # a renamed key in a shipped file would warn
-        for budget in ("tiny", "small", "paper"):
+        for budget in ("tiny", "cpu", "small", "paper"):
             scaled = ab.load_budget(budget)
             for step in ab.LADDER:
-                ab.load_step_config(step.step, scaled, corpus="corpus.jsonl")
-    tiny = ab.load_step_config("m00", ab.load_budget("tiny"), corpus="c.jsonl")
+                ab.load_step_config(step.step, scaled, corpora=CORPORA)
+    tiny = ab.load_step_config("m00", ab.load_budget("tiny"), corpora=CORPORA)
     assert tiny.logging.log_every_n_steps == 5 and tiny.logging.progress_bar is False
     assert tiny.trainer.eval_every_n_steps == 1000
 
@@ -106,7 +143,7 @@ def test_budget_pretrain_overrides_accept_a_renamed_key_with_a_warning():
     budget = ab.load_budget("tiny")
     budget.pretrain_overrides["trainer.log_every_n_steps"] = 3
     with pytest.warns(FutureWarning, match="logging.log_every_n_steps"):
-        config = ab.load_step_config("m00", budget, corpus="c.jsonl")
+        config = ab.load_step_config("m00", budget, corpora=CORPORA)
     assert config.logging.log_every_n_steps == 3
     with pytest.warns(FutureWarning, match="output_dir"):
         assert ab.load_step_config("m00", overrides=["run_dir=runs/x"]).output_dir == "runs/x"

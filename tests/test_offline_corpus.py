@@ -54,6 +54,11 @@ def test_documents_from_files_and_docstrings_deduplicated_and_unreadable_files_s
     assert again == first
     with pytest.raises(ValueError, match="no prose"):
         write_offline_corpus(tmp_path / "empty.jsonl", [tmp_path / "nothing"])
+    # A seeded order: the same documents, reproducibly permuted (seed 1 gives a different order than file order)
+    shuffled = [write_offline_corpus(tmp_path / f"shuffled{i}.jsonl", [tmp_path], shuffle_seed=1) for i in (0, 1)]
+    assert shuffled[0]["sha256"] == shuffled[1]["sha256"] != first["sha256"]
+    rows = [json.loads(line) for line in (tmp_path / "shuffled0.jsonl").read_text().splitlines()]
+    assert sorted(r["content"] for r in rows) == sorted(d["content"] for d in documents) and rows != documents
 
 
 def test_the_command_line_writes_a_corpus_the_pretraining_data_reads(tmp_path, capsys):

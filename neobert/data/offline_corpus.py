@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import random
 import re
 import sysconfig
 from pathlib import Path
@@ -108,13 +109,18 @@ def offline_documents(roots: Iterable[str | Path] | None = None, max_chars: int 
 
 
 def write_offline_corpus(path: str | Path, roots: Iterable[str | Path] | None = None, max_chars: int = 1000,
-                         min_words: int = 12) -> dict:
+                         min_words: int = 12, shuffle_seed: int | None = None) -> dict:
     """Writes the corpus as JSON lines (`content`, `source`) atomically, once (an existing file is kept), and
-    returns its size and content hash: {"documents", "characters", "sha256", "path"}."""
+    returns its size and content hash: {"documents", "characters", "sha256", "path"}. `shuffle_seed` writes the
+    documents in a seeded random order instead of file order: in file order a stream's shuffle buffer still
+    trains package by package, and the first documents (held out for validation) all come from one package."""
     path = Path(path)
     if not path.is_file():
-        write_atomically(path, (json.dumps(d, ensure_ascii=False) + "\n"
-                                for d in offline_documents(roots, max_chars, min_words)))
+        documents = offline_documents(roots, max_chars, min_words)
+        if shuffle_seed is not None:
+            documents = list(documents)
+            random.Random(shuffle_seed).shuffle(documents)
+        write_atomically(path, (json.dumps(d, ensure_ascii=False) + "\n" for d in documents))
     documents = characters = 0
     digest = hashlib.sha256()
     with path.open("rb") as f:

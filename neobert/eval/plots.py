@@ -1,6 +1,8 @@
 """The paper's figures, drawn from this suite's result files (used by the CLIs and the ablation notebook).
 
-* Figure 1: GLUE score per ablation step (:func:`plot_ablation_glue`).
+* Figure 1: any ladder metric per ablation step (held-out loss, STS, GLUE), mean ± sd over seeds with the
+  individual seeds and ✱ on steps that differ from their parent by more than two standard errors
+  (:func:`plot_ablation_steps`).
 * Figure 2: pseudo-perplexity against document length (:func:`plot_pseudo_perplexity`).
 * Figure 3: throughput against sequence length (:func:`plot_throughput`).
 * Training curves of any run from its CSV logs (:func:`plot_curves`, :func:`read_curves`, :func:`final_value`),
@@ -19,6 +21,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; the notebook shows the PNGs or the returned figures
 import matplotlib.pyplot as plt  # noqa: E402
+
+from neobert.eval.ladder_stats import LADDER_METRICS  # noqa: E402
 
 
 def _finish(fig, path: str | Path | None):
@@ -75,21 +79,36 @@ def plot_pseudo_perplexity(curves: Mapping[str, Sequence[tuple[float, float]]], 
     return _finish(fig, path)
 
 
-def plot_ablation_glue(steps: Sequence[Mapping], path: str | Path | None = None, metric: str = "glue_score"):
-    """Figure 1: the GLUE score of every ablation step; reverted (not carried forward) steps in grey.
+def plot_ablation_steps(summary: Sequence[Mapping], metric: str, path: str | Path | None = None,
+                        ylabel: str | None = None, title: str | None = None):
+    """Figure 1 over seeds: per step the mean ± sd of `metric` with the seeds as small dots beside it; grey:
+    reverted, hollow: trained with another tokenizer than the first step (loss-like metrics not comparable),
+    ✱: more than two standard errors from the parent.
 
-    `steps`: dicts with `step`, `title`, `carried_forward` and `metric` (None when the step has no score)."""
-    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(steps) + 2), 4))
-    names = [s["step"].upper() for s in steps]
-    values = [s.get(metric) for s in steps]
-    colors = ["tab:blue" if s["carried_forward"] else "tab:gray" for s in steps]
-    ax.bar(range(len(steps)), [0 if v is None else 100 * v for v in values], color=colors)
-    for i, value in enumerate(values):
-        ax.text(i, 0 if value is None else 100 * value, "n/a" if value is None else f"{100 * value:.1f}",
-                ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(steps)), names)
-    ax.set_ylabel(f"{metric} (%)")
-    ax.set_title("Ablation ladder: GLUE subset per step (grey: reverted)")
+    `summary`: the output of :func:`neobert.eval.ladder_stats.summarize_ladder`."""
+    info = LADDER_METRICS[metric]
+    reference_tokenizer = summary[0]["tokenizer"] if summary else None
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(summary) + 2), 4))  # room for "(other tokenizer)" labels
+    names = []
+    for i, s in enumerate(summary):
+        stats = s["metrics"][metric]
+        color = "tab:blue" if s["carried_forward"] else "tab:gray"
+        other_tokenizer = info.tokenizer_dependent and s["tokenizer"] != reference_tokenizer
+        names.append(s["step"].upper() + ("\n(other tokenizer)" if other_tokenizer else ""))
+        if stats["mean"] is None:
+            # Bottom of the axes: a missing metric has no y value to sit at.
+            ax.text(i, 0.02, "n/a", ha="center", va="bottom", fontsize=8, transform=ax.get_xaxis_transform())
+            continue
+        ax.errorbar(i, stats["mean"], yerr=stats["sd"], fmt="o", color=color, capsize=4, markersize=7,
+                    markerfacecolor="white" if other_tokenizer else color)
+        ax.scatter([i + 0.2] * stats["n"], stats["values"], s=10, color=color, alpha=0.6, zorder=3)
+        if s["vs_parent"].get(metric, {}).get("significant"):
+            top = max(stats["values"] + [stats["mean"] + stats["sd"]])  # significant: both sides have a sd
+            ax.annotate("✱", (i, top), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=12)
+    ax.set_xticks(range(len(summary)), names, fontsize=8)
+    ax.set_xlim(-0.6, len(summary) - 0.4)
+    ax.set_ylabel(ylabel or f"{info.label} ({'higher' if info.higher_is_better else 'lower'} is better)")
+    ax.set_title(title or f"Ablation ladder: {info.label}, mean ± sd over seeds (grey: reverted, ✱: > 2 SE)")
     ax.grid(True, axis="y", alpha=0.3)
     return _finish(fig, path)
 

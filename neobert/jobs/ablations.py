@@ -20,26 +20,35 @@ import functools
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from safetensors import safe_open
 
 from neobert.config import ConfigError, config_path, load_config, merge_overrides, packaged_config_names
-from neobert.config.ablations import AblationBudgetConfig, GlueSubsetConfig
+from neobert.config.ablations import AblationBudgetConfig, GlueSubsetConfig, StsProbeConfig
+from neobert.config.contrastive import ContrastiveConfig
 from neobert.config.glue import GlueConfig
 from neobert.config.pretrain import PretrainConfig
+from neobert.data.backbone import load_backbone
 from neobert.data.demo_corpus import write_demo_corpus, write_fallback_glue
+from neobert.data.offline_corpus import write_offline_corpus
 from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, train_bpe_tokenizer
-from neobert.eval.plots import final_value, plot_ablation_glue
+from neobert.eval.heldout import heldout_mlm_loss, heldout_pseudo_perplexity
+from neobert.eval.ladder_stats import LADDER_METRICS, summarize_ladder, summary_markdown
+from neobert.eval.plots import final_value, plot_ablation_steps
+from neobert.eval.pseudo_perplexity import load_model_and_tokenizer
 from neobert.hub import hub_reachable
+from neobert.jobs.contrastive import run_contrastive, sts_scores
 from neobert.jobs.glue import run_task
 from neobert.jobs.pretrain import run_pretraining
-from neobert.layout import (ABLATION_CORPUS, ABLATION_GLUE_DIR, ABLATION_GLUE_FALLBACK_DIR, ABLATION_GLUE_PLOT,
-                            ABLATION_RESULTS_MD, ABLATION_TOKENIZERS_DIR, EXPORT_DIR, RESULTS_JSON, WEIGHTS_NAME,
-                            metrics_csvs)
+from neobert.layout import (ABLATION_CORPORA_DIR, ABLATION_GLUE_DIR, ABLATION_GLUE_FALLBACK_DIR, ABLATION_HELDOUT,
+                            ABLATION_RESULTS_MD, ABLATION_RUN_ROW, ABLATION_STS_DIR, ABLATION_TOKENIZERS_DIR,
+                            EXPORT_DIR, RESULTS_JSON, STS_ZERO_SHOT_DIR, WEIGHTS_NAME, ablation_figure, metrics_csvs,
+                            write_atomically)
 from neobert.model.config import NeoBERTConfig
 
 BUDGETS = "ablations/budgets"  # packaged budget configs: ablations/budgets/<name>
@@ -124,8 +133,10 @@ def tokens_per_step(config: PretrainConfig) -> int:
         config.data.max_length
 
 
-def apply_budget(config: PretrainConfig, budget: AblationBudgetConfig, corpus: str | None = None) -> PretrainConfig:
-    """The step's config at the budget's scale. A pure function of the config: equal inputs map alike."""
+def apply_budget(config: PretrainConfig, budget: AblationBudgetConfig,
+                 corpora: Mapping[str, str] | None = None) -> PretrainConfig:
+    """The step's config at the budget's scale. A pure function of the config: equal inputs map alike.
+    `corpora`: the files `prepare_corpora` wrote, by name (without them a corpus stands as its name)."""
     config = copy.deepcopy(config)
     paper_tokens = tokens_per_step(config)
     model = NeoBERTConfig.from_preset(config.model.preset, **config.model.overrides)
@@ -157,8 +168,9 @@ def apply_budget(config: PretrainConfig, budget: AblationBudgetConfig, corpus: s
     config.optimizer.lr *= budget.lr_scale
     if budget.warmup_steps is not None:
         config.scheduler.warmup_steps = min(config.scheduler.warmup_steps, budget.warmup_steps)
-    if budget.data_source is not None:
-        config.data.source = corpus if budget.data_source == "demo" else budget.data_source
+    if config.data.source in budget.data_sources:
+        name = budget.data_sources[config.data.source]
+        config.data.source = (corpora or {}).get(name, name)
         config.data.hub_config = None
         config.data.text_column = "content"
     if budget.pretrain_overrides:
@@ -176,12 +188,12 @@ def _paper_config(step: str) -> PretrainConfig:
     return load_config(PretrainConfig, step_config_path(step))
 
 
-def load_step_config(step: str, budget: AblationBudgetConfig | None = None, corpus: str | None = None,
-                     overrides: Sequence[str] = ()) -> PretrainConfig:
+def load_step_config(step: str, budget: AblationBudgetConfig | None = None,
+                     corpora: Mapping[str, str] | None = None, overrides: Sequence[str] = ()) -> PretrainConfig:
     """The step's PretrainConfig (a fresh copy), at the budget's scale when one is given."""
     config = copy.deepcopy(_paper_config(step))
     if budget is not None:
-        config = apply_budget(config, budget, corpus)
+        config = apply_budget(config, budget, corpora)
     if overrides:
         config = merge_overrides(config, overrides)
     return config
@@ -214,20 +226,32 @@ def config_diff(parent: PretrainConfig, child: PretrainConfig) -> dict[str, tupl
 # ---------------------------------------------------------------------------------------------- the runner
 @dataclass
 class StepResult:
+    """One run of the ladder: a step at one seed, and its scores under the budget's evaluation protocol."""
+
     step: str
     parent: Optional[str]
     title: str
     carried_forward: bool
     budget: str
+    seed: int
     changed_keys: List[str]  # the documented change
     effective_changes: Dict[str, Any]  # the diff at this budget: key -> [parent value, step value]
+    tokenizer: str = ""  # loss-like scores compare only between steps with the same tokenizer
+    data_source: str = ""
     parameters: Optional[int] = None
-    train_loss: Optional[float] = None
+    tokens_per_step: Optional[int] = None  # sequences x max_length (padding included)
+    train_loss: Optional[float] = None  # at the step's own masking rate and strategy
+    heldout_loss: Optional[float] = None  # the budget's fixed rate, all [MASK], the held-out documents
+    heldout_accuracy: Optional[float] = None
+    pseudo_perplexity: Optional[float] = None
+    sts_zero_shot: Optional[float] = None  # STS Benchmark dev Spearman, mean pooling
+    sts_tuned: Optional[float] = None  # after the budget's short contrastive fine-tune
     glue: Dict[str, float] = field(default_factory=dict)  # task -> main score (fraction)
     glue_score: Optional[float] = None  # mean over the GLUE subset
     export_dir: Optional[str] = None
     pretrain_seconds: Optional[float] = None
-    glue_seconds: Optional[float] = None
+    eval_seconds: Optional[float] = None
+    protocol: Dict[str, Any] = field(default_factory=dict)  # the evaluation settings these scores come from
     notes: List[str] = field(default_factory=list)
 
 
@@ -245,66 +269,212 @@ def run_ablations(steps: str, budget: str, budget_overrides: Sequence[str] = (),
 
 def run_ladder(steps: Sequence[str], budget: AblationBudgetConfig, output_dir: str | Path, evaluate: bool = True,
                overrides: Sequence[str] = ()) -> list[StepResult]:
-    """Pretrains every step (through `neobert.jobs.pretrain.run_pretraining`), fine-tunes each checkpoint on the
-    budget's GLUE subset (through `neobert.jobs.glue.run_task`) and writes results.json / results.md /
-    glue_per_step.png under `output_dir`. A step whose export already exists is not retrained."""
+    """Pretrains every step once per seed of the budget (through `neobert.jobs.pretrain.run_pretraining`), scores
+    each checkpoint with the budget's protocol (held-out MLM loss and pseudo-perplexity, STS probe, GLUE subset)
+    and writes results.json / results.md / the Figure 1 plots under `output_dir` after every run. Seed by seed,
+    so the whole ladder at one seed comes first. Resumable: a finished run (its export and its scores under the
+    same protocol) is read back, an interrupted one continues from its last checkpoint."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    corpus = str(write_demo_corpus(output_dir / ABLATION_CORPUS)) if budget.data_source == "demo" else None
-    glue_path, glue_note = _glue_data_path(budget.glue, output_dir, corpus) if evaluate else (None, "")
+    corpora = prepare_corpora(budget, output_dir)
+    glue_path, glue_note = _glue_data_path(budget.glue, output_dir) if evaluate and budget.glue.tasks else (None, "")
+    sts_dir, sts_note = _sts_data_dir(budget.sts) if evaluate else (None, "")
+    protocol = evaluation_protocol(budget, corpora.get(HELDOUT), sts_dir) if evaluate else {}
     results = []
-    for step in steps:
-        definition = STEPS[step]
-        config = load_step_config(step, budget, corpus, overrides)
-        parent = load_step_config(definition.parent, budget, corpus, overrides) if definition.parent else None
-        result = StepResult(step, definition.parent, definition.title, definition.carried_forward, budget.name,
-                            list(definition.changed_keys),
-                            {k: list(v) for k, v in config_diff(parent, config).items()} if parent else {})
-        if parent is not None and not result.effective_changes:
-            result.notes.append(f"no effective change at the {budget.name!r} budget (e.g. both data sources are "
-                                f"the same offline corpus): this step repeats its parent")
-        if config.data.tokenizer not in BERT_BASE_UNCASED_ALIASES and not Path(config.data.tokenizer).is_dir() \
-                and not hub_reachable():
-            bpe = train_bpe_tokenizer(config.data, budget.bpe_vocab_size,
-                                      output_dir / ABLATION_TOKENIZERS_DIR / f"bpe-{budget.bpe_vocab_size}")
-            result.notes.append(f"{config.data.tokenizer} is out of reach (hub unreachable): a byte-level BPE "
-                                f"tokenizer ({budget.bpe_vocab_size} tokens) was trained with `tokenizers` on the "
-                                f"same corpus instead ({bpe}); its MLM loss is over other units, not comparable")
-            config.data.tokenizer = str(bpe)
-        if corpus is not None:
-            result.notes.append(f"data: the offline demo corpus ({corpus}), not {_paper_config(step).data.source}")
-        config.output_dir = str(output_dir / step)
-        config.export_dir = str(output_dir / step / EXPORT_DIR)
-        result.export_dir = config.export_dir
-        export = Path(config.export_dir)
-        started = time.perf_counter()
-        if not (export / WEIGHTS_NAME).is_file():
-            config.resume = True
-            run_pretraining(config)
-            result.pretrain_seconds = round(time.perf_counter() - started, 1)
-        result.parameters = _count_parameters(export)
-        csvs = metrics_csvs(config.output_dir)
-        result.train_loss = final_value(csvs, "train/loss") if csvs else None
-        if evaluate:
-            started = time.perf_counter()
-            result.glue = evaluate_glue(export, budget.glue, glue_path, output_dir / step / ABLATION_GLUE_DIR)
-            result.glue_score = sum(result.glue.values()) / len(result.glue) if result.glue else None
-            result.glue_seconds = round(time.perf_counter() - started, 1)
-            if glue_note:
-                result.notes.append(glue_note)
-        results.append(result)
-        write_results(results, output_dir)  # after every step: a long ladder can be read while it runs
+    for seed in budget.seeds:
+        for step in steps:
+            result = run_step(step, seed, budget, corpora, output_dir, overrides, protocol)
+            if evaluate and not result.protocol:
+                started = time.perf_counter()
+                evaluate_step(result, budget, corpora.get(HELDOUT), sts_dir, glue_path,
+                              Path(result.export_dir).parent, protocol)
+                result.eval_seconds = round(time.perf_counter() - started, 1)
+                result.notes += [n for n in (sts_note, glue_note) if n]
+                (Path(result.export_dir).parent / ABLATION_RUN_ROW).write_text(
+                    json.dumps(dataclasses.asdict(result), indent=2) + "\n")
+            results.append(result)
+            write_results(results, output_dir)  # after every run: a long ladder can be read while it runs
     return results
+
+
+HELDOUT = "heldout"  # the key of the held-out documents in `prepare_corpora`'s answer
+
+
+def prepare_corpora(budget: AblationBudgetConfig, output_dir: Path) -> dict[str, str]:
+    """Writes the corpora the budget names (once) and returns name -> the file each step trains on, plus
+    `HELDOUT` -> the held-out documents when the budget scores on them. The held-out documents are the first
+    `heldout.documents` of their corpus; the training file of that corpus is the rest, so no step sees them."""
+    directory = output_dir / ABLATION_CORPORA_DIR
+    names = set(budget.data_sources.values())
+    if budget.heldout.documents:
+        names.add(budget.heldout.source)
+    full = {}
+    for name in sorted(names):
+        if name == "demo":
+            full[name] = write_demo_corpus(directory / "demo.jsonl")
+        elif name == "offline":
+            full[name] = Path(write_offline_corpus(directory / "offline.jsonl", shuffle_seed=0)["path"])
+        elif Path(name).is_file():
+            full[name] = Path(name)
+        else:
+            key = "heldout.source" if name == budget.heldout.source else "data_sources"
+            raise ConfigError(f"budget {budget.name!r}: {key} names {name!r}, which is neither demo, offline nor "
+                              f"an existing file")
+    corpora = {name: str(path) for name, path in full.items()}
+    if budget.heldout.documents:
+        source = budget.heldout.source
+        heldout, rest = directory / ABLATION_HELDOUT, directory / f"{Path(full[source]).stem}.train.jsonl"
+        split_heldout(full[source], budget.heldout.documents, heldout, rest)
+        corpora[source], corpora[HELDOUT] = str(rest), str(heldout)
+    return corpora
+
+
+def split_heldout(corpus: Path, documents: int, heldout: Path, rest: Path) -> None:
+    """Writes the first `documents` lines of a .jsonl corpus to `heldout` and the others to `rest` (once)."""
+    if heldout.is_file() and rest.is_file():
+        return
+    if corpus.suffix != ".jsonl":
+        raise ConfigError(f"heldout.source: {corpus} must be a .jsonl file (one document per line) to split")
+    with corpus.open(encoding="utf-8") as f:
+        lines = f.readlines()
+    if len(lines) <= documents:
+        raise ConfigError(f"heldout.documents={documents}: {corpus} has only {len(lines)} documents, none would be "
+                          f"left to train on")
+    write_atomically(heldout, lines[:documents])
+    write_atomically(rest, lines[documents:])
+
+
+def run_step(step: str, seed: int, budget: AblationBudgetConfig, corpora: dict[str, str], output_dir: Path,
+             overrides: Sequence[str], protocol: dict) -> StepResult:
+    """Pretrains one step at one seed (or reads back the finished run) and returns its row; `protocol` is left
+    empty unless the row's scores were computed under `protocol`."""
+    definition = STEPS[step]
+    seeded = [*overrides, f"trainer.seed={seed}", f"data.seed={seed}"]
+    config = load_step_config(step, budget, corpora, seeded)
+    parent = load_step_config(definition.parent, budget, corpora, seeded) if definition.parent else None
+    run_dir = output_dir / step / f"seed{seed}"
+    row_file = run_dir / ABLATION_RUN_ROW
+    if (run_dir / EXPORT_DIR / WEIGHTS_NAME).is_file() and row_file.is_file():
+        row = json.loads(row_file.read_text())
+        if row.get("protocol") == protocol:
+            return StepResult(**row)
+    result = StepResult(step, definition.parent, definition.title, definition.carried_forward, budget.name, seed,
+                        list(definition.changed_keys),
+                        {k: list(v) for k, v in config_diff(parent, config).items()} if parent else {})
+    if parent is not None and not result.effective_changes:
+        result.notes.append(f"no effective change at the {budget.name!r} budget (e.g. both data sources are "
+                            f"the same offline corpus): this step repeats its parent")
+    if config.data.tokenizer not in BERT_BASE_UNCASED_ALIASES and not Path(config.data.tokenizer).is_dir() \
+            and not hub_reachable():
+        bpe = train_bpe_tokenizer(config.data, budget.bpe_vocab_size,
+                                  output_dir / ABLATION_TOKENIZERS_DIR / f"bpe-{budget.bpe_vocab_size}")
+        result.notes.append(f"{config.data.tokenizer} is out of reach (hub unreachable): a byte-level BPE "
+                            f"tokenizer ({budget.bpe_vocab_size} tokens) was trained with `tokenizers` on the "
+                            f"step's corpus instead; its MLM losses are over other units, not comparable")
+        config.data.tokenizer = str(bpe)
+    paper_source = _paper_config(step).data.source
+    if paper_source in budget.data_sources:
+        result.notes.append(f"data: {paper_source} is replaced by the {budget.data_sources[paper_source]!r} corpus")
+    result.tokenizer = "bert-base-uncased" if config.data.tokenizer in BERT_BASE_UNCASED_ALIASES else \
+        Path(config.data.tokenizer).name
+    result.data_source = config.data.source
+    result.tokens_per_step = tokens_per_step(config)
+    config.output_dir = str(run_dir)
+    config.export_dir = str(run_dir / EXPORT_DIR)
+    result.export_dir = config.export_dir
+    started = time.perf_counter()
+    if not (run_dir / EXPORT_DIR / WEIGHTS_NAME).is_file():
+        config.resume = True
+        run_pretraining(config)
+        result.pretrain_seconds = round(time.perf_counter() - started, 1)
+    result.parameters = _count_parameters(run_dir / EXPORT_DIR)
+    csvs = metrics_csvs(config.output_dir)
+    result.train_loss = final_value(csvs, "train/loss", last_n=5) if csvs else None
+    return result
+
+
+def evaluation_protocol(budget: AblationBudgetConfig, heldout: str | None, sts_dir: str | None) -> dict:
+    """The settings a row's scores depend on: a finished run is re-scored when they change."""
+    return {"heldout": dataclasses.asdict(budget.heldout) if heldout else None,
+            "sts": dataclasses.asdict(budget.sts) if sts_dir else None,
+            "glue": dataclasses.asdict(budget.glue) if budget.glue.tasks else None}
+
+
+def evaluate_step(result: StepResult, budget: AblationBudgetConfig, heldout: str | None, sts_dir: str | None,
+                  glue_path: str | None, run_dir: Path, protocol: dict) -> None:
+    """Fills the row's scores: held-out MLM loss and pseudo-perplexity, the STS probe, the GLUE subset."""
+    export = Path(result.export_dir)
+    if heldout is not None:
+        model, tokenizer = load_model_and_tokenizer(str(export))
+        settings = budget.heldout
+        scores = heldout_mlm_loss(model, tokenizer, heldout, settings.documents, settings.max_length,
+                                  settings.mask_rate, settings.batch_size)
+        result.heldout_loss, result.heldout_accuracy = scores["loss"], scores["accuracy"]
+        if settings.pseudo_perplexity_documents:
+            result.pseudo_perplexity = heldout_pseudo_perplexity(
+                model, tokenizer, heldout, settings.pseudo_perplexity_documents,
+                settings.pseudo_perplexity_max_length)["pseudo_perplexity"]
+    if sts_dir is not None:
+        result.sts_zero_shot, result.sts_tuned = sts_probe(export, budget.sts, sts_dir, run_dir / ABLATION_STS_DIR,
+                                                           result.seed)
+    if glue_path is not None:
+        result.glue = evaluate_glue(export, budget.glue, glue_path, run_dir / ABLATION_GLUE_DIR)
+        result.glue_score = sum(result.glue.values()) / len(result.glue)
+    result.protocol = protocol
+
+
+def sts_probe(export_dir: Path, sts: StsProbeConfig, data_dir: str, output_dir: Path,
+              seed: int) -> tuple[float, Optional[float]]:
+    """(zero-shot, tuned) STS Benchmark dev Spearman of the checkpoint's mean-pooled embeddings; tuned is None
+    without fine-tuning steps. The fine-tune is the contrastive job (InfoNCE, in-batch negatives) on the train
+    pairs scored >= 4, in fp32, from a fresh output directory."""
+    config = ContrastiveConfig(model=str(export_dir), eval_sts=str(Path(data_dir) / STS_DEV), output_dir=str(output_dir))
+    config.data.datasets = ["STSBenchmark"]
+    config.data.local_files = {"STSBenchmark": str(Path(data_dir) / STS_TRAIN)}
+    config.data.batch_size, config.data.max_length, config.data.seed = sts.batch_size, sts.max_length, seed
+    config.optimizer.lr = sts.lr
+    config.scheduler.warmup_steps = min(sts.warmup_steps, max(0, sts.finetune_steps - 1))
+    config.trainer.max_steps = max(1, sts.finetune_steps)
+    config.trainer.seed, config.trainer.precision, config.trainer.accelerator = seed, "32-true", "cpu"
+    config.trainer.checkpoint_every_n_steps = 0
+    config.logging.progress_bar = False
+    if not sts.finetune_steps:
+        backbone = load_backbone(config.model)
+        return sts_scores(config, backbone, output_dir / STS_ZERO_SHOT_DIR)["full"], None
+    shutil.rmtree(output_dir, ignore_errors=True)  # an interrupted fine-tune starts again: it takes seconds
+    summary = run_contrastive(config)
+    shutil.rmtree(output_dir / EXPORT_DIR, ignore_errors=True)  # the scores are what the ladder keeps
+    return summary["sts_zero_shot"], summary["sts_tuned"]
+
+
+STS_TRAIN, STS_DEV = "sts-train.csv", "sts-dev.csv"
+
+
+def _shared_data() -> Path:
+    """$NEOBERT_SHARED_DATA (unset: ../shared/data from the working directory)."""
+    shared = os.environ.get("NEOBERT_SHARED_DATA")
+    return Path(shared) if shared else Path.cwd().parent / "shared" / "data"
+
+
+def _sts_data_dir(sts: StsProbeConfig) -> tuple[str | None, str]:
+    if sts.data_dir is None:
+        return None, ""
+    directory = _shared_data() / "stsbenchmark" if sts.data_dir == "auto" else Path(sts.data_dir)
+    if (directory / STS_TRAIN).is_file() and (directory / STS_DEV).is_file():
+        return str(directory), ""
+    if sts.data_dir == "auto":
+        return None, (f"STS probe: no STS Benchmark files in {directory} (set sts.data_dir to a folder with "
+                      f"{STS_TRAIN} and {STS_DEV}): not scored")
+    raise ConfigError(f"sts.data_dir={sts.data_dir!r}: needs {STS_TRAIN} and {STS_DEV} in it")
 
 
 def shared_glue_dir() -> Path | None:
     """$NEOBERT_SHARED_DATA/glue (unset: ../shared/data/glue from the working directory) when it holds RTE."""
-    shared = os.environ.get("NEOBERT_SHARED_DATA")
-    root = (Path(shared) if shared else Path.cwd().parent / "shared" / "data") / "glue"
+    root = _shared_data() / "glue"
     return root if (root / "rte").is_dir() else None
 
 
-def _glue_data_path(glue: GlueSubsetConfig, output_dir: Path, corpus: str | None) -> tuple[str | None, str]:
+def _glue_data_path(glue: GlueSubsetConfig, output_dir: Path) -> tuple[str | None, str]:
     if glue.data_path != "auto":
         return glue.data_path, ""
     shared = shared_glue_dir()
@@ -312,7 +482,7 @@ def _glue_data_path(glue: GlueSubsetConfig, output_dir: Path, corpus: str | None
         steps = f"{glue.max_train_steps} steps" if glue.max_train_steps else "full"
         return str(shared), (f"GLUE: local files {shared} ({steps} fine-tuning on "
                              f"{glue.max_train_examples or 'all'} training examples)")
-    corpus = corpus or str(write_demo_corpus(output_dir / ABLATION_CORPUS))
+    corpus = write_demo_corpus(output_dir / ABLATION_CORPORA_DIR / "demo.jsonl")
     fallback = write_fallback_glue(corpus, output_dir / ABLATION_GLUE_FALLBACK_DIR)
     return str(fallback), (f"GLUE: no GLUE files here; scored on the built-in fallback pair task built from the "
                            f"demo corpus ({fallback}/rte), not on RTE")
@@ -348,14 +518,20 @@ def _count_parameters(export: Path) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------- results
+FIGURE_METRICS = ("heldout_loss", "pseudo_perplexity", "sts_zero_shot", "sts_tuned", "glue_score")
+
+
 def write_results(results: Sequence[StepResult], output_dir: str | Path) -> dict[str, Path]:
+    """results.json (one row per run), results.md (mean +- sd per step, differences to the parent in standard
+    errors, then every run) and one Figure 1 per measured metric (`figure1_<metric>.png`)."""
     output_dir = Path(output_dir)
     rows = [dataclasses.asdict(r) for r in results]
     paths = {"json": output_dir / RESULTS_JSON, "markdown": output_dir / ABLATION_RESULTS_MD}
     paths["json"].write_text(json.dumps(rows, indent=2, default=str) + "\n")
     paths["markdown"].write_text(results_markdown(rows) + "\n")
-    if any(r["glue_score"] is not None for r in rows):
-        paths["plot"] = plot_ablation_glue(rows, output_dir / ABLATION_GLUE_PLOT)
+    summary = summarize_ladder(rows)
+    for metric in measured_metrics(rows, FIGURE_METRICS):
+        paths[metric] = plot_ablation_steps(summary, metric, output_dir / ablation_figure(metric))
     return paths
 
 
@@ -366,29 +542,22 @@ def read_results(output_dir: str | Path) -> list[dict]:
     return json.loads(path.read_text())
 
 
+def measured_metrics(rows: Sequence[dict], metrics: Sequence[str] = tuple(LADDER_METRICS)) -> list[str]:
+    """The metrics of `metrics` that at least one run has a value for."""
+    return [m for m in metrics if any(r.get(m) is not None for r in rows)]
+
+
 def results_markdown(rows: Sequence[dict]) -> str:
-    tasks = sorted({t for r in rows for t in r["glue"]})
-    header = ("| step | change | parent | kept | params | MLM loss | " + " | ".join(tasks) +
-              (" | " if tasks else "") + "GLUE subset | vs parent |")
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    by_step = {r["step"]: r for r in rows}
+    """The per-step summary over seeds, then one line per run."""
+    summary = summary_markdown(summarize_ladder(rows), metrics=measured_metrics(
+        rows, ("heldout_loss", "pseudo_perplexity", "sts_zero_shot", "sts_tuned", "glue_score", "train_loss")))
+    header = "| step | seed | params | tokens/step | " + " | ".join(
+        LADDER_METRICS[m][0] for m in measured_metrics(rows)) + " | pretrain s | eval s |"
+    lines = ["### Every run", "", header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
-        parent = by_step.get(r["parent"]) if r["parent"] else None
-        delta = "" if not parent or parent["glue_score"] is None or r["glue_score"] is None else \
-            f"{100 * (r['glue_score'] - parent['glue_score']):+.1f}"
-        cells = [r["step"].upper(), r["title"], (r["parent"] or "").upper(), "yes" if r["carried_forward"] else "no",
-                 f"{r['parameters'] / 1e6:.2f}M" if r["parameters"] else "n/a",
-                 f"{r['train_loss']:.3f}" if r["train_loss"] is not None else "n/a"]
-        cells += [f"{100 * r['glue'][t]:.1f}" if t in r["glue"] else "n/a" for t in tasks]
-        cells += [f"{100 * r['glue_score']:.1f}" if r["glue_score"] is not None else "n/a", delta]
+        cells = [r["step"].upper(), str(r["seed"]), f"{r['parameters'] / 1e6:.2f}M" if r["parameters"] else "n/a",
+                 str(r["tokens_per_step"] or "n/a")]
+        cells += ["n/a" if r[m] is None else f"{r[m]:.4f}" for m in measured_metrics(rows)]
+        cells += [str(r["pretrain_seconds"] or "-"), str(r["eval_seconds"] or "-")]
         lines.append("| " + " | ".join(cells) + " |")
-    steps_of: dict[str, list[str]] = {}
-    for r in rows:
-        for note in r["notes"]:
-            steps_of.setdefault(note, []).append(r["step"].upper())
-    if steps_of:
-        lines += ["", "Notes:"]
-        for note, steps in steps_of.items():
-            where = "all steps" if len(steps) == len(rows) > 1 else ", ".join(steps)
-            lines.append(f"- {where}: {note}")
-    return "\n".join(lines)
+    return summary + "\n\n" + "\n".join(lines)

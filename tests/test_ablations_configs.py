@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import warnings
 
-from pathlib import Path
-
 import pytest
 
 from neobert.config import ConfigError, load_config
@@ -108,14 +106,14 @@ def test_cpu_budget_data_shapes_and_batches():
     assert m10.data.max_length == 512 > m9.data.max_length
 
 
-def test_budget_errors_name_the_key():
+def test_budget_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="seeds"):
         ab.load_budget("cpu", ["seeds=[0,0]"])
     with pytest.raises(ConfigError, match="pseudo_perplexity_documents"):
         ab.load_budget("cpu", ["heldout.pseudo_perplexity_documents=1000"])
     with pytest.raises(ConfigError, match="data_sources"):
         ab.prepare_corpora(ab.load_budget("tiny", ["data_sources.wikimedia/wikipedia=nowhere.jsonl"]),
-                           Path("unused"))
+                           tmp_path)
 
 
 def test_parse_steps_and_errors():

@@ -157,10 +157,16 @@ def test_notebook_executes_on_the_ladder_output(mini_ladder, tmp_path):
                 os.environ.pop(key)
             else:
                 os.environ[key] = value
-    for name in ("figure1_glue_per_step", "figure2_pseudo_perplexity", "figure3_throughput"):
-        assert (figures / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    figure1 = [f"figure1_{m}" for m in ("heldout_loss", "pseudo_perplexity", "sts_zero_shot", "sts_tuned",
+                                         "glue_score")]
+    for name in (*figure1, "figure2_pseudo_perplexity", "figure3_throughput"):
+        assert (figures / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    assert sum(o.output_type == "display_data" and "image/png" in o.data for o in outputs) >= 3
+    assert sum(o.output_type == "display_data" and "image/png" in o.data for o in outputs) == len(figure1) + 2
+    shown = "".join(str(o.get("data", {}).get("text/html", "")) + str(o.get("data", {}).get("text/markdown", ""))
+                    + str(o.get("text", "")) for o in outputs)
+    assert "| m02 |" in shown and "| m03 |" in shown  # Figure 2's table, one run per step
+    assert "paraphrase" in shown and "gap" in shown  # the probe table across steps
     if os.environ.get("NEOBERT_NOTEBOOK_OUT"):  # keep the executed notebook (docs)
         nbformat.write(notebook, os.environ["NEOBERT_NOTEBOOK_OUT"])

@@ -116,6 +116,7 @@ def test_a_rerun_reads_finished_runs_back_and_rescores_a_changed_protocol(mini_l
         assert (Path(new["export_dir"]) / "model.safetensors").stat().st_mtime_ns == weights[new["export_dir"]]
         assert new["heldout_loss"] != old["heldout_loss"] and new["protocol"]["heldout"]["mask_rate"] == 0.3
         assert new["sts_tuned"] is None and new["glue_score"] is None
+        assert new["pretrain_seconds"] == old["pretrain_seconds"] > 0  # the training time is kept
     run_mini_ladder(mini_ladder)  # back to the fixture's protocol for the tests that follow
     assert [r["heldout_loss"] for r in json.loads((mini_ladder / "results.json").read_text())] == \
         [r["heldout_loss"] for r in before]

@@ -354,10 +354,10 @@ def run_step(step: str, seed: int, budget: AblationBudgetConfig, corpora: dict[s
     parent = load_step_config(definition.parent, budget, corpora, seeded) if definition.parent else None
     run_dir = output_dir / step / f"seed{seed}"
     row_file = run_dir / ABLATION_RUN_ROW
-    if (run_dir / EXPORT_DIR / WEIGHTS_NAME).is_file() and row_file.is_file():
-        row = json.loads(row_file.read_text())
-        if row.get("protocol") == protocol:
-            return StepResult(**row)
+    previous = json.loads(row_file.read_text()) if row_file.is_file() else {}
+    trained = (run_dir / EXPORT_DIR / WEIGHTS_NAME).is_file()
+    if trained and previous.get("protocol") == protocol:
+        return StepResult(**previous)
     result = StepResult(step, definition.parent, definition.title, definition.carried_forward, budget.name, seed,
                         list(definition.changed_keys),
                         {k: list(v) for k, v in config_diff(parent, config).items()} if parent else {})
@@ -383,7 +383,9 @@ def run_step(step: str, seed: int, budget: AblationBudgetConfig, corpora: dict[s
     config.export_dir = str(run_dir / EXPORT_DIR)
     result.export_dir = config.export_dir
     started = time.perf_counter()
-    if not (run_dir / EXPORT_DIR / WEIGHTS_NAME).is_file():
+    if trained:  # rescored under another protocol: the training time is the earlier run's
+        result.pretrain_seconds = previous.get("pretrain_seconds")
+    else:
         config.resume = True
         run_pretraining(config)
         result.pretrain_seconds = round(time.perf_counter() - started, 1)

@@ -172,3 +172,11 @@ def test_compiled_rope_path_equals_eager(monkeypatch):
     eager = apply_rope(x, rotations)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     torch.testing.assert_close(apply_rope(x, rotations), eager)
+
+
+def test_rope_on_q_and_k_side_by_side_equals_rope_on_each():
+    q, k = torch.randn(2, 5, 3, 8), torch.randn(2, 5, 3, 8)
+    rotations = rope_tables(8, torch.arange(5).expand(2, 5), 10000.0)
+    together = apply_rope(torch.cat((q, k), dim=-1), rotations)
+    assert torch.equal(together, torch.cat((apply_rope(q, rotations), apply_rope(k, rotations)), dim=-1))
+    assert not torch.equal(together[..., :8], q)

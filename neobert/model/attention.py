@@ -132,10 +132,15 @@ def rope_tables(head_dim: int, positions: Tensor, theta: float) -> Tensor:
 
 
 def apply_rope(x: Tensor, rotations: Tensor) -> Tensor:
-    """Rotates adjacent pairs (dims 0-1, 2-3, ...) of x [..., heads, head_dim] in float32.
+    """Rotates adjacent pairs (dims 0-1, 2-3, ...) of every head vector of x in float32, and returns x's dtype.
 
-    `rotations` has x's leading shape without heads, and head_dim // 2 (it broadcasts over heads).
+    x is [..., heads, n * head_dim]: n head vectors side by side (q and k of the fused qkv projection, n = 2, are
+    rotated in one pass). `rotations` has x's leading shape without heads, and head_dim // 2 (it broadcasts over
+    heads).
     """
+    vectors_per_head = x.shape[-1] // (2 * rotations.shape[-1])
+    if vectors_per_head > 1:
+        rotations = torch.cat([rotations] * vectors_per_head, dim=-1)
     rotations = rotations.unsqueeze(-2)
     pairs = x.float().unflatten(-1, (-1, 2))
     if torch.compiler.is_compiling():
@@ -144,5 +149,6 @@ def apply_rope(x: Tensor, rotations: Tensor) -> Tensor:
         cos, sin = rotations.real, rotations.imag
         rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
         return rotated.flatten(-2).type_as(x)
-    # Eager: one complex multiply is ~3x faster than the real-pair form on CPU (measured).
+    # Eager: one complex multiply is ~3x faster than the real-pair form on CPU, and also faster than rotating in
+    # bf16 without the float32 round trip (measured, docs/benchmarks.md).
     return torch.view_as_real(torch.view_as_complex(pairs) * rotations).flatten(-2).type_as(x)

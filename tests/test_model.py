@@ -178,5 +178,7 @@ def test_rope_on_q_and_k_side_by_side_equals_rope_on_each():
     q, k = torch.randn(2, 5, 3, 8), torch.randn(2, 5, 3, 8)
     rotations = rope_tables(8, torch.arange(5).expand(2, 5), 10000.0)
     together = apply_rope(torch.cat((q, k), dim=-1), rotations)
-    assert torch.equal(together, torch.cat((apply_rope(q, rotations), apply_rope(k, rotations)), dim=-1))
-    assert not torch.equal(together[..., :8], q)
+    # Equal up to float32 rounding (the vectorised complex multiply may fuse differently for a longer last axis).
+    separately = torch.cat((apply_rope(q, rotations), apply_rope(k, rotations)), dim=-1)
+    torch.testing.assert_close(together, separately, atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(together[..., :8], q)

@@ -70,3 +70,20 @@ def test_eager_still_checks_values():
         model(input_ids, cu_seqlens=torch.tensor([0, 5, 30], dtype=torch.int32))
     with pytest.raises(ValueError, match="not both"):
         model(input_ids, attention_mask, cu_seqlens=torch.tensor([0, 16, 32], dtype=torch.int32))
+
+
+def test_the_compiled_graph_holds_no_complex_tensor():
+    """Inductor has no code generation for complex arithmetic (the eager RoPE's): it would fall back to slow code."""
+    dtypes = []
+
+    def recording_backend(graph_module, example_inputs):
+        dtypes.extend(node.meta["example_value"].dtype for node in graph_module.graph.nodes
+                      if isinstance(node.meta.get("example_value"), torch.Tensor))
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny")).eval()
+    input_ids, attention_mask, _ = batch(model.config.vocab_size)
+    with torch.no_grad():
+        torch.compile(model, fullgraph=True, backend=recording_backend)(input_ids, attention_mask)
+    assert torch.float32 in dtypes and not any(dtype.is_complex for dtype in dtypes)

@@ -125,30 +125,33 @@ def _attend_packed_by_padding(q: Tensor, k: Tensor, v: Tensor, layout: Attention
 
 # ---------------------------------------------------------------------------------------------- RoPE
 def rope_tables(head_dim: int, positions: Tensor, theta: float) -> Tensor:
-    """Unit complex rotations, complex64, shape [*positions.shape, head_dim // 2] (the LLaMA `freqs_cis`)."""
+    """Unit rotations as (cos, sin) pairs, float32, shape [*positions.shape, head_dim // 2, 2]: the LLaMA
+    `freqs_cis` stored as real pairs (a complex view in eager, plain reals for Inductor, which has no complex
+    code generation)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     angles = positions.to(torch.float32)[..., None] * inv_freq
-    return torch.polar(torch.ones_like(angles), angles)
+    return torch.stack((angles.cos(), angles.sin()), dim=-1)
 
 
 def apply_rope(x: Tensor, rotations: Tensor) -> Tensor:
     """Rotates adjacent pairs (dims 0-1, 2-3, ...) of every head vector of x in float32, and returns x's dtype.
 
     x is [..., heads, n * head_dim]: n head vectors side by side (q and k of the fused qkv projection, n = 2, are
-    rotated in one pass). `rotations` has x's leading shape without heads, and head_dim // 2 (it broadcasts over
-    heads).
+    rotated in one pass). `rotations` (from `rope_tables`) has x's leading shape without heads, then
+    head_dim // 2 and 2 (it broadcasts over heads).
     """
-    vectors_per_head = x.shape[-1] // (2 * rotations.shape[-1])
+    vectors_per_head = x.shape[-1] // (2 * rotations.shape[-2])
     if vectors_per_head > 1:
-        rotations = torch.cat([rotations] * vectors_per_head, dim=-1)
-    rotations = rotations.unsqueeze(-2)
+        rotations = torch.cat([rotations] * vectors_per_head, dim=-2)
+    rotations = rotations.unsqueeze(-3)
     pairs = x.float().unflatten(-1, (-1, 2))
     if torch.compiler.is_compiling():
         # Inductor does not fuse complex arithmetic; the same rotation written on real pairs compiles well.
         even, odd = pairs[..., 0], pairs[..., 1]
-        cos, sin = rotations.real, rotations.imag
+        cos, sin = rotations[..., 0], rotations[..., 1]
         rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
         return rotated.flatten(-2).type_as(x)
     # Eager: one complex multiply is ~3x faster than the real-pair form on CPU, and also faster than rotating in
     # bf16 without the float32 round trip (measured, docs/benchmarks.md).
-    return torch.view_as_real(torch.view_as_complex(pairs) * rotations).flatten(-2).type_as(x)
+    rotated = torch.view_as_complex(pairs) * torch.view_as_complex(rotations)
+    return torch.view_as_real(rotated).flatten(-2).type_as(x)

@@ -112,12 +112,30 @@ def test_tiny_end_to_end_writes_csv_png_markdown(tmp_path):
             row = measured[(model, "full", length)]
             assert float(row["tokens_per_s"]) > 0 and float(row["achieved_flops"]) > 0
             assert int(row["batch_size"]) * int(length) <= 64  # the CPU token budget
+            # fp32 on CPU: the share of a matmul rate measured between the timed steps of this run
+            assert row["peak_source"] == "measured matmul 4096x768x3072" and float(row["peak_flops"]) > 1e9
+            assert float(row["mfu"]) == pytest.approx(float(row["achieved_flops"]) / float(row["peak_flops"]))
     assert ("neobert", "unpadded", "16") in measured and ("bert-base", "unpadded", "16") not in measured
     official = [r for r in rows if r["model"] == "neobert-official"]
     assert official and all(r["note"].startswith("not available") and not r["tokens_per_s"] for r in official)
     assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = paths["markdown"].read_text()
     assert "| neobert / bert-base |" in table and "neobert-official: not available" in table
+    assert "% of the matmul rate measured in this run" in table and "Matmul reference (measured" in table
+
+
+def test_compiled_models_are_timed_and_an_emulated_bf16_run_has_no_matmul_reference(monkeypatch):
+    from neobert.eval import flops
+
+    config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], batch_sizes=[2], repeats=1,
+                              compile=True, device="cpu")
+    [row] = tp.run_throughput(config)
+    assert row.tokens_per_s > 0 and row.peak_source.startswith("measured") and 0 < row.mfu
+    monkeypatch.setattr(flops, "cpu_has_native_bf16", lambda: False)
+    config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], batch_sizes=[2], repeats=1,
+                              dtype="bfloat16", device="cpu")
+    [row] = tp.run_throughput(config)
+    assert row.tokens_per_s > 0 and row.peak_flops is None and row.mfu is None
 
 
 def test_training_mode_times_a_backward_and_counts_3x_flops():

@@ -39,7 +39,11 @@ class ThroughputConfig:
     # auto = bfloat16 on GPU, float32 on CPU (bfloat16 is faster on CPUs with avx512_bf16, emulated and far slower
     # without: a warning says which).
     dtype: str = "auto"
-    peak_flops: Optional[float] = None  # for MFU; default: neobert.eval.flops.peak_flops by GPU name
+    # For MFU. Default: the GPU's published dense bf16 peak (neobert.eval.flops.peak_flops); on CPU, the rate of one
+    # 4096x768 @ 768x3072 matmul in the run's compute dtype, measured between the timed steps (not where bf16 is
+    # emulated: that rate means nothing).
+    peak_flops: Optional[float] = None
+    compile: bool = False  # torch.compile every model first (compilation is not timed)
     threads: int = 0  # torch CPU threads; 0 = leave as is
     seed: int = 0
     output_dir: str = "runs/throughput"

@@ -31,7 +31,8 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, RobertaConfig
 
 from neobert.config.throughput import ThroughputConfig
-from neobert.eval.flops import flops_per_token, matmul_params, peak_flops, warn_if_bf16_is_emulated
+from neobert.eval.flops import (MATMUL_REFERENCE_SHAPE, MatmulReference, flops_per_token, matmul_params, peak_flops,
+                                warn_if_bf16_is_emulated)
 from neobert.model import NeoBERT, NeoBERTConfig
 
 log = logging.getLogger(__name__)
@@ -253,6 +254,8 @@ class ThroughputRow:
     device: str
     dtype: str
     note: str = ""
+    peak_flops: float | None = None  # MFU's denominator: a GPU's published peak, or the CPU matmul rate measured
+    peak_source: str = ""  # "published" | "measured matmul MxKxN" | ""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -279,7 +282,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    warn_if_bf16_is_emulated(device.type, dtype)
+    emulated_bf16 = warn_if_bf16_is_emulated(device.type, dtype)
     training = config.mode == "training"
     # Training keeps float32 weights and autocasts (what bf16-mixed training does); inference casts the weights.
     weights_dtype = torch.float32 if training else dtype
@@ -287,6 +290,11 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     lengths = config.lengths or default_lengths(device)
     candidates = config.batch_sizes or [2 ** i for i in range(11)]
     peak = config.peak_flops or peak_flops(device)
+    peak_source = "published" if peak else ""
+    reference = None
+    if peak is None and device.type == "cpu" and not emulated_bf16:
+        reference = MatmulReference(device, dtype)
+        peak_source = "measured matmul " + "x".join(map(str, MATMUL_REFERENCE_SHAPE))
 
     models: dict[str, BenchModel] = {}
     rows: list[ThroughputRow] = []
@@ -305,6 +313,9 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
             for layout in config.layouts:
                 for length in lengths:
                     unavailable(name, layout, length, f"not available: {err}")
+            continue
+        if config.compile:
+            models[name].module = torch.compile(models[name].module)
 
     for layout in config.layouts:
         for length in lengths:
@@ -322,11 +333,17 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     continue
                 chosen[name] = best
                 progress(f"{layout} L={length} {name}: batch size {best[0]}")
-            # Interleaved, timed repetitions: A, B, C, A, B, C, ...
+            # Interleaved, timed repetitions: A, B, C, matmul reference, A, B, C, matmul reference, ...
             times: dict[str, list[float]] = {name: [] for name in chosen}
+            reference_rates = []
             for _ in range(config.repeats):
                 for name, (size, batch) in chosen.items():
                     times[name].append(time_step(models[name], batch, training, device, autocast_dtype))
+                if reference is not None:
+                    reference_rates.append(reference.measure())
+            group_peak = statistics.median(reference_rates) if reference_rates else peak
+            if reference_rates:
+                progress(f"{layout} L={length} matmul reference: {group_peak / 1e9:,.1f} GFLOP/s")
             for name, (size, batch) in chosen.items():
                 bench = models[name]
                 step = statistics.median(times[name])
@@ -335,8 +352,9 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                 achieved = tokens_per_s * fpt
                 rows.append(ThroughputRow(
                     name, config.mode, layout, length, size, tokens_per_s, step, fpt, achieved,
-                    None if peak is None else achieved / peak, sum(p.numel() for p in bench.module.parameters()),
-                    device.type, str(dtype).removeprefix("torch."),
+                    None if group_peak is None else achieved / group_peak,
+                    sum(p.numel() for p in bench.module.parameters()), device.type, str(dtype).removeprefix("torch."),
+                    peak_flops=group_peak, peak_source=peak_source if group_peak else "",
                 ))
                 progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")
     return rows

@@ -29,7 +29,7 @@ def write_csv(rows: Sequence[ThroughputRow], path: str | Path) -> Path:
 def read_csv(path: str | Path) -> list[ThroughputRow]:
     """Reads a CSV written by `write_csv` (for the notebook and for re-plotting)."""
     types = {"batch_size": int, "seq_len": int, "params": int, "tokens_per_s": float, "step_s": float,
-             "flops_per_token": float, "achieved_flops": float, "mfu": float}
+             "flops_per_token": float, "achieved_flops": float, "mfu": float, "peak_flops": float}
     rows = []
     with Path(path).open() as handle:
         for raw in csv.DictReader(handle):
@@ -44,7 +44,8 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 0) -> str:
 
 def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") -> str:
     """Table 9 layout per (mode, layout): models as rows, lengths as columns, tokens/s (batch size); then the
-    achieved FLOP/s, and the ratio of `reference` to every other model per length."""
+    achieved FLOP/s, their share of the peak (a GPU's MFU, or on CPU of the matmul rate measured in the same run),
+    and the ratio of `reference` to every other model per length."""
     out = []
     groups = sorted({(r.mode, r.layout) for r in rows}, key=lambda g: (MODES.index(g[0]), LAYOUTS.index(g[1])))
     for mode, layout in groups:
@@ -69,13 +70,13 @@ def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") ->
             row = cell.get((name, length))
             return f"{row.tokens_per_s:,.0f} ({row.batch_size})" if measured(name, length) else "n/a"
 
-        has_mfu = any(r.mfu is not None for r in group)
-
-        def rate(name: str, length: int) -> str:
+        def gflops(name: str, length: int) -> str:
             row = cell.get((name, length))
-            value = None if row is None else (row.mfu * 100 if has_mfu and row.mfu is not None else
-                                              None if row.achieved_flops is None else row.achieved_flops / 1e9)
-            return _fmt(value, digits=1)
+            return _fmt(None if row is None else row.achieved_flops, 1e9, 1)
+
+        def utilisation(name: str, length: int) -> str:
+            row = cell.get((name, length))
+            return _fmt(None if row is None or row.mfu is None else row.mfu * 100, digits=1)
 
         def ratio(name: str, length: int) -> str:
             if not (measured(name, length) and measured(reference, length)):
@@ -86,8 +87,15 @@ def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") ->
             return f"{speed:.2f}x; {per_flop:.2f}x"
 
         section("tokens/s (best batch size)", names, tokens_per_s)
-        unit = "MFU %" if has_mfu else "achieved GFLOP/s"
-        section(f"{unit} (tokens/s x FLOPs/token from neobert.eval.flops)", names, rate)
+        section("achieved GFLOP/s (tokens/s x FLOPs/token from neobert.eval.flops)", names, gflops)
+        peaks = {r.seq_len: r for r in group if r.peak_flops}
+        if peaks:
+            measured_peak = any(r.peak_source.startswith("measured") for r in peaks.values())
+            section("% of the matmul rate measured in this run" if measured_peak else "MFU %", names, utilisation)
+            if measured_peak:
+                rates = ", ".join(f"{n}: {_fmt(r.peak_flops, 1e9, 1)}" for n, r in sorted(peaks.items()))
+                out.extend([f"Matmul reference ({next(iter(peaks.values())).peak_source}, {group[0].dtype}), "
+                            f"GFLOP/s by length: {rates}", ""])
         others = [n for n in names if n != reference and any(measured(n, x) and measured(reference, x)
                                                              for x in lengths)]
         if others:

@@ -57,6 +57,14 @@ def ablation_figure(metric: str) -> str:
     return f"figure1_{metric}.png"
 
 
+COMPARISON_MD = "comparison.md"  # experiments.compare_runs
+
+
+def comparison_plot(metric: str) -> str:
+    """experiments.compare_runs: one metric of every run (e.g. train/loss -> train_loss.png)."""
+    return metric.replace("/", "_") + ".png"
+
+
 def has_tokenizer(directory: str | Path) -> bool:
     """Whether a model directory carries its own tokenizer files."""
     return any((Path(directory) / name).is_file() for name in TOKENIZER_FILES)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from neobert.model import NeoBERT, NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTForSequenceClassification, pool_embeddings
 from neobert.model.attention import apply_rope, rope_tables
+from neobert.model.modeling import SwiGLU
 
 
 def random_padded_batch(vocab, lengths, total=None):
@@ -182,3 +183,17 @@ def test_rope_on_q_and_k_side_by_side_equals_rope_on_each():
     separately = torch.cat((apply_rope(q, rotations), apply_rope(k, rotations)), dim=-1)
     torch.testing.assert_close(together, separately, atol=1e-6, rtol=1e-6)
     assert not torch.allclose(together[..., :8], q)
+
+
+def test_swiglu_in_place_without_autograd_equals_the_autograd_path():
+    ffn = SwiGLU(8, 16)
+    x = torch.randn(2, 3, 8)
+    with_grad = ffn(x)
+    assert with_grad.requires_grad
+    with_grad.sum().backward()  # the autograd path is not in place
+    assert ffn.w12.weight.grad is not None
+    with torch.no_grad():
+        no_grad = ffn(x)
+    with torch.inference_mode():
+        inference = ffn(x)
+    assert torch.equal(no_grad, with_grad.detach()) and torch.equal(inference, with_grad.detach())

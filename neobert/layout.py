@@ -30,6 +30,7 @@ RESULTS_JSON = "results.json"
 
 # What each job writes under its output_dir, besides the run-directory names above.
 LOSS_PLOT = "loss.png"  # pretraining
+PROFILE_NAME = "profile"  # trainer.profiler's report: profile.txt (Lightning adds the stage and rank to the name)
 AVERAGING_JSON = "averaging.json"  # in an export averaged over checkpoints: which ones (experiments.export)
 EMA_EXPORT_DIR = "ema"  # export/ema/: the EMA of the weights (trainer.ema), beside the trained weights in export/
 GLUE_BEST_DIR = "best"  # <task>/best/: the best run's model, the start point of `transfer_from`

@@ -215,3 +215,14 @@ def test_the_demo_corpus_is_written_only_to_the_demos_own_source(tmp_path, monke
     assert not (tmp_path / "typo.jsonl").exists()
     demo = load_pretrain_config(None, [])
     assert (tmp_path / demo.data.source).is_file()  # the demo itself still runs offline
+
+
+def test_the_profiler_reports_where_the_step_time_goes(tmp_path):
+    config = tiny_config(tmp_path, "trainer.profiler=simple", "trainer.max_steps=2")
+    run_pretraining(config)
+    [report] = (tmp_path / "run").glob("*profile*.txt")
+    text = report.read_text()
+    for action in ("train_dataloader_next", "training_step", "backward", "optimizer_step"):
+        assert action in text, action
+    with pytest.raises(ConfigError, match="'trainer.profiler'"):
+        tiny_config(tmp_path, "trainer.profiler=cprofile").validate()

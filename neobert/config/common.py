@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 from neobert.config.loader import require
 
 PRECISIONS = ("32", "32-true", "16-mixed", "bf16-mixed", "bf16-true", "64", "64-true")
+PROFILERS = ("simple", "advanced", "pytorch")
 OPTIMIZERS = ("adamw", "adam")
 SCHEDULERS = ("cosine", "linear", "wsd")
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
@@ -61,6 +62,9 @@ class TrainerConfig:
     keep_checkpoints: int = 3
     seed: int = 0
     ema: EmaConfig = field(default_factory=EmaConfig)
+    # Where the time of each step goes (data loading, forward/backward, optimizer, logging, callbacks): Lightning's
+    # simple | advanced (cProfile) | pytorch profiler, reported in output_dir/profile*.txt when the run ends.
+    profiler: Optional[str] = None
 
     def validate(self, prefix: str = "trainer") -> None:
         devices = self.devices
@@ -78,6 +82,8 @@ class TrainerConfig:
         require(self.eval_every_n_steps >= 0, f"{prefix}.eval_every_n_steps", "must be >= 0 (0 = off)")
         require(self.checkpoint_every_n_steps >= 0, f"{prefix}.checkpoint_every_n_steps", "must be >= 0 (0 = off)")
         require(self.keep_checkpoints >= -1, f"{prefix}.keep_checkpoints", "must be >= -1 (-1 = all)")
+        require(self.profiler is None or self.profiler in PROFILERS, f"{prefix}.profiler",
+                f"must be one of {PROFILERS} or null, got {self.profiler!r}")
         self.ema.validate(f"{prefix}.ema")
         # The EMA keeps a full copy of the weights on every rank, which sharded weights do not give it.
         require(not self.ema.decay or not ("fsdp" in self.strategy or self.strategy.endswith("_3")),

@@ -17,7 +17,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrateg
 
 from neobert.config import ConfigError, LoggingConfig, TrainerConfig
 from neobert.eval.flops import warn_if_bf16_is_emulated
-from neobert.layout import LOGS_DIR, TENSORBOARD_DIR
+from neobert.layout import LOGS_DIR, PROFILE_NAME, TENSORBOARD_DIR
 from neobert.lit.checkpoints import AtomicCheckpointIO
 from neobert.lit.ema import ExponentialMovingAverage
 
@@ -75,6 +75,17 @@ def build_loggers(logging: LoggingConfig, output_dir: str | Path | None) -> list
     return [makers[name]() for name in logging.loggers]
 
 
+def build_profiler(name: str | None, output_dir: str | Path | None):
+    """Lightning's profiler by name, writing its report under `output_dir` (printed when there is none)."""
+    if name is None:
+        return None
+    from lightning.pytorch import profilers
+
+    kinds = {"simple": profilers.SimpleProfiler, "advanced": profilers.AdvancedProfiler,
+             "pytorch": profilers.PyTorchProfiler}
+    return kinds[name](dirpath=output_dir, filename=PROFILE_NAME if output_dir is not None else None)
+
+
 def build_trainer(config: TrainerConfig, logging: LoggingConfig, output_dir: str | Path | None, *,
                   callbacks: Sequence[L.Callback] = (), validate: bool | None = None,
                   strategy: str | Strategy | None = None, **overrides: Any) -> L.Trainer:
@@ -121,6 +132,7 @@ def build_trainer(config: TrainerConfig, logging: LoggingConfig, output_dir: str
         enable_model_summary=False,
         enable_checkpointing=any(isinstance(c, L.pytorch.callbacks.ModelCheckpoint) for c in callbacks),
         default_root_dir=output_dir,
+        profiler=build_profiler(config.profiler, output_dir),
     )
     arguments.update(overrides)
     return L.Trainer(**arguments)

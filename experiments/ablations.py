@@ -20,7 +20,7 @@ import logging
 import sys
 
 from neobert.jobs.ablations import run_ablations
-from neobert.jobs.cli import add_debug_flag, run_cli
+from neobert.jobs.cli import add_debug_flag, print_report, run_cli
 
 
 def main(argv=None):
@@ -38,9 +38,7 @@ def main(argv=None):
 
     results, paths = run_ablations(args.steps, args.budget, args.budget_override, args.output_dir,
                                    evaluate=not args.no_eval, overrides=args.overrides)
-    print(paths["markdown"].read_text())
-    for kind, path in paths.items():
-        print(f"{kind}: {path}")
+    print_report(paths)
     return results
 
 

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from neobert.errors import UserInputError
-from neobert.jobs.cli import add_debug_flag, run_cli
+from neobert.jobs.cli import add_debug_flag, print_report, run_cli
 from neobert.jobs.compare_runs import DEFAULT_KEYS, compare_runs_job
 
 
@@ -37,9 +37,7 @@ def main(argv=None) -> dict:
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     paths = compare_runs_job(parse_runs(args.runs), args.output_dir, [k for k in args.keys.split(",") if k])
-    print(paths["markdown"].read_text())
-    for kind, path in paths.items():
-        print(f"{kind}: {path}")
+    print_report(paths)
     return paths
 
 

@@ -15,7 +15,7 @@ import sys
 
 from neobert.config import load_config
 from neobert.config.pseudo_perplexity import PseudoPerplexityConfig
-from neobert.jobs.cli import add_debug_flag, run_cli
+from neobert.jobs.cli import add_debug_flag, print_report, run_cli
 from neobert.jobs.pseudo_perplexity import run_pseudo_perplexity_job
 
 
@@ -27,9 +27,7 @@ def main(argv=None) -> dict:
     args = parser.parse_intermixed_args(argv)  # key=value overrides may follow any flag
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     paths = run_pseudo_perplexity_job(load_config(PseudoPerplexityConfig, args.config, args.overrides))
-    print(paths["markdown"].read_text())
-    for kind, path in paths.items():
-        print(f"{kind}: {path}")
+    print_report(paths)
     return paths
 
 

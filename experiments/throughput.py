@@ -16,7 +16,7 @@ import sys
 
 from neobert.config import flag_overrides, load_config
 from neobert.config.throughput import ThroughputConfig
-from neobert.jobs.cli import add_debug_flag, run_cli
+from neobert.jobs.cli import add_debug_flag, print_report, run_cli
 from neobert.jobs.throughput import run_throughput_job
 
 
@@ -41,9 +41,7 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     paths = run_throughput_job(parse_args(argv))
-    print(paths["markdown"].read_text())
-    for kind, path in paths.items():
-        print(f"{kind}: {path}")
+    print_report(paths)
     return paths
 
 

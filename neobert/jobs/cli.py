@@ -34,6 +34,13 @@ _WORKER_TRACEBACK = re.compile(r"Original Traceback \(most recent call last\):\n
                                re.S | re.M)
 
 
+def print_report(paths: dict) -> None:
+    """What a reporting job wrote: its Markdown report (`paths["markdown"]`) in full, then every file's path."""
+    print(paths["markdown"].read_text())
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+
+
 def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds `--debug` (show the traceback of an input error) to a command line's parser."""
     parser.add_argument(DEBUG_FLAG, action="store_true",

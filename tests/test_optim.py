@@ -34,3 +34,24 @@ def test_no_weight_decay_on_norms_biases_and_embeddings(tiny_config):
     assert len(everything) == 1
     optimizer = build_adamw(model, lr=6e-4, weight_decay=0.1)
     assert optimizer.defaults["betas"] == (0.9, 0.95) and optimizer.defaults["eps"] == 1e-8
+
+
+def test_adamw_is_fused_on_cpu_and_steps_like_the_per_tensor_loop(tiny_config):
+    torch.manual_seed(0)
+    model = NeoBERTForMaskedLM(tiny_config)
+    reference = NeoBERTForMaskedLM(tiny_config)
+    reference.load_state_dict(model.state_dict())
+    start = model.model.encoder.weight.detach().clone()
+    fused = build_adamw(model, lr=1e-2, weight_decay=0.1)
+    assert fused.defaults["fused"] is True
+    loop = torch.optim.AdamW(parameter_groups(reference, 0.1), lr=1e-2, betas=(0.9, 0.95), eps=1e-8,
+                             foreach=False)
+    ids = torch.randint(5, tiny_config.vocab_size, (2, 8))
+    for _ in range(3):
+        for net, optimizer in ((model, fused), (reference, loop)):
+            optimizer.zero_grad()
+            net(ids, labels=ids).loss.backward()
+            optimizer.step()
+    for (name, a), b in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+    assert not torch.allclose(model.model.encoder.weight, start)  # the steps did move the weights

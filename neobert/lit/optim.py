@@ -31,8 +31,14 @@ def parameter_groups(model: nn.Module, weight_decay: float, decay_norms_biases_e
 def build_adamw(model: nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.95), eps: float = 1e-8,
                 decay_norms_biases_embeddings: bool = False) -> torch.optim.AdamW:
     groups = parameter_groups(model, weight_decay, decay_norms_biases_embeddings)
-    fused = all(p.is_cuda for g in groups for p in g["params"]) or None
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fused)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps, fused=fusable(groups))
+
+
+def fusable(groups) -> bool | None:
+    """Whether the fused (one kernel for all tensors) Adam/AdamW applies. On CPU it is ~8x faster than PyTorch's
+    default per-tensor loop (MiniLM's 105 tensors: 26 against 217 ms a step, docs/benchmarks.md), as on GPU."""
+    return all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point
+               for g in groups for p in g["params"]) or None
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, decay_fraction: float = 0.9,
@@ -92,7 +98,7 @@ def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Op
                            config.decay_norms_biases_embeddings)
     # Adam with coupled L2 decay (the M0 baseline)
     groups = parameter_groups(model, config.weight_decay, config.decay_norms_biases_embeddings)
-    return torch.optim.Adam(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps)
+    return torch.optim.Adam(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=fusable(groups))
 
 
 def lr_factor(config: SchedulerConfig, total_steps: int, start_step: int = 0) -> Callable[[int], float]:

@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler, SimpleProfiler
 from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, Strategy
 
 from neobert.config import ConfigError, LoggingConfig, TrainerConfig
@@ -79,10 +80,7 @@ def build_profiler(name: str | None, output_dir: str | Path | None):
     """Lightning's profiler by name, writing its report under `output_dir` (printed when there is none)."""
     if name is None:
         return None
-    from lightning.pytorch import profilers
-
-    kinds = {"simple": profilers.SimpleProfiler, "advanced": profilers.AdvancedProfiler,
-             "pytorch": profilers.PyTorchProfiler}
+    kinds = {"simple": SimpleProfiler, "advanced": AdvancedProfiler, "pytorch": PyTorchProfiler}
     return kinds[name](dirpath=output_dir, filename=PROFILE_NAME if output_dir is not None else None)
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -44,35 +43,6 @@ def peak_flops(device: torch.device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device).lower()
     return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
-
-
-# The reference matmul of a CPU's rate: the shape of a 768-wide encoder's FFN input projection on 4,096 tokens.
-MATMUL_REFERENCE_SHAPE = (4096, 768, 3072)
-
-
-class MatmulReference:
-    """What one plain matmul reaches on this device in `dtype`: the ceiling an encoder's FLOP/s is compared with
-    where no peak is published (CPUs). Call `measure()` between the timed model steps, so that the reference
-    shares their conditions (load, clock), and take the median."""
-
-    def __init__(self, device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int] = MATMUL_REFERENCE_SHAPE):
-        m, k, n = shape
-        generator = torch.Generator().manual_seed(0)
-        self.a = torch.randn(m, k, generator=generator).to(device=device, dtype=dtype)
-        self.b = torch.randn(k, n, generator=generator).to(device=device, dtype=dtype)
-        self.flops = 2 * m * k * n
-        self.device = device
-        self.measure()  # warm-up: the first call allocates and picks kernels
-
-    def measure(self) -> float:
-        """FLOP/s of one matmul."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        start = time.perf_counter()
-        torch.mm(self.a, self.b)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return self.flops / (time.perf_counter() - start)
 
 
 # CPU flags of native bfloat16 matmuls (Linux /proc/cpuinfo names). Without them PyTorch emulates bf16: measured

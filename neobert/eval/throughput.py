@@ -31,8 +31,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, RobertaConfig
 
 from neobert.config.throughput import ThroughputConfig
-from neobert.eval.flops import (MATMUL_REFERENCE_SHAPE, MatmulReference, flops_per_token, matmul_params, peak_flops,
-                                warn_if_bf16_is_emulated)
+from neobert.eval.flops import flops_per_token, matmul_params, peak_flops, warn_if_bf16_is_emulated
 from neobert.model import NeoBERT, NeoBERTConfig
 
 log = logging.getLogger(__name__)
@@ -215,6 +214,33 @@ def time_step(model: BenchModel, batch: Batch, training: bool, device: torch.dev
     return time.perf_counter() - start
 
 
+# The reference matmul of a CPU's rate: the shape of a 768-wide encoder's FFN input projection on 4,096 tokens.
+MATMUL_REFERENCE_SHAPE = (4096, 768, 3072)
+
+
+class MatmulReference:
+    """What one plain matmul reaches on this device in `dtype`: the ceiling an encoder's FLOP/s is compared with
+    where no peak is published (CPUs). Call `measure()` between the timed model steps, so that the reference
+    shares their conditions (load, clock), and take the median."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int] = MATMUL_REFERENCE_SHAPE):
+        m, k, n = shape
+        generator = torch.Generator().manual_seed(0)
+        self.a = torch.randn(m, k, generator=generator).to(device=device, dtype=dtype)
+        self.b = torch.randn(k, n, generator=generator).to(device=device, dtype=dtype)
+        self.flops = 2 * m * k * n
+        self.device = device
+        self.measure()  # warm-up: the first call allocates and picks kernels
+
+    def measure(self) -> float:
+        """FLOP/s of one matmul."""
+        _synchronize(self.device)
+        start = time.perf_counter()
+        torch.mm(self.a, self.b)
+        _synchronize(self.device)
+        return self.flops / (time.perf_counter() - start)
+
+
 def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
 
@@ -354,7 +380,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     name, config.mode, layout, length, size, tokens_per_s, step, fpt, achieved,
                     None if group_peak is None else achieved / group_peak,
                     sum(p.numel() for p in bench.module.parameters()), device.type, str(dtype).removeprefix("torch."),
-                    peak_flops=group_peak, peak_source=peak_source if group_peak else "",
+                    peak_flops=group_peak, peak_source=peak_source,
                 ))
                 progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")
     return rows

@@ -38,11 +38,12 @@ def compare_runs_job(runs: Mapping[str, str | Path], output_dir: str | Path, key
 
     reference = next(iter(runs))
     speeds = {label: median_after_first(read_curves(csvs, [SPEED_KEY])[SPEED_KEY]) for label, csvs in logs.items()}
-    header = ["run", *(f"final {key} (mean of last {last_n if key.startswith('train') else 1})" for key in keys),
+    averaged = {key: last_n if key.startswith("train") else 1 for key in keys}  # validation: the last value
+    header = ["run", *(f"final {key} (mean of last {averaged[key]})" for key in keys),
               "median tokens/s", f"tokens/s vs {reference}"]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for label, csvs in logs.items():
-        finals = [final_value(csvs, key, last_n if key.startswith("train") else 1) for key in keys]
+        finals = [final_value(csvs, key, averaged[key]) for key in keys]
         speed, base = speeds[label], speeds[reference]
         cells = [label, *("n/a" if v is None else f"{v:.4f}" for v in finals),
                  "n/a" if speed is None else f"{speed:,.0f}",

@@ -151,7 +151,7 @@ def apply_rope(x: Tensor, rotations: Tensor) -> Tensor:
         cos, sin = rotations[..., 0], rotations[..., 1]
         rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
         return rotated.flatten(-2).type_as(x)
-    # Eager: one complex multiply is ~3x faster than the real-pair form on CPU, and also faster than rotating in
-    # bf16 without the float32 round trip (measured, docs/benchmarks.md).
+    # Eager: one complex multiply is ~3x faster than the real-pair form on CPU, and no slower than rotating in bf16
+    # without the float32 round trip, at half its error (measured, docs/benchmarks.md).
     rotated = torch.view_as_complex(pairs) * torch.view_as_complex(rotations)
     return torch.view_as_real(rotated).flatten(-2).type_as(x)

@@ -17,8 +17,9 @@ from torch.overrides import TorchFunctionMode
 from neobert.jobs.pretrain import run_pretraining
 
 # Operations that read a device value on the host (or return a shape that depends on device values).
+# `new_tensor`: a tensor made from host values, a host-to-device copy on a GPU.
 HOST_READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "numpy", "cpu", "nonzero",
-              "masked_select", "unique", "unique_consecutive"}
+              "masked_select", "unique", "unique_consecutive", "new_tensor"}
 
 
 class HostReads(TorchFunctionMode):
@@ -51,19 +52,30 @@ def _flatten(items):
 
 
 class WatchSteps(L.Callback):
-    """Watches every training batch from its start to its end (forward, loss, backward, clipping, optimizer)."""
+    """Watches every training batch from its start (forward, loss, backward, clipping, optimizer, every callback's
+    on_train_batch_end, the progress bar included) to the end of Lightning's own bookkeeping of the batch (its
+    logger connector's on_batch_end, which reads what was logged with prog_bar=True)."""
 
     def __init__(self):
         self.reads_per_step: dict[int, list[str]] = {}
         self.mode: HostReads | None = None
 
+    def on_train_start(self, trainer, module):
+        connector = trainer._logger_connector
+        lightnings_end = connector.on_batch_end
+
+        def on_batch_end():
+            lightnings_end()
+            if self.mode is not None:
+                self.mode.__exit__(None, None, None)
+                self.reads_per_step[trainer.global_step] = self.mode.reads
+                self.mode = None
+
+        connector.on_batch_end = on_batch_end
+
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         self.mode = HostReads()
         self.mode.__enter__()
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        self.mode.__exit__(None, None, None)
-        self.reads_per_step[trainer.global_step] = self.mode.reads
 
 
 @pytest.mark.parametrize("packing", ["none", "greedy"])
@@ -71,7 +83,7 @@ def test_the_training_step_reads_nothing_from_the_device_between_log_reads(tmp_p
     watch = WatchSteps()
     run_pretraining(tiny_config(tmp_path, f"data.packing={packing}", "trainer.max_steps=6",
                                 "logging.log_every_n_steps=3", "trainer.checkpoint_every_n_steps=100",
-                                "trainer.gradient_clip_val=1.0"), [watch])
+                                "trainer.gradient_clip_val=1.0", "logging.progress_bar=true"), [watch])
     # Steps are numbered after their update: steps 3 and 6 read the metrics, the others must not read anything.
     assert sorted(watch.reads_per_step) == [1, 2, 3, 4, 5, 6]
     quiet = {step: reads for step, reads in watch.reads_per_step.items() if step % 3}

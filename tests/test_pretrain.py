@@ -121,10 +121,9 @@ def test_strategies_by_name_and_deepspeed_config_on_cpu(tmp_path, monkeypatch):
     from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, StrategyRegistry
 
     config = tiny_config(tmp_path, "trainer.strategy=deepspeed_stage_2")
-    name = build_strategy(config.trainer)
-    assert name == "deepspeed_stage_2"
-    strategy = StrategyRegistry.get(name)
-    assert isinstance(strategy, DeepSpeedStrategy)
+    strategy = build_strategy(config.trainer, micro_batch_size=4)  # Lightning's strategy, as an object
+    assert isinstance(strategy, DeepSpeedStrategy) and type(StrategyRegistry.get("deepspeed_stage_2")) is not type(strategy)
+    assert strategy.config["train_micro_batch_size_per_gpu"] == 4
     assert strategy.config["zero_optimization"]["stage"] == 2
     assert strategy.config["zero_optimization"]["overlap_comm"] and strategy.config["zero_optimization"]["contiguous_gradients"]
     # Lightning refuses DeepSpeed without CUDA; it is run on GPUs, never forced onto a CPU.

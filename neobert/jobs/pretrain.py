@@ -28,6 +28,7 @@ from neobert.lit.ema import ExponentialMovingAverage
 from neobert.lit.glue_callback import GlueEvalCallback
 from neobert.lit.mteb_callback import MtebEvalCallback
 from neobert.lit.pretrain import MLMPretrainingModule
+from neobert.lit.strategies import master_state_dict
 from neobert.lit.trainer import build_trainer
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model.checkpoint import load_state_dict_strict, read_weights, submodule_state
@@ -125,6 +126,7 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
         init_weights(module.model, config.init_from)
     trainer = build_trainer(config.trainer, config.logging, config.output_dir,
                             callbacks=build_callbacks(config) + list(extra_callbacks),
+                            micro_batch_size=config.trainer.micro_batch_size,
                             validate=config.data.validation_docs > 0,
                             max_epochs=-1,  # the training stream is endless: max_steps ends the run
                             use_distributed_sampler=False)  # every rank reads its own streams
@@ -151,7 +153,8 @@ def run_pretokenize(config: PretrainConfig, out_dir: str | Path) -> list[Path]:
 
 
 def init_weights(model: NeoBERTForMaskedLM, source: str | Path) -> None:
-    """Stage 2 starts from stage 1: an export directory (hub layout) or a Lightning checkpoint."""
+    """Stage 2 starts from stage 1: an export directory (hub layout) or a Lightning checkpoint (a .ckpt file, or a
+    DeepSpeed or sharded fsdp2 checkpoint directory, read on this process alone: `read_lightning_checkpoint`)."""
     source = Path(source)
     if source.is_dir() and (source / CONFIG_NAME).is_file():
         load_state_dict_strict(model, read_weights(source / WEIGHTS_NAME), source=str(source))
@@ -163,8 +166,9 @@ def init_weights(model: NeoBERTForMaskedLM, source: str | Path) -> None:
 
 
 def export_module(module: MLMPretrainingModule, export_dir: str | Path, is_global_zero: bool) -> None:
-    """Writes the trained model. Sharded (FSDP2) weights are gathered first, a collective on every rank."""
-    state = module.model.state_dict()
+    """Writes the trained model. Sharded (FSDP2) weights and DeepSpeed's fp32 master weights are gathered first,
+    a collective on every rank."""
+    state = master_state_dict(module.model, module.trainer.strategy)
     if any(hasattr(t, "full_tensor") for t in state.values()):
         state = get_model_state_dict(module.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if is_global_zero:

@@ -15,6 +15,7 @@ import lightning as L
 import torch
 
 from neobert.lit.checkpoints import EMA_STATE_KEY
+from neobert.lit.strategies import master_state_dict
 
 
 class ExponentialMovingAverage(L.Callback):
@@ -30,16 +31,23 @@ class ExponentialMovingAverage(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.weights is None:  # a new run, or a checkpoint written without EMA: start from the weights
-            self.weights = {name: value.detach().float().clone() for name, value in self._floating(pl_module).items()}
+            self.weights = {name: value.detach().float().clone() for name, value in self._master(trainer, pl_module).items()}
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx: int):
         step = trainer.global_step  # optimizer steps taken; unchanged between the micro-batches of one step
         if step == self.last_update_step or step % self.every_n_steps:
             return
-        current = self._floating(pl_module)
+        current = self._master(trainer, pl_module)
         averages = list(self.weights.values())
         torch._foreach_lerp_(averages, [current[name].detach().float() for name in self.weights], 1 - self.decay)
         self.last_update_step = step
+
+    @staticmethod
+    def _master(trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, torch.Tensor]:
+        """The weights the average follows: the fp32 master weights (under DeepSpeed bf16 the module's parameters
+        are bf16 copies; gathering the masters is a collective, so under DeepSpeed raise every_n_steps)."""
+        state = master_state_dict(pl_module, trainer.strategy)
+        return {name: value for name, value in state.items() if value.is_floating_point()}
 
     @staticmethod
     def _floating(pl_module: L.LightningModule) -> dict[str, torch.Tensor]:

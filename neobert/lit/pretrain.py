@@ -10,13 +10,14 @@ import time
 import lightning as L
 import torch
 from omegaconf import OmegaConf
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from neobert.config.pretrain import PretrainConfig
 from neobert.data.pretraining import DATA_STATE_KEY
 from neobert.eval.flops import flops_per_token, matmul_params, mfu, peak_flops
 from neobert.lit.checkpoints import CHECKPOINT_KEY
 from neobert.lit.optim import configure_optimizers
+from neobert.lit.strategies import deepspeed_grad_norm, is_deepspeed
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
 
@@ -35,6 +36,14 @@ def describe_data_position(data_state: dict | None) -> str:
     return (f"the batch came from data stream {data_state['stream']} (the stream's batch {state['batches']}, "
             f"ending at epoch {state['epoch']}, shuffle block {state['block']}, document {state['taken']} of the "
             f"block)")
+
+
+def fsdp2_mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    """FSDP2's policy for a Lightning precision: bf16 parameters and fp32 gradient reduction under bf16-mixed
+    (the fp32 shards stay the optimizer's master weights); FSDP2's default (no casting) otherwise."""
+    if precision == "bf16-mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
 
 
 class MLMPretrainingModule(L.LightningModule):
@@ -58,6 +67,7 @@ class MLMPretrainingModule(L.LightningModule):
         self._first_nonfinite: torch.Tensor | None = None  # index into _micro_batches, -1 while all were finite
         self._first_nonfinite_loss: torch.Tensor | None = None
         self.start_step = 0  # where a wsd decay branch starts (the job sets it from branch_from)
+        self.progress_bar_values: dict[str, float] = {}
         # Training FLOPs per token; the decoder only runs at masked positions with masked-only logits.
         weights = matmul_params(self.model)
         if self.masked_only:
@@ -67,11 +77,14 @@ class MLMPretrainingModule(L.LightningModule):
 
     def configure_model(self) -> None:
         # FSDP2 (trainer.strategy=fsdp2): shard every block, then the rest.
+        # Under bf16-mixed the shards are gathered and computed in bf16 and the gradients reduced in fp32 (without a
+        # policy FSDP2 would move fp32 over the wire both ways); the fp32 shards stay the optimizer's.
         if getattr(self, "device_mesh", None) is not None:
             mesh = self.device_mesh["data_parallel"]
+            policy = fsdp2_mixed_precision(self.trainer.precision)
             for block in self.model.model.transformer_encoder:
-                fully_shard(block, mesh=mesh)
-            fully_shard(self.model, mesh=mesh)
+                fully_shard(block, mesh=mesh, mp_policy=policy)
+            fully_shard(self.model, mesh=mesh, mp_policy=policy)
         if self.config.model.compile:
             self.model.compile()
 
@@ -86,14 +99,16 @@ class MLMPretrainingModule(L.LightningModule):
                           **encoder_kwargs)
 
     @staticmethod
-    def _accuracy_counts(output, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(correct, masked) predictions, as device tensors: nothing is read back."""
+    def _accuracy_counts(output, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | int]:
+        """(correct, masked) predictions: a device tensor, and the count as a device tensor or, where the masked
+        positions were selected, a Python int (their number is the selection's shape, known on the host: a tensor
+        made of it would be a host-to-device copy every micro-batch). Nothing is read back."""
         if output.masked_index is not None:
             targets = labels.reshape(-1).index_select(0, output.masked_index)
-            return (output.logits.argmax(-1) == targets).sum(), targets.new_tensor(targets.numel())
+            return (output.logits.argmax(-1) == targets).sum(), targets.numel()
         if output.masked_positions is not None:
             targets = labels[output.masked_positions]
-            return (output.logits.argmax(-1) == targets).sum(), targets.new_tensor(targets.numel())
+            return (output.logits.argmax(-1) == targets).sum(), targets.numel()
         scored = labels != -100
         return ((output.logits.argmax(-1) == labels) & scored).sum(), scored.sum()
 
@@ -187,15 +202,25 @@ class MLMPretrainingModule(L.LightningModule):
                 metrics["train/mfu"] = mfu(tokens_per_second / world, self.flops_per_token, peak)
         self._interval_started, self._interval_tokens = now, 0.0
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
-        self.log("loss", metrics["train/loss"], prog_bar=True, on_step=True, on_epoch=False, logger=False)
+        # Shown by the progress bar as a Python number: a value logged with prog_bar=True would be read back from
+        # the device by Lightning after every batch (neobert.lit.trainer.ProgressBar).
+        self.progress_bar_values = {"loss": metrics["train/loss"]}
 
     def on_before_optimizer_step(self, optimizer) -> None:
+        if is_deepspeed(self.trainer.strategy):
+            return  # called every micro-batch there, with ZeRO's gradients elsewhere: see on_train_batch_end
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if grads:  # (DeepSpeed keeps its partitioned gradients elsewhere)
+        if grads:
             norm = torch.nn.utils.get_total_norm(grads)
             if hasattr(norm, "full_tensor"):
                 norm = norm.full_tensor()
             self.log("train/grad_norm", norm, on_step=True, on_epoch=False, batch_size=1)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if (batch_idx + 1) % self.trainer.accumulate_grad_batches == 0:
+            norm = deepspeed_grad_norm(self.trainer.strategy)  # the step's norm, from DeepSpeed's engine
+            if norm is not None:
+                self.log("train/grad_norm", norm, on_step=True, on_epoch=False, batch_size=1)
 
     def validation_step(self, batch: dict, batch_idx: int):
         output = self(batch)

@@ -14,13 +14,14 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.profilers import AdvancedProfiler, PyTorchProfiler, SimpleProfiler
-from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, Strategy
+from lightning.pytorch.strategies import Strategy
 
 from neobert.config import ConfigError, LoggingConfig, TrainerConfig
 from neobert.eval.flops import warn_if_bf16_is_emulated
 from neobert.layout import LOGS_DIR, PROFILE_NAME, TENSORBOARD_DIR
 from neobert.lit.checkpoints import AtomicCheckpointIO
 from neobert.lit.ema import ExponentialMovingAverage
+from neobert.lit.strategies import deepspeed_strategy, fsdp2_strategy, is_deepspeed, mixed_precision_plugin
 
 # Set by a cluster manager that starts every rank itself; Lightning then does not start ranks 1..N-1.
 EXTERNAL_LAUNCHER_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS", "JSM_NAMESPACE_RANK")
@@ -33,11 +34,17 @@ def resolve_precision(config: TrainerConfig) -> str:
     return "bf16-mixed" if on_gpu else "32-true"
 
 
-def build_strategy(config: TrainerConfig) -> str | Strategy:
-    """Lightning's strategy names pass through unchanged; "fsdp2" is Lightning's ModelParallelStrategy with
-    data parallelism only (the LightningModule applies `fully_shard` in configure_model)."""
+def build_strategy(config: TrainerConfig, micro_batch_size: int | None = None) -> str | Strategy:
+    """Lightning's strategy names pass through unchanged, except
+    * "fsdp2": Lightning's ModelParallelStrategy with data parallelism only (the LightningModule applies
+      `fully_shard` in configure_model);
+    * DeepSpeed's names (deepspeed_stage_2, ...): the same Lightning strategy built as an object
+      (neobert.lit.strategies: the micro-batch size it cannot read from our DataLoader, the loss divided by the
+      accumulation once, checkpoints rewritten in place never left looking complete)."""
     if config.strategy == "fsdp2":
-        return ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+        return fsdp2_strategy()
+    if is_deepspeed(config.strategy):
+        return deepspeed_strategy(config.strategy, resolve_precision(config), micro_batch_size)
     return config.strategy
 
 
@@ -47,11 +54,19 @@ def checkpoint_plugins(strategy: str | Strategy) -> list:
     ModelParallelStrategy (it accepts the plugin; its default sharded checkpoints are directories written by
     torch.distributed.checkpoint, which does not use it, so only its single-file saves are atomic). Not for
     DeepSpeed, which writes its own checkpoint directories, nor for a Strategy object that brings its own."""
-    if isinstance(strategy, DeepSpeedStrategy) or (isinstance(strategy, str) and strategy.startswith("deepspeed")):
+    if is_deepspeed(strategy):
         return []
     if isinstance(strategy, Strategy) and strategy._checkpoint_io is not None:
         return []  # Lightning refuses a CheckpointIO given both in the strategy and as a plugin
     return [AtomicCheckpointIO()]
+
+
+def uses_own_precision(strategy: str | Strategy) -> bool:
+    """A strategy whose precision plugin is not Lightning's MixedPrecision: one built with its plugin
+    (our DeepSpeed), or a Lightning name that picks its own (FSDP1, DeepSpeed, XLA)."""
+    if isinstance(strategy, Strategy):
+        return strategy._precision_plugin is not None
+    return strategy.startswith(("fsdp", "deepspeed", "xla"))
 
 
 def check_launch_environment(config: TrainerConfig, environ=os.environ) -> None:
@@ -65,6 +80,14 @@ def check_launch_environment(config: TrainerConfig, environ=os.environ) -> None:
             f"{', '.join(EXTERNAL_LAUNCHER_VARIABLES)}): with trainer.devices={config.devices} Lightning would "
             "wait forever for ranks it never starts. Unset LOCAL_RANK (left over from an earlier run in this "
             "process?), or start the ranks with torchrun/srun.")
+
+
+class ProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, also showing the module's `progress_bar_values` (Python numbers the module updates
+    when it reads its metrics), so that nothing logged with prog_bar=True is read from the device every batch."""
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        return {**super().get_metrics(trainer, pl_module), **getattr(pl_module, "progress_bar_values", {})}
 
 
 def build_loggers(logging: LoggingConfig, output_dir: str | Path | None) -> list:
@@ -86,10 +109,12 @@ def build_profiler(name: str | None, output_dir: str | Path | None):
 
 def build_trainer(config: TrainerConfig, logging: LoggingConfig, output_dir: str | Path | None, *,
                   callbacks: Sequence[L.Callback] = (), validate: bool | None = None,
-                  strategy: str | Strategy | None = None, **overrides: Any) -> L.Trainer:
+                  strategy: str | Strategy | None = None, micro_batch_size: int | None = None,
+                  **overrides: Any) -> L.Trainer:
     """A Trainer for `config`. Validation runs every `config.eval_every_n_steps` optimizer steps (when `validate`
     is not False and the interval is set); metrics go to `output_dir` (None: no logger, nothing written).
     `strategy` replaces the configured one (e.g. a SingleDeviceStrategy for an evaluation inside another run);
+    `micro_batch_size`: sequences per device per forward, for strategies that must be told (DeepSpeed);
     `overrides` are further Trainer arguments a job needs (e.g. use_distributed_sampler=False)."""
     check_launch_environment(config)
     precision = resolve_precision(config)
@@ -101,19 +126,27 @@ def build_trainer(config: TrainerConfig, logging: LoggingConfig, output_dir: str
     if config.ema.decay > 0:
         callbacks.append(ExponentialMovingAverage(config.ema.decay, config.ema.every_n_steps))
     if logging.progress_bar:
-        callbacks.append(TQDMProgressBar(refresh_rate=1))
+        callbacks.append(ProgressBar(refresh_rate=1))
     loggers = build_loggers(logging, output_dir)
-    strategy = strategy if strategy is not None else build_strategy(config)
+    strategy = strategy if strategy is not None else build_strategy(config, micro_batch_size)
     plugins = list(overrides.pop("plugins", None) or [])
     if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
         plugins += checkpoint_plugins(strategy)
+    # AMP through our plugin (gradient clipping with the fused optimizers) wherever Lightning would use its
+    # MixedPrecision; FSDP1 and DeepSpeed bring their own precision plugins.
+    amp = None
+    if not uses_own_precision(strategy):
+        amp = mixed_precision_plugin(precision, on_cpu)
+        plugins += [amp] if amp is not None else []
     arguments = dict(
         accelerator=config.accelerator,
         devices=config.devices,
         num_nodes=config.num_nodes,
         strategy=strategy,
         plugins=plugins,
-        precision=precision,
+        # the precision is the plugin's where one is given (Lightning refuses both)
+        precision=None if amp is not None or isinstance(strategy, Strategy) and uses_own_precision(strategy)
+        else precision,
         max_steps=config.max_steps,
         max_epochs=config.max_epochs,
         accumulate_grad_batches=config.accumulate_grad_batches,

@@ -1,0 +1,108 @@
+"""Lightning strategies and precision plugins as our runs need them, each fixing a way the library defaults would
+fail on the paper's recipe (docs/pretraining.md, "First GPU run"):
+
+* `ClippingMixedPrecision`: Lightning's `MixedPrecision` refuses to clip gradients for an optimizer that unscales
+  inside its `step` (`_step_supports_amp_scaling`: the fused AdamW every job uses), even in bf16-mixed where
+  nothing is scaled. Here bf16 clips as in fp32; fp16 unscales first (GradScaler.unscale_, which the fused step
+  then respects), so clipping sees the true gradients.
+* `DeepSpeedPrecisionOnce`: Lightning's automatic optimization already divides the loss by
+  `accumulate_grad_batches`; DeepSpeed's `engine.backward` divides it again by its `gradient_accumulation_steps`
+  unless told not to (`scale_wrt_gas`). Once is right.
+* `NeoBERTDeepSpeedStrategy`: Lightning's DeepSpeed strategy with the micro-batch size given (Lightning would read
+  it from `train_dataloader.batch_sampler.batch_size`, which a DataLoader of ready batches, `batch_size=None`, does
+  not have), the precision plugin above, and a checkpoint rewritten in place (last.ckpt) made unreadable for the
+  duration of the write (its `latest` file removed first), so that a kill mid-save is never resumed from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.precision import DeepSpeedPrecision, MixedPrecision, Precision
+from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
+from lightning.pytorch.utilities import GradClipAlgorithmType
+
+DEEPSPEED_LATEST = "latest"  # written by DeepSpeed after every rank's files: the mark of a complete checkpoint
+
+
+class ClippingMixedPrecision(MixedPrecision):
+    def clip_gradients(self, optimizer, clip_val: int | float = 0.0,
+                       gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM) -> None:
+        if clip_val > 0 and self.scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+            # fp16 with a fused optimizer: Lightning left the gradients scaled for the optimizer to unscale
+            self.scaler.unscale_(optimizer)
+        Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
+
+
+class DeepSpeedPrecisionOnce(DeepSpeedPrecision):
+    def backward(self, tensor: torch.Tensor, model, optimizer, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("scale_wrt_gas", False)  # Lightning has divided by the accumulation already
+        super().backward(tensor, model, optimizer, *args, **kwargs)
+
+
+class NeoBERTDeepSpeedStrategy(DeepSpeedStrategy):
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options: Any | None = None) -> None:
+        filepath = self.broadcast(filepath)
+        if self.is_global_zero:  # the directory's old `latest` would vouch for a half-rewritten checkpoint
+            with contextlib.suppress(FileNotFoundError):
+                (Path(filepath) / DEEPSPEED_LATEST).unlink()
+        self.barrier("neobert_deepspeed_unmark")
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+
+def is_deepspeed(strategy: str | Strategy) -> bool:
+    return isinstance(strategy, DeepSpeedStrategy) or (isinstance(strategy, str) and strategy.startswith("deepspeed"))
+
+
+def deepspeed_strategy(name: str, precision: str, micro_batch_size: int | None = None) -> NeoBERTDeepSpeedStrategy:
+    """Lightning's registered DeepSpeed strategy `name` (deepspeed_stage_2, ..._offload, ...) with its own settings,
+    our precision plugin, and `micro_batch_size` as DeepSpeed's `train_micro_batch_size_per_gpu` (None: Lightning
+    reads it from the DataLoader, which works for DataLoaders that batch)."""
+    if name not in StrategyRegistry or not issubclass(StrategyRegistry[name]["strategy"], DeepSpeedStrategy):
+        raise ValueError(f"{name!r} is not a registered DeepSpeed strategy")
+    settings = dict(StrategyRegistry[name]["init_params"])
+    if micro_batch_size is not None:
+        settings["logging_batch_size_per_gpu"] = micro_batch_size
+    return NeoBERTDeepSpeedStrategy(precision_plugin=DeepSpeedPrecisionOnce(precision), **settings)
+
+
+def fsdp2_strategy() -> ModelParallelStrategy:
+    """Data-parallel FSDP2: the LightningModule applies `fully_shard` in configure_model."""
+    return ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+
+
+def mixed_precision_plugin(precision: str, on_cpu: bool) -> ClippingMixedPrecision | None:
+    """The AMP plugin for bf16-mixed / 16-mixed runs of strategies that use Lightning's MixedPrecision (single
+    device, DDP, fsdp2); None for other precisions. On CPU, Lightning runs 16-mixed as bf16-mixed."""
+    if precision not in ("16-mixed", "bf16-mixed"):
+        return None
+    if on_cpu:
+        return ClippingMixedPrecision("bf16-mixed", "cpu")
+    return ClippingMixedPrecision(precision, "cuda")
+
+
+def master_state_dict(module: torch.nn.Module, strategy: Strategy | None) -> dict[str, torch.Tensor]:
+    """`module.state_dict()` with every parameter at full precision. Under DeepSpeed with bf16 the module's
+    parameters are bf16 copies and the fp32 master weights live in the ZeRO optimizer's partitions: they are
+    gathered here (`safe_get_full_fp32_param`, a collective: every rank must call this)."""
+    state = module.state_dict()
+    if not isinstance(strategy, DeepSpeedStrategy):
+        return state
+    from deepspeed.utils import safe_get_full_fp32_param  # deepspeed: an optional GPU dependency
+
+    for name, param in module.named_parameters():
+        master = safe_get_full_fp32_param(param)
+        if master is not None:  # None: a parameter the optimizer does not hold (frozen)
+            state[name] = master
+    return state
+
+
+def deepspeed_grad_norm(strategy: Strategy) -> torch.Tensor | float | None:
+    """The global gradient norm of the last optimizer step as DeepSpeed computed it (before clipping). Under ZeRO
+    the parameters' `.grad` are None or one rank's slice, so it cannot be computed from them."""
+    if not isinstance(strategy, DeepSpeedStrategy):
+        return None
+    return strategy.deepspeed_engine.get_global_grad_norm()

@@ -1,0 +1,235 @@
+"""The DeepSpeed path, checked on CPU against the pinned libraries' own code (Lightning refuses to run its DeepSpeed
+strategy without CUDA, but DeepSpeed's engine itself initialises on CPU with gloo):
+
+* the strategy Lightning gets is configured with our micro-batch size (Lightning's auto-select reads
+  `train_dataloader.batch_sampler.batch_size`, which our DataLoader of ready batches does not have);
+* with gradient accumulation the gradient equals the unaccumulated one (Lightning and DeepSpeed each divide the
+  loss by the accumulation count: once is right);
+* the export and the EMA read DeepSpeed's fp32 master weights, and the gradient norm comes from the engine;
+* a checkpoint directory rewritten in place (last.ckpt) never looks complete while it is being written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from test_pretrain import tiny_config
+
+from neobert.config import load_config
+from neobert.config.pretrain import PretrainConfig
+from neobert.jobs.pretrain import prepare
+from neobert.lit.strategies import (DEEPSPEED_LATEST, DeepSpeedPrecisionOnce, NeoBERTDeepSpeedStrategy,
+                                    deepspeed_strategy)
+from neobert.lit.trainer import build_strategy
+
+pytest.importorskip("deepspeed")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def attach(strategy, dataloader, accumulate: int, clip: float) -> None:
+    """What Lightning's `_format_config` reads of the LightningModule and its Trainer, around a real DataLoader."""
+    source = SimpleNamespace(is_defined=lambda: True, dataloader=lambda: dataloader)
+    trainer = SimpleNamespace(accumulate_grad_batches=accumulate, gradient_clip_val=clip,
+                              fit_loop=SimpleNamespace(_data_source=source))
+    strategy._lightning_module = SimpleNamespace(trainer=trainer)
+
+
+@pytest.mark.parametrize("name", ["neobert", "neobert-4096", "recipes/neobert-wsd"])
+def test_the_paper_configs_render_deepspeeds_config_with_our_micro_batch(tmp_path, name):
+    shipped = load_config(PretrainConfig, name)
+    assert shipped.trainer.strategy == "deepspeed_stage_2"
+    # Our pretraining DataLoader (batch_size=None: the stream yields whole batches), from a tiny local corpus.
+    _, _, datamodule = prepare(tiny_config(tmp_path))
+    dataloader = datamodule.train_dataloader()
+    assert dataloader.batch_sampler is None
+
+    strategy = build_strategy(shipped.trainer, shipped.trainer.micro_batch_size)
+    assert isinstance(strategy, NeoBERTDeepSpeedStrategy)
+    assert isinstance(strategy.precision_plugin, DeepSpeedPrecisionOnce)
+    attach(strategy, dataloader, shipped.trainer.accumulate_grad_batches, shipped.trainer.gradient_clip_val)
+    strategy._format_config()  # Lightning's own formatting, as in its setup
+    config = strategy.config
+    assert config["train_micro_batch_size_per_gpu"] == shipped.trainer.micro_batch_size
+    assert config["gradient_accumulation_steps"] == shipped.trainer.accumulate_grad_batches
+    assert config["gradient_clipping"] == 1.0
+    assert config["zero_optimization"]["stage"] == 2
+    assert config["bf16"] == {"enabled": True}
+    tokens = (config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * 8
+              * shipped.data.max_length)
+    assert tokens == 2 ** 21  # the paper's 2M tokens per step on 8 GPUs
+
+    # Lightning's strategy as the name alone builds it fails on the same DataLoader (Lightning issue #19460).
+    plain = DeepSpeedStrategy(stage=2)
+    plain.precision_plugin = DeepSpeedPrecisionOnce("bf16-mixed")
+    attach(plain, dataloader, 8, 1.0)
+    with pytest.raises(AttributeError, match="batch_size"):
+        plain._format_config()
+
+
+def test_every_deepspeed_name_keeps_lightnings_settings():
+    offload = deepspeed_strategy("deepspeed_stage_2_offload", "bf16-mixed", 4)
+    assert offload.config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert deepspeed_strategy("deepspeed_stage_3", "bf16-mixed").config["zero_optimization"]["stage"] == 3
+    with pytest.raises(ValueError, match="not a registered DeepSpeed strategy"):
+        deepspeed_strategy("ddp", "bf16-mixed")
+
+
+ENGINE_SCRIPT = r'''
+import json, os, sys
+from types import SimpleNamespace
+import torch, lightning as L
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+import deepspeed
+from lightning.pytorch.loops.optimization.automatic import ClosureResult
+from lightning.pytorch.plugins.precision import DeepSpeedPrecision
+from neobert.lit.strategies import (DeepSpeedPrecisionOnce, NeoBERTDeepSpeedStrategy, deepspeed_grad_norm,
+                                    master_state_dict)
+from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
+
+torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+ACCUMULATE = 4
+torch.manual_seed(0)
+batches = [torch.randn(3, 16) for _ in range(ACCUMULATE)]
+targets = [torch.randn(3, 1) for _ in range(ACCUMULATE)]
+initial = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).state_dict()
+
+def model():
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    net.load_state_dict(initial)
+    return net
+
+class Stand(L.LightningModule):  # what the precision plugin reads: module.trainer.model is the engine
+    pass
+
+def accumulated_norm(plugin):
+    net = model()
+    engine, *_ = deepspeed.initialize(
+        model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.0), dist_init_required=False,
+        config={"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": ACCUMULATE,
+                "zero_optimization": {"stage": 2}, "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True})
+    module = Stand()
+    module._trainer = SimpleNamespace(model=engine)
+    for x, y in zip(batches, targets):
+        loss = torch.nn.functional.mse_loss(engine(x), y)
+        loss = ClosureResult.from_training_step_output(loss, ACCUMULATE).closure_loss  # Lightning's normalisation
+        plugin.backward(loss, module, None)
+        engine.step()
+    return float(engine.get_global_grad_norm())
+
+# The gradient of one step over the same four micro-batches, without accumulation.
+reference = model()
+torch.nn.functional.mse_loss(reference(torch.cat(batches)), torch.cat(targets)).backward()
+unaccumulated = float(torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()]))
+
+result = {"unaccumulated": unaccumulated, "ours": accumulated_norm(DeepSpeedPrecisionOnce("32-true")),
+          "lightning": accumulated_norm(DeepSpeedPrecision("32-true"))}
+
+# bf16 ZeRO-2: the module holds bf16 copies, the optimizer the fp32 masters.
+net = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", vocab_size=100, max_length=32))
+engine, *_ = deepspeed.initialize(
+    model=net, optimizer=torch.optim.AdamW(net.parameters(), lr=1e-2), dist_init_required=False,
+    config={"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+            "zero_optimization": {"stage": 2}, "gradient_clipping": 1.0, "zero_allow_untested_optimizer": True})
+ids = torch.randint(5, 100, (2, 16))
+labels = torch.where(torch.rand(2, 16) < 0.3, ids, torch.full_like(ids, -100))
+for _ in range(3):
+    engine.backward(engine(ids, labels=labels).loss)
+    engine.step()
+strategy = NeoBERTDeepSpeedStrategy()
+strategy.model = engine
+master = master_state_dict(engine.module, strategy)
+bf16 = engine.module.state_dict()
+weights = [name for name, p in engine.module.named_parameters()]
+result["master_dtypes"] = sorted({str(master[n].dtype) for n in weights})
+result["module_dtypes"] = sorted({str(bf16[n].dtype) for n in weights})
+result["master_rounds_to_module"] = all(torch.equal(master[n].bfloat16(), bf16[n]) for n in weights)
+result["master_is_finer"] = any(not torch.equal(master[n], bf16[n].float()) for n in weights)
+norm = deepspeed_grad_norm(strategy)
+result["engine_norm"] = float(norm)
+result["grads_on_params"] = sum(p.grad is not None for p in engine.module.parameters())
+print("RESULT" + json.dumps(result))
+'''
+
+
+@pytest.fixture(scope="module")
+def engine_results(tmp_path_factory):
+    """DeepSpeed's real engine on CPU (gloo, one process), in a subprocess: it sets process-wide state."""
+    script = tmp_path_factory.mktemp("ds") / "engine.py"
+    script.write_text(ENGINE_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    port = str(29500 + os.getpid() % 1000)
+    done = subprocess.run([sys.executable, str(script), port], capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("RESULT"))
+
+
+def test_accumulated_gradient_under_deepspeed_equals_the_unaccumulated_one(engine_results):
+    assert engine_results["ours"] == pytest.approx(engine_results["unaccumulated"], rel=1e-5)
+    # Lightning's plugin as shipped: the loss divided twice, the gradient 4x (the accumulation) too small.
+    assert engine_results["lightning"] == pytest.approx(engine_results["unaccumulated"] / 4, rel=1e-5)
+
+
+def test_exports_and_ema_read_deepspeeds_fp32_master_weights(engine_results):
+    assert engine_results["module_dtypes"] == ["torch.bfloat16"]
+    assert engine_results["master_dtypes"] == ["torch.float32"]
+    assert engine_results["master_rounds_to_module"] and engine_results["master_is_finer"]
+
+
+def test_the_gradient_norm_comes_from_the_engine(engine_results):
+    assert engine_results["grads_on_params"] == 0  # ZeRO-2 keeps no .grad on the parameters: nothing to read there
+    assert engine_results["engine_norm"] > 0
+
+
+def test_a_checkpoint_rewritten_in_place_has_no_latest_while_it_is_written(tmp_path):
+    directory = tmp_path / "last.ckpt"
+    (directory / "checkpoint").mkdir(parents=True)
+    (directory / DEEPSPEED_LATEST).write_text("checkpoint")  # the previous save's mark
+    seen = {}
+
+    class Engine:
+        def save_checkpoint(self, path, client_state, tag, exclude_frozen_parameters):
+            seen["latest during the write"] = (Path(path) / DEEPSPEED_LATEST).exists()
+            (Path(path) / DEEPSPEED_LATEST).write_text(tag)  # DeepSpeed writes it after every rank's files
+
+    strategy = NeoBERTDeepSpeedStrategy()
+    strategy.model = Engine()
+    strategy.save_checkpoint({"global_step": 4}, directory)
+    assert seen == {"latest during the write": False}
+    assert (directory / DEEPSPEED_LATEST).read_text() == "checkpoint"
+
+
+def test_bf16_mixed_clips_with_the_fused_optimizer():
+    """Finding 0: Lightning's MixedPrecision refuses to clip for a fused AdamW, even in bf16 where nothing is
+    scaled; ours clips (and in fp16 unscales first)."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from neobert.lit.strategies import ClippingMixedPrecision
+
+    weights = torch.nn.Parameter(torch.ones(4))
+    weights.grad = torch.full((4,), 3.0)
+    optimizer = torch.optim.AdamW([weights], fused=True)
+    with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
+        MixedPrecision("bf16-mixed", "cpu").clip_gradients(optimizer, 1.0)
+    ClippingMixedPrecision("bf16-mixed", "cpu").clip_gradients(optimizer, 1.0)
+    assert float(weights.grad.norm()) == pytest.approx(1.0, rel=1e-4)
+
+    fp16 = ClippingMixedPrecision("16-mixed", "cpu")  # a GradScaler: the gradients are scaled until unscaled
+    loss = (weights * 3).sum()
+    weights.grad = None
+    fp16.scaler.scale(loss).backward()
+    scale = float(fp16.scaler.get_scale())
+    assert float(weights.grad[0]) == pytest.approx(3 * scale)
+    fp16.clip_gradients(optimizer, 1.0)
+    assert float(weights.grad.norm()) == pytest.approx(1.0, rel=1e-4)  # clipped after unscaling, not before

@@ -69,9 +69,23 @@ def deepspeed_strategy(name: str, precision: str, micro_batch_size: int | None =
     return NeoBERTDeepSpeedStrategy(precision_plugin=DeepSpeedPrecisionOnce(precision), **settings)
 
 
+class DataParallelFSDP2Strategy(ModelParallelStrategy):
+    """Lightning's ModelParallelStrategy with every rank data-parallel (the LightningModule applies `fully_shard`
+    in configure_model). Its "auto" data-parallel size is the node count (lightning `strategies/model_parallel.py`,
+    setup_environment), meant for tensor parallelism within a node: with tensor_parallel_size=1 any run of more
+    than one GPU per node failed at setup ("... multiplied should equal the world size")."""
+
+    def __init__(self) -> None:
+        super().__init__(data_parallel_size="auto", tensor_parallel_size=1)
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size = self.num_nodes * self.num_processes  # known here: devices resolved, even "auto"
+        super().setup_environment()
+
+
 def fsdp2_strategy() -> ModelParallelStrategy:
-    """Data-parallel FSDP2: the LightningModule applies `fully_shard` in configure_model."""
-    return ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+    """Data-parallel FSDP2 over every GPU of every node."""
+    return DataParallelFSDP2Strategy()
 
 
 def mixed_precision_plugin(precision: str, on_cpu: bool) -> ClippingMixedPrecision | None:

@@ -17,8 +17,9 @@ from neobert.jobs.export import WEIGHT_SETS, export_from_checkpoint, select_chec
 
 def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a Lightning .ckpt written by experiments.pretrain (or a DeepSpeed dir); "
-                                           "with --average last:N, the run's output_dir")
+    parser.add_argument("checkpoint", help="a checkpoint written by experiments.pretrain (a .ckpt file, or a "
+                                           "DeepSpeed or fsdp2 checkpoint directory); with --average last:N, the "
+                                           "run's output_dir")
     parser.add_argument("export_dir", help="output directory (config.json, model.safetensors, tokenizer files)")
     parser.add_argument("--average", nargs="+", metavar="CKPT", default=(),
                         help="export the mean of several checkpoints' weights: last:N (the N highest-step checkpoints "

@@ -84,7 +84,8 @@ def average_state_dicts(states: Sequence[dict[str, torch.Tensor]], sources: Sequ
 def select_checkpoints(run: str | Path, spec: Sequence[str]) -> list[Path]:
     """The checkpoints `--average` names: "last:N" = the N step checkpoints of a run (its output_dir or its
     checkpoints folder) with the highest steps (last.ckpt repeats the newest one, so it is not counted), or
-    explicit checkpoint paths."""
+    explicit checkpoint paths. A checkpoint is a `.ckpt` file or a directory (DeepSpeed's, or fsdp2's sharded
+    one); what is in it is checked when it is read (`read_lightning_checkpoint`)."""
     if len(spec) == 1 and spec[0].startswith("last:"):
         count = spec[0].removeprefix("last:")
         if not count.isdigit() or int(count) < 1:
@@ -95,7 +96,7 @@ def select_checkpoints(run: str | Path, spec: Sequence[str]) -> list[Path]:
             raise CheckpointError(f"--average {spec[0]}: {folder} holds {len(found)} step checkpoint(s) "
                                   f"(trainer.keep_checkpoints keeps that many; -1 keeps all)")
         return sorted(found[: int(count)])
-    missing = [p for p in spec if not Path(p).is_file()]
+    missing = [p for p in spec if not Path(p).exists()]
     if missing:
         raise CheckpointError(f"--average: {', '.join(missing)} does not exist")
     return [Path(p) for p in spec]

@@ -1,5 +1,5 @@
 """Lightning checkpoints written by this suite: writing them atomically, where a run writes them, finding the
-newest one that loads (for resume), reading them (a `.ckpt` file, or a DeepSpeed checkpoint directory), and the
+newest one that loads (for resume), reading them (a `.ckpt` file, or a DeepSpeed or fsdp2 checkpoint directory), and the
 weights of the module's `model` inside them.
 
 Besides Lightning's own entries, our pretraining checkpoints carry `CHECKPOINT_KEY`: the model config (hub
@@ -18,6 +18,9 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict as _load_distributed_checkpoint
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 
@@ -36,7 +39,9 @@ PARTIAL_SUFFIX = ".tmp"
 STEP_CHECKPOINT = re.compile(r"step-(\d+)(?:-v(\d+))?\.ckpt")  # ModelCheckpoint's "step-{step:08d}" (+ "-vN")
 OLDER = "older"  # the reason a readable last.ckpt is passed over for a newer step checkpoint
 DEEPSPEED_MODEL_STATES = Path("checkpoint") / "mp_rank_00_model_states.pt"  # tag "checkpoint", Lightning's
+DEEPSPEED_LATEST = "latest"  # the tag of the directory's checkpoint, written after every rank's files
 SHARDED_METADATA = "meta.pt"  # ModelParallelStrategy (fsdp2): the non-tensor state beside the DCP shards
+SHARDED_INDEX = ".metadata"  # torch.distributed.checkpoint's index of the shards: what is where
 
 
 # ---------------------------------------------------------------------------------------------- writing
@@ -93,18 +98,15 @@ def remove_partial_writes(output_dir: str | Path) -> list[Path]:
 # ---------------------------------------------------------------------------------------------- resume
 def verify_checkpoint(path: str | Path) -> int:
     """Loads `path` (memory-mapped: the tensors are not read) and returns its global step; raises
-    CheckpointError saying why it cannot be resumed from. A directory is a DeepSpeed or sharded (fsdp2)
-    checkpoint: its non-tensor part is loaded and its shard index must be there."""
+    CheckpointError saying why it cannot be resumed from. A directory is a sharded (fsdp2) or DeepSpeed
+    checkpoint: its non-tensor part is loaded and every shard (fsdp2) or partition (DeepSpeed) must be there
+    and load; see `_verify_sharded` and `_verify_deepspeed`."""
     path = Path(path)
     if path.is_dir():
-        if (path / SHARDED_METADATA).is_file():
-            required, state_key = [path / SHARDED_METADATA, path / ".metadata"], None
+        if _is_sharded(path):
+            checkpoint, state_key = _verify_sharded(path), None
         else:
-            required, state_key = [path / DEEPSPEED_MODEL_STATES, path / "latest"], "module"
-        missing = [str(p.relative_to(path)) for p in required if not p.is_file()]
-        if missing:
-            raise CheckpointError(f"incomplete checkpoint directory (no {', '.join(missing)})")
-        checkpoint = _load(required[0])
+            checkpoint, state_key = _verify_deepspeed(path), "module"
     else:
         checkpoint, state_key = _load(path), "state_dict"
     if not isinstance(checkpoint, dict):
@@ -113,6 +115,86 @@ def verify_checkpoint(path: str | Path) -> int:
     if missing:
         raise CheckpointError(f"not a Lightning checkpoint (no {' or '.join(missing)})")
     return int(checkpoint["global_step"])
+
+
+def _is_sharded(path: Path) -> bool:
+    # rank 0 writes meta.pt after the shards and their index (.metadata): a directory with either is fsdp2's
+    return (path / SHARDED_METADATA).is_file() or (path / SHARDED_INDEX).is_file()
+
+
+def _verify_sharded(path: Path) -> dict:
+    """fsdp2 (ModelParallelStrategy): `meta.pt` (rank 0's non-tensor state) and torch.distributed.checkpoint's
+    `.metadata` (written last, after every rank's shards) must load, and every shard file it indexes must be
+    there, at least as long as the index says (a kill while rewriting a shard in place leaves it shorter)."""
+    missing = [name for name in (SHARDED_METADATA, SHARDED_INDEX) if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(f"incomplete checkpoint directory (no {', '.join(missing)})")
+    checkpoint = _load_member(path, SHARDED_METADATA)
+    try:
+        index = FileSystemReader(path).read_metadata()
+    except Exception as err:
+        raise CheckpointError(f"{SHARDED_INDEX}: corrupt or truncated ({_first_sentence(err)})") from err
+    needed: dict[str, int] = {}
+    for item in index.storage_data.values():
+        needed[item.relative_path] = max(needed.get(item.relative_path, 0), item.offset + item.length)
+    for name, size in sorted(needed.items()):
+        shard = path / name
+        if not shard.is_file():
+            raise CheckpointError(f"incomplete checkpoint directory (no {name}, a shard {SHARDED_INDEX} lists)")
+        if shard.stat().st_size < size:
+            raise CheckpointError(f"{name}: truncated ({shard.stat().st_size} bytes, {SHARDED_INDEX} says {size})")
+    return checkpoint
+
+
+def _verify_deepspeed(path: Path) -> dict:
+    """DeepSpeed writes, under the tag that `latest` names ("checkpoint" for Lightning), the model states of
+    data-parallel rank 0 (ZeRO-3: of every rank) and under ZeRO one optimizer partition per data-parallel rank
+    (its share of the fp32 master weights and optimizer moments), and `latest` only after every rank's files.
+    All of them must load; the data-parallel world size is the model states' `dp_world_size`."""
+    latest = path / DEEPSPEED_LATEST
+    tag = latest.read_text().strip() if latest.is_file() else DEEPSPEED_MODEL_STATES.parent.name
+    if not latest.is_file() and not (path / tag).is_dir():
+        raise CheckpointError(f"a directory but not a checkpoint (neither DeepSpeed's {DEEPSPEED_LATEST} and "
+                              f"{tag}/ nor fsdp2's {SHARDED_METADATA} and {SHARDED_INDEX})")
+    stage3 = not (path / tag / DEEPSPEED_MODEL_STATES.name).is_file() and (path / tag / _zero3_states(0)).is_file()
+    model_states = f"{tag}/{_zero3_states(0) if stage3 else DEEPSPEED_MODEL_STATES.name}"
+    missing = [name for name in (model_states, DEEPSPEED_LATEST) if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(f"incomplete checkpoint directory (no {', '.join(missing)})")
+    checkpoint = _load_member(path, model_states)
+    if not isinstance(checkpoint, dict) or checkpoint.get("param_shapes") is None:
+        return checkpoint  # not ZeRO (the optimizer state is in the model states) or not DeepSpeed's: see below
+    world = checkpoint.get("dp_world_size")
+    if not isinstance(world, int) or world < 1:
+        raise CheckpointError(f"{model_states}: no dp_world_size (the data-parallel world size of the save)")
+    bf16 = ((checkpoint.get("ds_config") or {}).get("bf16") or {}).get("enabled")
+    prefix = "bf16_" if bf16 or any((path / tag).glob("bf16_zero_pp_rank_*_optim_states.pt")) else ""
+    for rank in range(world):
+        partitions = [f"{tag}/{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"]
+        partitions += [f"{tag}/{_zero3_states(rank)}"] if stage3 and rank else []
+        for name in partitions:
+            if not (path / name).is_file():
+                raise CheckpointError(f"incomplete checkpoint directory (no {name}: data-parallel rank {rank} of "
+                                      f"the {world} that saved it)")
+            _load_member(path, name)
+    return checkpoint
+
+
+def _zero3_states(rank: int) -> str:
+    return f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
+
+
+def _load_member(directory: Path, name: str):
+    """`_load` of a file of a checkpoint directory; its errors name the file."""
+    try:
+        return _load(directory / name)
+    except CheckpointError as err:
+        raise CheckpointError(f"{name}: {err}") from err
+
+
+def _first_sentence(err: BaseException) -> str:
+    # torch appends advice about saving and weights_only after the first sentence
+    return (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0].rstrip(".")
 
 
 def _load(path: Path):
@@ -126,9 +208,7 @@ def _load(path: Path):
         size = path.stat().st_size
         if size == 0:
             raise CheckpointError("empty file (0 bytes)") from err
-        # The first sentence: torch appends advice about saving and weights_only.
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0].split(". ")[0].rstrip(".")
-        raise CheckpointError(f"corrupt or truncated ({size} bytes): {reason}") from err
+        raise CheckpointError(f"corrupt or truncated ({size} bytes): {_first_sentence(err)}") from err
 
 
 def step_checkpoints(directory: Path) -> list[Path]:
@@ -197,21 +277,55 @@ def set_aside(paths: list[Path]) -> dict[Path, Path]:
 
 # ---------------------------------------------------------------------------------------------- reading
 def read_lightning_checkpoint(path: str | Path) -> dict:
+    """A checkpoint as one dict of a `.ckpt` file's shape, read in this process alone (no process group): at least
+    `state_dict` (the LightningModule's keys, `model.`-prefixed) and `global_step`, and our CHECKPOINT_KEY and
+    EMA_STATE_KEY where the run saved them. `path`: a `.ckpt` file; a sharded fsdp2 directory (`meta.pt` plus the
+    weights gathered from the shards; the optimizer state is not read); a DeepSpeed directory (the ZeRO partitions
+    gathered into fp32 weights). A directory is verified first (`verify_checkpoint`: every shard or partition)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
-    if path.is_dir():  # DeepSpeed: gather the ZeRO partitions into one fp32 state dict
-        # Imported here: it imports deepspeed, an optional GPU dependency.
-        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
-
-        with tempfile.TemporaryDirectory() as tmp:
-            convert_zero_checkpoint_to_fp32_state_dict(str(path), f"{tmp}/model.ckpt")
-            return torch.load(f"{tmp}/model.ckpt", map_location="cpu", weights_only=False)
+    if path.is_dir():
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as err:
+            raise CheckpointError(f"{path} is not a readable checkpoint: {err}") from err
+        return _read_sharded(path) if _is_sharded(path) else _read_deepspeed(path)
     try:
         # Our own checkpoints: trusted files that also hold plain-Python loop and data state.
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:
         raise CheckpointError(f"{path} is not a readable checkpoint (corrupt or truncated?): {err}") from err
+
+
+def _read_sharded(path: Path) -> dict:
+    # torch.distributed.checkpoint's offline reading, as its public dcp_to_torch_save does it (torch 2.13): the
+    # tensors rebuilt whole from the index, only those under "state_dict" (not "optimizer_0"), no process group.
+    checkpoint = _load_member(path, SHARDED_METADATA)
+    state: dict = {}
+    try:
+        _load_distributed_checkpoint(state, storage_reader=FileSystemReader(path),
+                                     planner=_EmptyStateDictLoadPlanner(keys={"state_dict"}), no_dist=True)
+    except Exception as err:
+        raise CheckpointError(f"{path} is not a readable checkpoint: its shards cannot be read "
+                              f"({_first_sentence(err)})") from err
+    if "state_dict" not in state:
+        raise CheckpointError(f"{path} has no state_dict in its shards: not a Lightning checkpoint")
+    return {**checkpoint, "state_dict": state["state_dict"]}
+
+
+def _read_deepspeed(path: Path) -> dict:
+    try:
+        # Imported here: it imports deepspeed, an optional GPU dependency.
+        from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+        with tempfile.TemporaryDirectory() as tmp:
+            return convert_zero_checkpoint_to_fp32_state_dict(str(path), f"{tmp}/model.ckpt")
+    except ModuleNotFoundError as err:
+        raise CheckpointError(f"{path} is a DeepSpeed checkpoint directory: reading it needs deepspeed "
+                              f"(pip install deepspeed)") from err
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise CheckpointError(f"{path} is not a readable DeepSpeed checkpoint: {_first_sentence(err)}") from err
 
 
 def model_state_dict(checkpoint: dict, source: str) -> dict:

@@ -45,6 +45,10 @@ class PretrainDataConfig:
     # "best_fit" (documents kept whole, each into the open row it fits best; only longer-than-a-row ones split).
     packing: str = "none"
     packing_open_rows: int = 64  # best_fit: rows kept open to receive documents
+    # packing none: train on the batch's documents laid end to end with cu_seqlens (varlen attention, no [PAD], no
+    # cross-document attention; the same documents, masks and loss as the padded batch) instead of padded. Faster on
+    # every device measured (FlashAttention's varlen kernel on GPU; 1.04-1.28x per training step on CPU); false = pad.
+    unpad: bool = True
     # Documents are read in blocks of this many and each block is shuffled (exactly resumable); 1 = no shuffle.
     shuffle_buffer: int = 10_000
     # Stage 2: sample documents of >= length_buckets[i] tokens with probability bucket_probabilities[i].
@@ -199,6 +203,7 @@ class PretrainConfig:
                           f"release; use data.packing={data.packing}", FutureWarning, stacklevel=2)
         require(data.packing in PACKING_MODES, "data.packing", f"must be one of {PACKING_MODES}")
         require(data.packing_open_rows >= 1, "data.packing_open_rows", "must be >= 1")
+        require(isinstance(data.unpad, bool), "data.unpad", f"must be true or false, got {data.unpad!r}")
         require(masking.pad_to_multiple_of >= 1, "masking.pad_to_multiple_of", "must be >= 1")
         require(data.max_length >= 8, "data.max_length", "must be at least 8")
         require(data.shuffle_buffer >= 1, "data.shuffle_buffer", "must be >= 1 (1 = no shuffling)")

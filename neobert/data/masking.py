@@ -77,6 +77,22 @@ class MLMMasker:
         return {"input_ids": inputs, "attention_mask": attention_mask, "labels": labels,
                 "masked_index": masked_index(labels)}
 
+    def collate_unpadded(self, docs: list[list[int]], generator: torch.Generator | None = None,
+                         rate: float | None = None) -> dict:
+        """Documents (already truncated) -> the padded batch of `collate_padded` with its [PAD] removed: each document
+        its own sequence, laid end to end in one row [1, tokens] and marked by `cu_seqlens` (int32), as a packed
+        batch (no attention_mask, no cross-document attention, positions restart per document), so no pad token
+        goes through a matmul and varlen kernels (FlashAttention) apply. The masks are drawn exactly as for the
+        padded batch (same generator draws), so both hold the same documents, masked positions and loss."""
+        padded = self.collate_padded(docs, generator, rate)
+        keep = padded["attention_mask"].reshape(-1).bool()
+        lengths = torch.tensor([len(d) for d in docs], dtype=torch.int32)
+        cu_seqlens = torch.zeros(len(docs) + 1, dtype=torch.int32)
+        cu_seqlens[1:] = lengths.cumsum(0)
+        inputs, labels = padded["input_ids"].reshape(-1)[keep][None], padded["labels"].reshape(-1)[keep][None]
+        return {"input_ids": inputs, "labels": labels, "cu_seqlens": cu_seqlens, "max_seqlen": int(lengths.max()),
+                "masked_index": masked_index(labels)}
+
     def collate_packed(self, rows: list[list[list[int]]], generator: torch.Generator | None = None,
                        rate: float | None = None) -> dict:
         """Rows, each a list of document segments laid end to end -> a packed batch.

@@ -47,12 +47,14 @@ DATA_STATE_KEY = "data_state"
 
 # ---------------------------------------------------------------------------------------------- batching
 class BatchBuilder:
-    """Tokenized documents -> masked batches: truncated and padded (data.packing=none, the paper's default), or
-    packed into rows of at most `max_length` tokens by a `neobert.data.packing` packer (greedy or best fit)."""
+    """Tokenized documents -> masked batches: truncated (data.packing=none, the paper's default), each document its own
+    sequence, padded or (`unpad`, data.unpad) laid end to end with cu_seqlens and no [PAD]; or packed into rows of at
+    most `max_length` tokens by a `neobert.data.packing` packer (greedy or best fit)."""
 
     def __init__(self, masker: MLMMasker, max_length: int, packing: str, special_ids: set[int],
-                 open_rows: int = 64):
+                 open_rows: int = 64, unpad: bool = False):
         self.masker, self.max_length, self.special_ids = masker, max_length, special_ids
+        self.unpad = unpad  # packing none: the padded batch's documents and masks without its [PAD] (collate_unpadded)
         self.packer = make_packer(packing, max_length, open_rows) if packing != "none" else None
         self.pending: list[list[int]] = []  # no packing: truncated documents
 
@@ -74,15 +76,18 @@ class BatchBuilder:
 
     def pop(self, rows: int, generator: torch.Generator, rate: float | None = None) -> tuple[dict, dict]:
         """The next batch of `rows` rows masked at `rate` (default: the masker's), and its statistics: rows, real
-        tokens and the masking rate (the packing efficiency is tokens / (rows x max_length))."""
+        tokens, the sum of the squared lengths of its sequences (documents; the segments of packed rows), which sets
+        its attention FLOPs (`neobert.eval.flops.attention_flops`), and the masking rate (the packing efficiency is
+        tokens / (rows x max_length))."""
         if self.packer is None:
             docs, self.pending = self.pending[:rows], self.pending[rows:]
-            batch, tokens = self.masker.collate_padded(docs, generator, rate), sum(len(d) for d in docs)
+            collate = self.masker.collate_unpadded if self.unpad else self.masker.collate_padded
+            batch, lengths = collate(docs, generator, rate), [len(d) for d in docs]
         else:
-            packed = self.packer.take(rows)
-            batch, tokens = self.masker.collate_packed(packed, generator, rate), sum(len(s) for r in packed for s in r)
-            docs = packed
-        stats = {"rows": len(docs), "tokens": tokens, "mask_rate": self.masker.rate if rate is None else rate}
+            docs = self.packer.take(rows)
+            batch, lengths = self.masker.collate_packed(docs, generator, rate), [len(s) for r in docs for s in r]
+        stats = {"rows": len(docs), "tokens": sum(lengths), "squared_lengths": sum(n * n for n in lengths),
+                 "mask_rate": self.masker.rate if rate is None else rate}
         return batch, stats
 
     def all_batches(self, documents, rows: int, generator: torch.Generator) -> Iterator[tuple[dict, dict]]:
@@ -170,7 +175,7 @@ class PretrainingStream(IterableDataset):
         stream = self.stream_id()
         state = copy.deepcopy(self.start_states.get(stream, fresh_stream_state()))
         builder = BatchBuilder(self.masker, self.data.max_length, self.data.packing, self.special_ids,
-                               self.data.packing_open_rows)
+                               self.data.packing_open_rows, unpad=self.data.unpad)
         if state["builder"] is not None:
             builder.load(state["builder"])
         documents = self.documents(stream, state)

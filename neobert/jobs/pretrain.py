@@ -55,8 +55,10 @@ def build_model_config(config: PretrainConfig, tokenizer) -> NeoBERTConfig:
     if config.data.tokenizer not in BERT_BASE_UNCASED_ALIASES:
         overrides.setdefault("vocab_size", len(tokenizer))
         overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
-    if config.data.packing != "none":
-        overrides.setdefault("attention_backend", "varlen")  # block-diagonal kernels on GPU
+    if config.data.packing != "none" or config.data.unpad:
+        # Training batches come with cu_seqlens (varlen kernels on GPU whatever this field); varlen also unpads the
+        # padded batches of a model that checks its inputs (e.g. the export's users).
+        overrides.setdefault("attention_backend", "varlen")
     try:
         model_config = NeoBERTConfig.from_preset(config.model.preset, **overrides)
     except (ValueError, TypeError) as err:

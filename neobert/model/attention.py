@@ -15,7 +15,8 @@ layer rebuilds a mask), and every layer calls :func:`attend` with it.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +39,20 @@ class AttentionLayout:
     max_seqlen: int = 0
     pad_index: Tensor | None = None  # long [T]: where each packed token sits in a [n_docs * max_seqlen] grid
     pad_mask: Tensor | None = None  # bool [n_docs, 1, 1, max_seqlen]
+    # xFormers' block-diagonal mask, built by the first layer that needs it and reused by the others
+    _xformers_bias: Any = field(default=None, repr=False, compare=False)
 
     @property
     def packed(self) -> bool:
         return self.cu_seqlens is not None
+
+    def xformers_bias(self, fmha) -> Any:
+        """xFormers' `BlockDiagonalMask` of the documents. It takes the lengths as Python ints: they are read from
+        the device once per forward (here, by the first layer), not once per layer."""
+        if self._xformers_bias is None:
+            lengths = (self.cu_seqlens[1:] - self.cu_seqlens[:-1]).tolist()
+            self._xformers_bias = fmha.BlockDiagonalMask.from_seqlens(lengths)
+        return self._xformers_bias
 
     @classmethod
     def padded(cls, attention_mask: Tensor | None, skip_if_full: bool = True) -> "AttentionLayout":
@@ -89,23 +100,57 @@ def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: 
     return out.transpose(1, 2)
 
 
+def packed_kernel(device_type: str, dtype: torch.dtype, dropout_p: float) -> str:
+    """The kernel a packed (cu_seqlens) batch runs on: "flash_attn", "varlen_attn", "xformers" or "padded_sdpa"
+    (the fallback, `_attend_packed_by_padding`)."""
+    if device_type == "cuda" and dtype in _HALF:
+        if _HAS_FLASH_ATTN:
+            return "flash_attn"
+        if dropout_p == 0.0:
+            return "varlen_attn"
+        if _HAS_XFORMERS:
+            return "xformers"
+    return "padded_sdpa"
+
+
 def _attend_packed(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float) -> Tensor:
     cu, max_len = layout.cu_seqlens, layout.max_seqlen
-    if q.is_cuda and q.dtype in _HALF:
-        if _HAS_FLASH_ATTN:
-            from flash_attn import flash_attn_varlen_func  # optional GPU kernel package
+    kernel = packed_kernel(q.device.type, q.dtype, dropout_p)
+    if kernel == "flash_attn":
+        from flash_attn import flash_attn_varlen_func  # optional GPU kernel package
 
-            return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout_p)
-        if dropout_p == 0.0:
-            return varlen_attn(q, k, v, cu, cu, max_len, max_len)
-        if _HAS_XFORMERS:
-            from xformers.ops import fmha  # optional GPU kernel package
+        return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, dropout_p=dropout_p)
+    if kernel == "varlen_attn":
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len)
+    if kernel == "xformers":
+        from xformers.ops import fmha  # optional GPU kernel package
 
-            lengths = (cu[1:] - cu[:-1]).tolist()
-            bias = fmha.BlockDiagonalMask.from_seqlens(lengths)
-            out = fmha.memory_efficient_attention(q[None], k[None], v[None], attn_bias=bias, p=dropout_p)
-            return out[0]
+        out = fmha.memory_efficient_attention(q[None], k[None], v[None], attn_bias=layout.xformers_bias(fmha),
+                                              p=dropout_p)
+        return out[0]
     return _attend_packed_by_padding(q, k, v, layout, dropout_p)
+
+
+_KERNEL_WORDS = {
+    "flash_attn": "flash-attn's flash_attn_varlen_func (FlashAttention varlen)",
+    "varlen_attn": "PyTorch's varlen_attn (FlashAttention varlen)",
+    "xformers": "xFormers' memory_efficient_attention with a block-diagonal mask (one host read per forward)",
+    "padded_sdpa": "SDPA over the documents scattered into a padded grid with a key-padding mask (correct; no "
+                   "varlen kernel: on CUDA it needs bf16/fp16, and for dropout > 0 flash-attn or xFormers)",
+}
+
+
+def training_attention_kernel(packing: str, attention_backend: str, device_type: str, unpad: bool = True,
+                              dtype: torch.dtype = torch.bfloat16, dropout: float = 0.0) -> str:
+    """In words, the attention kernel of a pretraining step (data.packing, the model's attention_backend, the device
+    type, data.unpad, the compute dtype and the model's dropout). In training the batch's layout chooses it, not
+    `attention_backend`: the step reads nothing from the device, so a padded batch is never unpadded inside."""
+    if packing == "none" and not unpad:
+        note = " (attention_backend=varlen does not unpad it in training)" if attention_backend == "varlen" else ""
+        return ("padded batches (data.unpad=false): SDPA with a key-padding mask, so not the FlashAttention kernel "
+                f"(it takes no mask), and [PAD] goes through every matmul{note}")
+    layout = f"packed rows ({packing})" if packing != "none" else "unpadded documents (data.unpad)"
+    return f"{layout} with cu_seqlens: {_KERNEL_WORDS[packed_kernel(device_type, dtype, dropout)]}"
 
 
 def _attend_packed_by_padding(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float) -> Tensor:

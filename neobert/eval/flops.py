@@ -2,7 +2,11 @@
 peaks, and whether the CPU multiplies bfloat16 natively.
 
 Forward FLOPs per token = 2 x (weights of the matmuls every token goes through) + 4 x layers x hidden x
-sequence length (q k^T and attention x v). Training is 3x the forward (backward = 2x forward).
+sequence length (q k^T and attention x v). Training is 3x the forward (backward = 2x forward). Over a batch of
+sequences of lengths n_i the attention term is 4 x layers x hidden x sum(n_i^2) (`attention_flops`): a token of a
+short document attends to its document only, so pretraining's MFU counts it from the real lengths, not at
+data.max_length (which overstates it for short documents: attention is ~46% of NeoBERT's forward FLOPs per token at
+4,096 with masked-only logits, ~18% at 1,024).
 """
 
 from __future__ import annotations
@@ -16,8 +20,13 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-# Dense bf16 tensor-core peaks per device, for MFU.
-PEAK_FLOPS = {"h100": 989e12, "h200": 989e12, "a100": 312e12}
+# Dense bf16 tensor-core peaks per device, for MFU, matched against torch.cuda.get_device_name() by the longest key
+# it contains (the most specific: "h100 pcie" before "h100"). NVIDIA's datasheets give the peaks with sparsity
+# (2x dense): H100 SXM 1,979 and H100 PCIe 1,513 TFLOP/s (H100 Tensor Core GPU datasheet), H200 SXM 1,979 (H200
+# datasheet), A100 624 (A100 datasheet, SXM and PCIe alike). The SXM parts name themselves "NVIDIA H100 80GB HBM3"
+# and "NVIDIA H200". Not listed, so no MFU rather than a wrong one: H100 NVL and H200 NVL (lower clocks; no
+# datasheet figure was at hand to cite).
+PEAK_FLOPS = {"h100 pcie": 756e12, "h100": 989e12, "h200": 989e12, "a100": 312e12}
 
 
 def matmul_params(model: nn.Module) -> int:
@@ -33,16 +42,31 @@ def flops_per_token(matmul_weights: float, num_layers: int, hidden_size: int, se
     return 3 * forward if training else forward
 
 
+def attention_flops(num_layers: int, hidden_size: int, squared_lengths: float, training: bool = False) -> float:
+    """FLOPs of attention (q k^T and attention x v) over sequences whose squared lengths sum to `squared_lengths`
+    (BatchBuilder's stats["squared_lengths"]): 4 x layers x hidden x sum(n_i^2), 3x that for training. With
+    `flops_per_token(..., seq_len=0)` for the matmuls: a batch's FLOPs = tokens x that + this."""
+    forward = 4 * num_layers * hidden_size * squared_lengths
+    return 3 * forward if training else forward
+
+
 def mfu(tokens_per_second: float, flops_per_tok: float, peak_flops: float) -> float:
     return tokens_per_second * flops_per_tok / peak_flops
 
 
 def peak_flops(device: torch.device) -> float | None:
-    """The dense bf16 peak of a known GPU (PEAK_FLOPS, matched by name); None on CPU or an unknown device."""
+    """The dense bf16 peak of a known GPU (`peak_flops_of` its name); None on CPU or an unknown device."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device).lower()
-    return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
+    return peak_flops_of(torch.cuda.get_device_name(device))
+
+
+def peak_flops_of(device_name: str) -> float | None:
+    """The dense bf16 peak of a GPU by its name (torch.cuda.get_device_name), PEAK_FLOPS's longest key in it; None
+    when no key matches."""
+    name = device_name.lower()
+    matches = [key for key in PEAK_FLOPS if key in name]
+    return PEAK_FLOPS[max(matches, key=len)] if matches else None
 
 
 # CPU flags of native bfloat16 matmuls (Linux /proc/cpuinfo names). Without them PyTorch emulates bf16: measured

@@ -14,7 +14,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from neobert.config.pretrain import PretrainConfig
 from neobert.data.pretraining import DATA_STATE_KEY
-from neobert.eval.flops import flops_per_token, matmul_params, mfu, peak_flops
+from neobert.eval.flops import attention_flops, flops_per_token, matmul_params, mfu, peak_flops
 from neobert.lit.checkpoints import CHECKPOINT_KEY
 from neobert.lit.optim import configure_optimizers
 from neobert.lit.strategies import deepspeed_grad_norm, is_deepspeed
@@ -68,12 +68,16 @@ class MLMPretrainingModule(L.LightningModule):
         self._first_nonfinite_loss: torch.Tensor | None = None
         self.start_step = 0  # where a wsd decay branch starts (the job sets it from branch_from)
         self.progress_bar_values: dict[str, float] = {}
-        # Training FLOPs per token; the decoder only runs at masked positions with masked-only logits.
+        # Training FLOPs (train/mfu): the matmuls per token (the decoder only at masked positions with masked-only
+        # logits), plus attention from the real sequence lengths, the batches' sum of squared lengths (their stats).
         weights = matmul_params(self.model)
         if self.masked_only:
             weights -= (1 - config.masking.rate) * self.model.decoder.weight.numel()
-        self.flops_per_token = flops_per_token(weights, model_config.num_hidden_layers, model_config.hidden_size,
-                                               config.data.max_length, training=True)
+        self.matmul_flops_per_token = flops_per_token(weights, model_config.num_hidden_layers,
+                                                      model_config.hidden_size, 0, training=True)
+        self.attention_flops_per_squared_length = attention_flops(model_config.num_hidden_layers,
+                                                                  model_config.hidden_size, 1, training=True)
+        self._interval_squared_lengths = 0  # a host count: sum of squared sequence lengths since the last read
 
     def configure_model(self) -> None:
         # FSDP2 (trainer.strategy=fsdp2): shard every block, then the rest.
@@ -133,6 +137,10 @@ class MLMPretrainingModule(L.LightningModule):
             step["sequences"] += stats["rows"]
             step["capacity"] += stats["rows"] * self.config.data.max_length
             step["mask_rate"] = stats["mask_rate"]
+            self._interval_squared_lengths += stats["squared_lengths"]  # attention FLOPs at the real lengths
+        else:  # a batch without the stream's stats: its shape bounds sum(n_i^2) by tokens x longest (no device read)
+            longest = batch["max_seqlen"] if "cu_seqlens" in batch else batch["input_ids"].shape[-1]
+            self._interval_squared_lengths += batch["input_ids"].numel() * int(longest)
         if (batch_idx + 1) % accumulate == 0:  # the last micro-batch of an optimizer step
             # The steps Lightning writes its logs at (its interval can be shorter than logging.log_every_n_steps).
             if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps == 0:
@@ -198,9 +206,11 @@ class MLMPretrainingModule(L.LightningModule):
             tokens_per_second = interval_tokens * world / (now - self._interval_started)
             metrics["train/tokens_per_sec"] = tokens_per_second
             peak = peak_flops(self.device)
-            if peak:
-                metrics["train/mfu"] = mfu(tokens_per_second / world, self.flops_per_token, peak)
-        self._interval_started, self._interval_tokens = now, 0.0
+            if peak and interval_tokens:
+                attention = self.attention_flops_per_squared_length * self._interval_squared_lengths
+                per_token = self.matmul_flops_per_token + attention / interval_tokens
+                metrics["train/mfu"] = mfu(tokens_per_second / world, per_token, peak)
+        self._interval_started, self._interval_tokens, self._interval_squared_lengths = now, 0.0, 0
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
         # Shown by the progress bar as a Python number: a value logged with prog_bar=True would be read back from
         # the device by Lightning after every batch (neobert.lit.trainer.ProgressBar).

@@ -4,15 +4,18 @@ shards."""
 
 import itertools
 import json
+import random
 
 import pytest
 import torch
 
 from neobert.config import ConfigError
 from neobert.config.pretrain import MaskingConfig, PretrainDataConfig
-from neobert.data.corpus import open_source, pretokenize, text_column, unigram_entropy
+from neobert.data import pretraining
+from neobert.data.corpus import DocumentTokenizer, open_source, pretokenize, text_column, unigram_entropy
 from neobert.data.demo_corpus import demo_documents
-from neobert.data.pretraining import DATA_STATE_KEY, PretrainingDataModule, PretrainingStream
+from neobert.data.pretraining import (DATA_STATE_KEY, PretrainingDataModule, PretrainingStream, derived_seed,
+                                      fresh_stream_state)
 from neobert.data.tokenizer import load_tokenizer
 from neobert.hub import HubUnreachableError
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
@@ -40,6 +43,12 @@ def _data(corpus, **kw):
 
 def _take(stream, n):
     return list(itertools.islice(iter(stream), n))
+
+
+def document_ids(batch: dict) -> list[int]:
+    """The token ids of a batch of one document: unpadded (data.unpad, the default) or padded."""
+    ids = batch["input_ids"][0]
+    return (ids[batch["attention_mask"][0].bool()] if "attention_mask" in batch else ids).tolist()
 
 
 def test_missing_local_source_and_unreachable_hub_name_the_key(tmp_path):
@@ -79,7 +88,7 @@ def test_streams_split_documents_without_duplication(corpus, tokenizer):
             for batch in _take(stream, 300):
                 if batch[DATA_STATE_KEY]["state"]["epoch"] > 0:
                     break
-                docs.append(tuple(batch["input_ids"][0][batch["attention_mask"][0].bool()].tolist()))
+                docs.append(tuple(document_ids(batch)))
             seen.append(docs)
     assert sum(map(len, seen)) == 300, [len(s) for s in seen]  # every document once, with 4 streams
     assert len(set(itertools.chain(*seen))) == len(set(itertools.chain(*seen)))
@@ -106,9 +115,9 @@ def test_packing_has_no_inner_pad_and_no_cross_document_attention(corpus, tokeni
 def test_length_buckets_follow_the_probabilities(corpus, tokenizer):
     def lengths(probabilities, n=150):
         data = _data(corpus, max_length=512, length_buckets=[0, 125], bucket_probabilities=probabilities)
-        return [int(b["attention_mask"].sum()) for b in _take(PretrainingStream(data, MaskingConfig(), tokenizer, 1), n)]
+        return [len(document_ids(b)) for b in _take(PretrainingStream(data, MaskingConfig(), tokenizer, 1), n)]
 
-    plain = [int(b["attention_mask"].sum()) for b in _take(PretrainingStream(_data(corpus, max_length=512), MaskingConfig(), tokenizer, 1), 150)]
+    plain = [len(document_ids(b)) for b in _take(PretrainingStream(_data(corpus, max_length=512), MaskingConfig(), tokenizer, 1), 150)]
     assert lengths([1.0, 0.0]) == plain  # bucket ">= 0" is the stream itself
     assert min(lengths([0.0, 1.0], 30)) >= 125  # bucket ">= 125" only long documents
     natural = sum(n >= 125 for n in plain) / len(plain)
@@ -151,3 +160,24 @@ def test_data_pipeline_benchmark_measures_all_three_pipelines():
     rates = [results[k] for k in ("hf_collator_tokens_per_s", "ours_truncate_tokens_per_s", "ours_pack_tokens_per_s")]
     assert all(rate > 0 for rate in rates)
     assert results["ratio_pack_vs_hf"] == pytest.approx(rates[2] / rates[0])
+
+
+def test_a_block_is_tokenized_as_the_stream_needs_it_in_the_block_shuffled_order(corpus, tokenizer, monkeypatch):
+    # The first document of a block used to wait for the whole block (data.shuffle_buffer documents, 10,000 in the
+    # paper's config) to be tokenized: a worker stall at every block start. Now it waits for one chunk, and the
+    # documents are those, in that order, of the whole block shuffled: the block's permutation of its raw documents.
+    monkeypatch.setattr(pretraining, "TOKENIZE_CHUNK", 16)
+    data = _data(corpus, shuffle_buffer=200)
+    stream = PretrainingStream(data, MaskingConfig(), tokenizer, 4)
+    encoded = []
+    encode = stream.tokenize.encode
+    monkeypatch.setattr(stream.tokenize, "encode", lambda documents: encoded.append(len(documents)) or encode(documents))
+    documents = stream.documents(0, fresh_stream_state())
+    first = [next(documents) for _ in range(20)]
+    assert encoded == [16, 16]  # two chunks for 20 documents, not the block's 200
+
+    texts = [doc["content"] for doc in demo_documents()[:200]]
+    order = list(range(200))
+    random.Random(derived_seed(data.seed, 0, 0, 0)).shuffle(order)
+    whole_block = DocumentTokenizer(tokenizer, "content")({"content": texts}, {})  # the block at once, as before
+    assert first == [whole_block[i] for i in order[:20]]

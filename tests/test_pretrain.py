@@ -142,11 +142,13 @@ def test_strategies_by_name_and_deepspeed_config_on_cpu(tmp_path, monkeypatch):
 class Recorder(L.Callback):
     def __init__(self, stop_at_step=None):
         self.batches, self.losses, self.stop_at_step = [], [], stop_at_step
+        self.sequences = []  # per batch: its documents (unpadded) or rows
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self.stop_at_step is not None and trainer.global_step == self.stop_at_step:
             raise InterruptedError("simulated crash")
         self.batches.append((batch["input_ids"].clone(), batch["labels"].clone()))
+        self.sequences.append(len(batch["cu_seqlens"]) - 1 if "cu_seqlens" in batch else batch["input_ids"].shape[0])
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.losses.append(float(outputs["loss"]))

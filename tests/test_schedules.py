@@ -118,7 +118,9 @@ def test_the_stream_follows_the_schedules_and_resumes_mid_ramp(corpus, tokenizer
     expected = schedule()
     for index, (batch, stat) in enumerate(zip(straight, stats)):
         step = index // 2  # two micro-batches per optimizer step
-        rows = batch["input_ids"].shape[0] if packing != "best_fit" else stat["rows"]
+        # rows of a packed batch; a best-fit batch's are stat["rows"]; an unpadded batch's documents are its rows
+        rows = {"none": len(batch.get("cu_seqlens", [])) - 1, "greedy": batch["input_ids"].shape[0],
+                "best_fit": stat["rows"]}[packing]
         assert rows == stat["rows"] == expected.batch_size(step)
         assert stat["mask_rate"] == pytest.approx(expected.mask_rate(step))
     assert stats[0]["rows"] == 1 and stats[-1]["rows"] == 8  # ramped from 2 sequences to the full 16
@@ -181,7 +183,7 @@ def test_resume_mid_schedule_equals_an_uninterrupted_run(tmp_path, crash_at):
         assert torch.equal(ids_a, ids_b) and torch.equal(labels_a, labels_b)
     assert first.losses + second.losses == pytest.approx(straight.losses, abs=1e-6)
     assert first.lrs + second.lrs == pytest.approx(straight.lrs, abs=1e-12)
-    sizes = [ids.shape[0] for ids, _ in straight.batches]
+    sizes = straight.sequences
     assert sizes[0] < sizes[-1] == 4  # the batch ramped up to the full micro-batch
     assert straight.lrs[0] == 0 and straight.lrs[-1] < straight.lrs[8] == pytest.approx(6e-4)
     for weights in ("model.safetensors", "ema/model.safetensors"):  # the EMA too resumes exactly
@@ -228,15 +230,16 @@ def test_ema_updates_every_n_steps_and_round_trips_through_a_checkpoint():
             self.layer = torch.nn.Linear(2, 2)
 
     module, ema = Tiny(), ExponentialMovingAverage(decay=0.75, every_n_steps=2)
+    trainer = SimpleNamespace(strategy=None)  # no DeepSpeed: the module's own weights are the masters
     start = module.layer.weight.detach().clone()
-    ema.on_train_start(None, module)
+    ema.on_train_start(trainer, module)
     with torch.no_grad():
         module.layer.weight.add_(1.0)
     for step in (1, 1, 3):  # not a multiple of every_n_steps: no update
-        ema.on_train_batch_end(SimpleNamespace(global_step=step), module, None, None, 0)
+        ema.on_train_batch_end(SimpleNamespace(global_step=step, strategy=None), module, None, None, 0)
     torch.testing.assert_close(ema.weights["layer.weight"], start)
-    ema.on_train_batch_end(SimpleNamespace(global_step=2), module, None, None, 0)
-    ema.on_train_batch_end(SimpleNamespace(global_step=2), module, None, None, 1)  # same step, 2nd micro-batch
+    ema.on_train_batch_end(SimpleNamespace(global_step=2, strategy=None), module, None, None, 0)
+    ema.on_train_batch_end(SimpleNamespace(global_step=2, strategy=None), module, None, None, 1)  # same step, 2nd micro-batch
     torch.testing.assert_close(ema.weights["layer.weight"], 0.75 * start + 0.25 * (start + 1))
     raw = module.layer.weight.detach().clone()
     with ema.swapped_in(module):  # how val/loss_ema is computed
@@ -248,7 +251,7 @@ def test_ema_updates_every_n_steps_and_round_trips_through_a_checkpoint():
     restored = ExponentialMovingAverage(decay=0.75, every_n_steps=2)
     restored.load_state_dict(ema.state_dict())
     restored.on_load_checkpoint(None, module, checkpoint)
-    restored.on_train_start(None, module)  # keeps the restored average
+    restored.on_train_start(trainer, module)  # keeps the restored average
     torch.testing.assert_close(restored.weights["layer.weight"], ema.weights["layer.weight"])
     assert restored.last_update_step == 2
 

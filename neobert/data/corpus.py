@@ -181,11 +181,18 @@ class DocumentTokenizer:
             self.backend.no_padding()
 
     def __call__(self, batch: dict, skipped: dict) -> list[list[int]]:
+        return self.encode(self.usable(batch, skipped))
+
+    def usable(self, batch: dict, skipped: dict) -> list:
+        """The block's usable documents, not yet tokenized (which ones is decided on the raw values)."""
         check_column(batch, self.column)
-        documents = usable_documents(batch[self.column], self.pretokenized, skipped)
-        if self.pretokenized:
-            return documents
-        return [encoding.ids for encoding in self.backend.encode_batch(documents)] if documents else []
+        return usable_documents(batch[self.column], self.pretokenized, skipped)
+
+    def encode(self, documents: list) -> list[list[int]]:
+        """Token ids of usable documents (`usable`), in their order."""
+        if self.pretokenized or not documents:
+            return list(documents)
+        return [encoding.ids for encoding in self.backend.encode_batch(documents)]
 
 
 def truncate(ids: list[int], max_length: int, special_ids: set[int]) -> list[int]:

@@ -43,6 +43,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers tokenize
 log = logging.getLogger(__name__)
 
 DATA_STATE_KEY = "data_state"
+TOKENIZE_CHUNK = 256  # documents tokenized together (one encode_batch call) as a stream needs them
 
 
 # ---------------------------------------------------------------------------------------------- batching
@@ -224,13 +225,18 @@ class PretrainingStream(IterableDataset):
                 dataset.load_state_dict(state["source"])
             produced = False
             for block in read_blocks(dataset, block_size, self.data):
-                docs = self.tokenize(block, state["skipped"])
+                docs = self.tokenize.usable(block, state["skipped"])
                 order = list(range(len(docs)))
                 random.Random(derived_seed(self.data.seed, stream, state["epoch"], state["block"])).shuffle(order)
-                for index in order[state["taken"]:]:
-                    state["taken"] += 1
-                    produced = True
-                    yield docs[index]
+                # Tokenized a chunk at a time in the shuffled order, not the whole block first: the first document
+                # of a block waits for TOKENIZE_CHUNK documents, not for data.shuffle_buffer (a stall of the
+                # worker, and of every GPU waiting for its batch, at each block start).
+                pending = order[state["taken"]:]
+                for start in range(0, len(pending), TOKENIZE_CHUNK):
+                    for ids in self.tokenize.encode([docs[i] for i in pending[start:start + TOKENIZE_CHUNK]]):
+                        state["taken"] += 1
+                        produced = True
+                        yield ids
                 state["source"], state["block"], state["taken"] = dataset.state_dict(), state["block"] + 1, 0
             if not produced and whole_epoch:  # a whole epoch without a document: the next would be the same
                 detail = (f"stream {stream} of {self.num_streams} (devices x data.num_workers) got none: use fewer "

@@ -46,8 +46,9 @@ class PretrainDataConfig:
     packing: str = "none"
     packing_open_rows: int = 64  # best_fit: rows kept open to receive documents
     # packing none: train on the batch's documents laid end to end with cu_seqlens (varlen attention, no [PAD], no
-    # cross-document attention; the same documents, masks and loss as the padded batch) instead of padded. Faster on
-    # every device measured (FlashAttention's varlen kernel on GPU; 1.04-1.28x per training step on CPU); false = pad.
+    # cross-document attention; the same documents, masks and loss as the padded batch) instead of padded: on GPU
+    # FlashAttention's varlen kernel, which masked SDPA cannot use; 1.03-1.08x tokens/s on the CPU demo, more with
+    # more padding (docs/benchmarks.md). false = pad.
     unpad: bool = True
     # Documents are read in blocks of this many and each block is shuffled (exactly resumable); 1 = no shuffle.
     shuffle_buffer: int = 10_000

@@ -1,0 +1,325 @@
+"""The preflight of a pretraining run (`python -m experiments.pretrain --config <recipe> --preflight
+trainer.devices=8`): everything a GPU run builds except CUDA itself, on any machine, reported in one page.
+
+It loads and checks the config, builds the tokenizer, the model (to count its parameters), the DataModule and its
+DataLoader, and the Lightning strategy, and asks Lightning to format the DeepSpeed config the way its own setup
+does, around that DataLoader. The report: the strategy and its DeepSpeed/FSDP settings, the batch arithmetic
+(sequences and tokens per step, per GPU and in all), the data shards against ranks x workers, model-state memory
+per GPU from DeepSpeed's ZeRO estimators (plus an activation estimate), the attention kernel, the MFU peak of the
+named GPU and what the run costs at a stated MFU, and the data workers a GPU needs at that rate (one worker's
+tokenize + mask rate, measured on this machine's CPU). What would crash is refused: a ConfigError naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+
+from neobert.config import ConfigError
+from neobert.config.pretrain import PretrainConfig
+from neobert.data.corpus import local_data_files, open_source
+from neobert.data.demo_corpus import demo_documents
+from neobert.data.pretraining import PretrainingDataModule
+from neobert.data.tokenizer import load_tokenizer
+from neobert.eval.data_pipeline import run_ours
+from neobert.eval.flops import flops_per_token, matmul_params, peak_flops_of
+from neobert.hub import hub_reachable
+from neobert.jobs.pretrain import build_model_config
+from neobert.lit.strategies import is_deepspeed
+from neobert.lit.trainer import build_strategy
+from neobert.model import NeoBERTForMaskedLM
+from neobert.model.attention import training_attention_kernel
+
+DEFAULT_GPU = "NVIDIA H100 80GB HBM3"  # what torch.cuda.get_device_name() says on an H100 SXM
+ASSUMED_MFU = 0.40  # for the cost line only: a typical well-tuned encoder pretraining MFU, not a measurement
+GPU_MEMORY_GIB = {"h100": 80, "h200": 141, "a100": 80}
+GiB = 2**30
+WORKER_SAMPLE_DOCS = 1000  # demo documents timed through one worker's tokenize + mask
+
+
+@dataclass
+class Preflight:
+    lines: list[str] = field(default_factory=list)
+    refusals: list[tuple[str, str]] = field(default_factory=list)  # (config key, why)
+    warnings: list[str] = field(default_factory=list)
+
+    def section(self, title: str) -> None:
+        self.lines += ["", f"## {title}"]
+
+    def add(self, text: str) -> None:
+        self.lines.append(text)
+
+    def refuse(self, key: str, why: str) -> None:
+        self.refusals.append((key, why))
+
+    def text(self) -> str:
+        lines = list(self.lines)
+        if self.warnings:
+            lines += ["", "## Warnings"] + [f"- {w}" for w in self.warnings]
+        lines += ["", "## Verdict"]
+        lines += ([f"- REFUSED ({key}): {why}" for key, why in self.refusals] if self.refusals
+                  else ["- nothing found that would crash at setup"])
+        return "\n".join(lines).lstrip() + "\n"
+
+
+def world_size(config: PretrainConfig) -> int:
+    return config.trainer.num_devices * config.trainer.num_nodes
+
+
+def run_preflight(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> str:
+    """Prints the report for `config` on `trainer.devices` x `trainer.num_nodes` GPUs named `gpu` and returns it;
+    then, if anything would crash, raises ConfigError naming the first key (the report lists them all)."""
+    report = preflight_report(config, gpu)
+    text = report.text()
+    print(text, end="")
+    if report.refusals:
+        key, why = report.refusals[0]
+        raise ConfigError(f"invalid config key '{key}': {why} (preflight: {len(report.refusals)} problem(s), "
+                          f"listed above)")
+    return text
+
+
+def preflight_report(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> Preflight:
+    """Builds the run and checks it (see the module docstring)."""
+    config.validate()
+    report = Preflight()
+    trainer = config.trainer
+    tokenizer = load_tokenizer(config.data.tokenizer, max_length=config.data.max_length,
+                               config_key="data.tokenizer")
+    model_config = build_model_config(config, tokenizer)
+    model = NeoBERTForMaskedLM(model_config)
+    parameters = sum(p.numel() for p in model.parameters())
+    precision = resolve_precision_on_gpu(config)
+
+    report.add(f"# Preflight: {config.output_dir} on {trainer.num_nodes} node(s) x {trainer.num_devices} GPU(s) "
+               f"({gpu})")
+    report.add(f"model: preset {config.model.preset}, {model_config.num_hidden_layers} x "
+               f"{model_config.hidden_size}, {parameters / 1e6:.1f}M parameters; precision {precision}")
+
+    strategy_section(report, config, precision, tokenizer)
+    batch_section(report, config)
+    data_section(report, config)
+    memory_section(report, config, model, parameters, gpu)
+    attention_section(report, config, model_config, precision)
+    demand_per_gpu = mfu_section(report, config, model, model_config, gpu)
+    workers_section(report, config, tokenizer, demand_per_gpu)
+    return report
+
+
+def resolve_precision_on_gpu(config: PretrainConfig) -> str:
+    """The precision the run will have on its GPUs (null = bf16-mixed there), whatever this machine has."""
+    return str(config.trainer.precision) if config.trainer.precision is not None else "bf16-mixed"
+
+
+def strategy_section(report: Preflight, config: PretrainConfig, precision: str, tokenizer) -> None:
+    trainer = config.trainer
+    report.section("Strategy")
+    gpu_trainer = dataclasses.replace(trainer, precision=precision, accelerator="gpu")
+    strategy = build_strategy(gpu_trainer, trainer.micro_batch_size)
+    name = strategy if isinstance(strategy, str) else type(strategy).__name__
+    report.add(f"trainer.strategy={trainer.strategy} -> {name}")
+    if is_deepspeed(trainer.strategy):
+        dataloader = PretrainingDataModule(config.data, config.masking, tokenizer, trainer.micro_batch_size,
+                                           trainer=trainer).train_dataloader()  # built, never iterated
+        source = SimpleNamespace(is_defined=lambda: True, dataloader=lambda: dataloader)
+        lightning_trainer = SimpleNamespace(accumulate_grad_batches=trainer.accumulate_grad_batches,
+                                            gradient_clip_val=trainer.gradient_clip_val,
+                                            fit_loop=SimpleNamespace(_data_source=source))
+        strategy._lightning_module = SimpleNamespace(trainer=lightning_trainer)
+        try:
+            strategy._format_config()  # Lightning's own formatting, as at setup
+        except Exception as err:  # noqa: BLE001 - whatever Lightning raises here is what the GPU run would raise
+            report.refuse("trainer.strategy", f"Lightning cannot format the DeepSpeed config: {err!r}")
+            return
+        finally:
+            strategy._lightning_module = None
+        report.add("DeepSpeed config (as Lightning hands it to deepspeed.initialize):")
+        report.add("```json\n" + json.dumps(strategy.config, indent=1, sort_keys=True) + "\n```")
+        report.add("The loss is divided by the accumulation once (Lightning), not again by DeepSpeed "
+                   "(`scale_wrt_gas=False`); the export and the EMA read the fp32 master weights.")
+        if trainer.ema.decay and trainer.ema.every_n_steps < 10:
+            report.warnings.append(
+                f"trainer.ema.every_n_steps={trainer.ema.every_n_steps} under DeepSpeed: every EMA update gathers "
+                f"the fp32 master weights from the ZeRO partitions (a collective of the whole model); 10 or more "
+                f"keeps it off the step time")
+    elif trainer.strategy == "fsdp2":
+        report.add("FSDP2 (fully_shard on every block, then the model), data-parallel over all ranks; "
+                   + ("MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)" if precision == "bf16-mixed"
+                      else "no mixed-precision policy"))
+    if precision in ("bf16-mixed", "16-mixed") and not is_deepspeed(trainer.strategy):
+        report.add("AMP through ClippingMixedPrecision: gradient clipping works with the fused AdamW.")
+
+
+def batch_section(report: Preflight, config: PretrainConfig) -> None:
+    trainer, data = config.trainer, config.data
+    world = world_size(config)
+    sequences = trainer.batch_size
+    report.section("Batch")
+    report.add(f"- {trainer.micro_batch_size} sequences per GPU per micro-batch x {trainer.accumulate_grad_batches} "
+               f"accumulation x {world} GPUs = {sequences:,} sequences per optimizer step")
+    report.add(f"- at data.max_length={data.max_length}: {sequences * data.max_length:,} token slots per step "
+               f"({trainer.micro_batch_size * data.max_length:,} per GPU per micro-batch); with packing "
+               f"{data.packing!r} the real tokens are " + ("all of them" if data.packing != "none"
+                                                           else "fewer (documents shorter than the length)"))
+    total = trainer.max_steps * sequences * data.max_length
+    report.add(f"- {trainer.max_steps:,} steps x {sequences * data.max_length:,} = {total / 1e9:,.1f}B token slots")
+    warmup = trainer.batch_size_warmup
+    if warmup.start_batch_size:
+        report.add(f"- batch-size warm-up from {warmup.start_batch_size} sequences over {warmup.tokens / 1e9:g}B "
+                   f"tokens")
+    if data.validation_docs:
+        report.add(f"- validation: the first {data.validation_docs:,} documents, every "
+                   f"{trainer.eval_every_n_steps:,} steps; every rank runs the same number of validation batches")
+
+
+def data_section(report: Preflight, config: PretrainConfig) -> None:
+    data = config.data
+    streams = world_size(config) * max(1, data.num_workers)
+    report.section("Data")
+    report.add(f"source: {data.pretokenized_dir or data.source}; {world_size(config)} ranks x "
+               f"{max(1, data.num_workers)} workers = {streams} streams")
+    shards = None
+    if data.pretokenized_dir or local_data_files(data.source) is not None or hub_reachable():
+        shards = open_source(data).n_shards
+    if shards is None:
+        report.add("shards: unknown here (the hub cannot be reached); at the start of the run `datasets` reports "
+                   "them. Whole shards per stream need the shard count to be a multiple of the streams.")
+    elif shards % streams == 0:
+        report.add(f"shards: {shards}, a multiple of {streams}: every stream reads {shards // streams} whole "
+                   f"shard(s)")
+    else:
+        report.add(f"shards: {shards}, not a multiple of {streams}: `datasets` falls back to every stream reading "
+                   f"EVERY shard and keeping one document in {streams}, so each document is downloaded and "
+                   f"decoded {streams} times")
+        report.warnings.append(
+            f"data: {shards} shards over {streams} streams (ranks x data.num_workers): choose data.num_workers so "
+            f"that the streams divide the shards, or write pre-tokenized shards (`--pretokenize DIR`, a multiple "
+            f"of the streams) and set data.pretokenized_dir")
+    if data.num_workers == 0:
+        report.warnings.append("data.num_workers=0: tokenization runs in the training process, between steps")
+    if data.validation_docs:
+        batches = math.ceil(data.validation_docs / config.trainer.micro_batch_size)  # an upper bound, before packing
+        if batches < world_size(config):
+            report.refuse("data.validation_docs", f"{data.validation_docs} documents make at most {batches} "
+                          f"validation batches of {config.trainer.micro_batch_size}, fewer than the "
+                          f"{world_size(config)} ranks: some ranks would validate nothing")
+
+
+def memory_section(report: Preflight, config: PretrainConfig, model, parameters: int, gpu: str) -> None:
+    trainer = config.trainer
+    world, per_node = world_size(config), trainer.num_devices
+    report.section("Memory per GPU")
+    if is_deepspeed(trainer.strategy):
+        # DeepSpeed's own estimators (deepspeed.runtime.zero), imported here: deepspeed is a GPU extra
+        stage = 3 if trainer.strategy.startswith("deepspeed_stage_3") else 2
+        offload = "offload" in trainer.strategy
+        if stage == 3:
+            from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs  # a GPU extra
+
+            largest = max(sum(p.numel() for p in block.parameters()) for block in model.model.transformer_encoder)
+            largest = max(largest, model.decoder.weight.numel())
+            _, gpu_bytes, _ = estimate_zero3_model_states_mem_needs(parameters, largest, per_node, trainer.num_nodes,
+                                                                   cpu_offload=offload, cpu_offload_params=offload)
+        else:
+            from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs  # a GPU extra
+
+            _, gpu_bytes = estimate_zero2_model_states_mem_needs(parameters, per_node, trainer.num_nodes,
+                                                                 cpu_offload=offload)
+        report.add(f"- model states (DeepSpeed's ZeRO-{stage} estimator, {world} GPUs"
+                   f"{', optimizer offloaded to CPU' if offload else ''}): {gpu_bytes / GiB:.2f} GiB")
+    elif trainer.strategy == "fsdp2":
+        gpu_bytes = 16 * parameters / world + 2 * 2 * max(
+            sum(p.numel() for p in block.parameters()) for block in model.model.transformer_encoder)
+        report.add(f"- model states (FSDP2: fp32 weights, gradients and Adam moments sharded over {world}, plus two "
+                   f"gathered bf16 blocks): {gpu_bytes / GiB:.2f} GiB")
+    else:
+        gpu_bytes = 16 * parameters
+        report.add(f"- model states (replicated: fp32 weights, gradients, Adam moments = 16 bytes/parameter): "
+                   f"{gpu_bytes / GiB:.2f} GiB")
+    # Activations saved for the backward, per layer and token, with a fused attention kernel: about 34 x hidden
+    # bytes in 16-bit (Korthikanti et al. 2022, "Reducing Activation Recomputation", table 2 without the s^2 term).
+    tokens = trainer.micro_batch_size * config.data.max_length
+    hidden, layers = model.config.hidden_size, model.config.num_hidden_layers
+    activations = 34 * hidden * layers * tokens
+    report.add(f"- activations (estimate, 34 x hidden bytes per token per layer, {tokens:,} tokens per "
+               f"micro-batch): {activations / GiB:.1f} GiB")
+    total = gpu_bytes + activations
+    capacity = next((size for key, size in GPU_MEMORY_GIB.items() if key in gpu.lower()), None)
+    report.add(f"- total about {total / GiB:.1f} GiB" + (f" of the {capacity} GiB of a {gpu}" if capacity else ""))
+    if capacity and total > 0.9 * capacity * GiB:
+        report.warnings.append(f"memory: about {total / GiB:.0f} GiB per GPU against {capacity} GiB: lower "
+                               f"trainer.micro_batch_size and raise trainer.accumulate_grad_batches")
+
+
+def attention_section(report: Preflight, config: PretrainConfig, model_config, precision: str) -> None:
+    report.section("Attention kernel")
+    # The dtype attention computes in: bf16 under bf16-mixed autocast and bf16-true, else what the weights are.
+    dtype = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16,
+             "16-true": torch.float16}.get(precision, torch.float32)
+    kernel = training_attention_kernel(config.data.packing, model_config.attention_backend, "cuda",
+                                       unpad=config.data.unpad, dtype=dtype, dropout=model_config.dropout)
+    report.add(f"- {kernel}")
+
+
+def mfu_section(report: Preflight, config: PretrainConfig, model, model_config, gpu: str) -> float | None:
+    """Reports the FLOPs and the peak; returns the tokens/s one GPU consumes at ASSUMED_MFU (None: unknown GPU)."""
+    trainer, data = config.trainer, config.data
+    report.section("MFU")
+    weights = matmul_params(model)
+    if config.model.masked_only_logits:
+        weights -= (1 - config.masking.rate) * model.decoder.weight.numel()
+    per_token = flops_per_token(weights, model_config.num_hidden_layers, model_config.hidden_size, data.max_length,
+                                training=True)
+    report.add(f"- training FLOPs per token: 6 x {weights / 1e6:.1f}M matmul weights + 12 x layers x hidden x "
+               f"length = {per_token / 1e9:.2f} GFLOP at length {data.max_length} (train/mfu counts attention at "
+               f"each batch's real lengths)")
+    peak = peak_flops_of(gpu)
+    if peak is None:
+        report.add(f"- peak: unknown for {gpu!r}: train/mfu will not be logged")
+        return None
+    world = world_size(config)
+    report.add(f"- peak of a {gpu}: {peak / 1e12:.0f} dense bf16 TFLOP/s per GPU")
+    tokens_per_second = ASSUMED_MFU * peak * world / per_token
+    total_tokens = trainer.max_steps * trainer.batch_size * data.max_length
+    days = total_tokens / tokens_per_second / 86400
+    report.add(f"- at {ASSUMED_MFU:.0%} MFU (an assumption, not a measurement): {tokens_per_second / 1e6:.2f}M "
+               f"tokens/s on {world} GPUs, {days:,.1f} days ({days * 24 * world:,.0f} GPU hours) for the "
+               f"{total_tokens / 1e9:,.0f}B token slots")
+    return tokens_per_second / world
+
+
+def workers_section(report: Preflight, config: PretrainConfig, tokenizer, demand_per_gpu: float | None) -> None:
+    """What one data worker supplies (tokenize + mask, measured now on this CPU with the config's tokenizer and
+    data settings, on the demo corpus) against what one GPU consumes at ASSUMED_MFU."""
+    data, masking = config.data, config.masking
+    report.section("Data workers")
+    if data.pretokenized_dir:
+        report.add("- pre-tokenized shards (data.pretokenized_dir): the workers only batch and mask")
+        return
+    texts = [doc["content"] for doc in demo_documents()[:WORKER_SAMPLE_DOCS]]
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one worker's CPU
+    try:
+        start = time.perf_counter()
+        tokens = run_ours(texts, tokenizer, data, masking, config.trainer.micro_batch_size)
+        rate = tokens / (time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(torch_threads)
+    report.add(f"- one worker here tokenizes and masks {rate:,.0f} tokens/s ({WORKER_SAMPLE_DOCS} demo documents, "
+               f"one thread of this machine's CPU: measure on the GPU nodes' CPUs for their figure)")
+    if demand_per_gpu is None:
+        return
+    needed = math.ceil(demand_per_gpu / rate)
+    report.add(f"- one GPU at {ASSUMED_MFU:.0%} MFU consumes {demand_per_gpu:,.0f} tokens/s: about {needed} worker(s) "
+               f"per GPU at that rate; data.num_workers={data.num_workers}")
+    if max(1, data.num_workers) < needed:
+        report.warnings.append(
+            f"data: {max(1, data.num_workers)} worker(s) per GPU supply about {max(1, data.num_workers) * rate:,.0f} "
+            f"tokens/s at this CPU's rate, {demand_per_gpu:,.0f} needed: raise data.num_workers (CPU cores "
+            f"permitting) or tokenize ahead (`--pretokenize DIR`, then data.pretokenized_dir=DIR)")

@@ -1,0 +1,87 @@
+"""The preflight of the paper's configs at 8 GPUs, on CPU and offline: the strategy and the DeepSpeed config Lightning
+would build, the batch arithmetic, memory from DeepSpeed's estimators, the attention kernel and the MFU peak; and
+what would crash is refused with the key named."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from test_pretrain import tiny_config
+
+from neobert.config import ConfigError, load_config
+from neobert.config.pretrain import PretrainConfig
+from neobert.jobs.preflight import preflight_report, run_preflight
+
+pytest.importorskip("deepspeed")
+EIGHT_GPUS = ["trainer.devices=8", "trainer.num_nodes=1"]
+
+
+def deepspeed_config(text: str) -> dict:
+    return json.loads(re.search(r"```json\n(.*?)\n```", text, re.S)[1])
+
+
+@pytest.mark.parametrize("name, micro, length", [("neobert", 32, 1024), ("neobert-4096", 8, 4096),
+                                                 ("recipes/neobert-wsd", 32, 1024)])
+def test_the_paper_configs_at_8_gpus(name, micro, length):
+    report = preflight_report(load_config(PretrainConfig, name, EIGHT_GPUS))
+    text = report.text()
+    assert not report.refusals, text
+    config = deepspeed_config(text)
+    assert config["train_micro_batch_size_per_gpu"] == micro and config["gradient_accumulation_steps"] == 8
+    assert config["zero_optimization"]["stage"] == 2 and config["bf16"] == {"enabled": True}
+    assert config["gradient_clipping"] == 1.0
+    assert f"= 2,048 sequences per optimizer step" in text if length == 1024 else "= 512 sequences" in text
+    assert "2,097,152 token slots per step" in text  # the paper's 2M tokens
+    assert "NeoBERTDeepSpeedStrategy" in text
+    assert re.search(r"model states \(DeepSpeed's ZeRO-2 estimator, 8 GPUs\): \d+\.\d+ GiB", text)
+    assert "peak of a NVIDIA H100 80GB HBM3: 989 dense bf16 TFLOP/s" in text
+    assert "shards: unknown here" in text  # RefinedWeb is on the hub, which this machine cannot reach
+    assert "unpadded documents (data.unpad) with cu_seqlens: PyTorch's varlen_attn (FlashAttention varlen)" in text
+    workers = re.search(r"consumes ([\d,]+) tokens/s: about (\d+) worker\(s\) per GPU at that rate; data.num_workers=4",
+                        text)
+    assert workers and int(workers[2]) >= 1, text
+
+
+def test_lightnings_own_deepspeed_strategy_is_refused(monkeypatch):
+    # What the paper's config ran before: Lightning's strategy from its name reads the micro-batch size from
+    # train_dataloader.batch_sampler, which our DataLoader of ready batches does not have (AttributeError at setup).
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    from neobert.jobs import preflight
+
+    monkeypatch.setattr(preflight, "build_strategy", lambda trainer, micro_batch_size: DeepSpeedStrategy(stage=2))
+    report = preflight_report(load_config(PretrainConfig, "neobert", EIGHT_GPUS))
+    assert [key for key, _ in report.refusals] == ["trainer.strategy"]
+    assert "Lightning cannot format the DeepSpeed config: AttributeError" in report.refusals[0][1]
+
+
+def test_the_report_on_the_command_line(capsys):
+    from experiments.pretrain import main
+
+    main(["--config", "neobert", "--preflight", *EIGHT_GPUS, "--gpu", "NVIDIA H100 PCIe"])
+    out = capsys.readouterr().out
+    assert out.startswith("# Preflight: runs/neobert on 1 node(s) x 8 GPU(s) (NVIDIA H100 PCIe)")
+    assert "peak of a NVIDIA H100 PCIe: 756 dense bf16 TFLOP/s" in out
+
+
+def test_local_shards_against_streams(tmp_path):
+    for i in range(3):
+        (tmp_path / f"part-{i}.jsonl").write_text('{"content": "some text here"}\n' * 4)
+    config = tiny_config(tmp_path, f"data.source={tmp_path}/part-*.jsonl", "trainer.devices=2",
+                         "data.num_workers=2", "data.validation_docs=0")
+    report = preflight_report(config)
+    assert "shards: 3, not a multiple of 4" in report.text()
+    assert any("choose data.num_workers" in w for w in report.warnings)
+    even = preflight_report(tiny_config(tmp_path, f"data.source={tmp_path}/part-*.jsonl", "trainer.devices=3",
+                                        "data.num_workers=1", "data.validation_docs=0"))
+    assert "shards: 3, a multiple of 3: every stream reads 1 whole shard(s)" in even.text()
+
+
+def test_what_would_crash_is_refused_naming_the_key(tmp_path, capsys):
+    config = tiny_config(tmp_path, "trainer.devices=8", "data.validation_docs=8", "trainer.micro_batch_size=4")
+    with pytest.raises(ConfigError, match=r"invalid config key 'data.validation_docs': 8 documents make at most 2 "
+                                          r"validation batches of 4, fewer than the 8 ranks"):
+        run_preflight(config)
+    assert "REFUSED (data.validation_docs)" in capsys.readouterr().out  # the whole report was printed first

@@ -170,8 +170,8 @@ def test_a_block_is_tokenized_as_the_stream_needs_it_in_the_block_shuffled_order
     data = _data(corpus, shuffle_buffer=200)
     stream = PretrainingStream(data, MaskingConfig(), tokenizer, 4)
     encoded = []
-    encode = stream.tokenize.encode
-    monkeypatch.setattr(stream.tokenize, "encode", lambda documents: encoded.append(len(documents)) or encode(documents))
+    encode = stream.tokenizers[0].encode
+    monkeypatch.setattr(stream.tokenizers[0], "encode", lambda documents: encoded.append(len(documents)) or encode(documents))
     documents = stream.documents(0, fresh_stream_state())
     first = [next(documents) for _ in range(20)]
     assert encoded == [16, 16]  # two chunks for 20 documents, not the block's 200

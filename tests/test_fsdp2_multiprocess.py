@@ -40,7 +40,8 @@ def deal(monkeypatch, batches: int, world_size: int, cap: int = 0) -> list[list[
     monkeypatch.setattr(pretraining, "validation_batches", lambda *args: list(range(batches)))
     shares = []
     for rank in range(world_size):
-        datamodule = PretrainingDataModule(SimpleNamespace(validation_docs=100, validation_batches=cap), None, None, 4)
+        datamodule = PretrainingDataModule(SimpleNamespace(validation_docs=100, validation_batches=cap, sources=[]), None,
+                                            None, 4)
         datamodule.trainer = SimpleNamespace(global_rank=rank, world_size=world_size)
         datamodule.setup("fit")
         shares.append(datamodule.validation_batches)

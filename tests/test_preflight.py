@@ -81,7 +81,7 @@ def test_local_shards_against_streams(tmp_path):
 
 def test_what_would_crash_is_refused_naming_the_key(tmp_path, capsys):
     config = tiny_config(tmp_path, "trainer.devices=8", "data.validation_docs=8", "trainer.micro_batch_size=4")
-    with pytest.raises(ConfigError, match=r"invalid config key 'data.validation_docs': 8 documents make at most 2 "
+    with pytest.raises(ConfigError, match=r"invalid config key 'data.validation_docs': 8 documents \(of each source\) make at most 2 "
                                           r"validation batches of 4, fewer than the 8 ranks"):
         run_preflight(config)
     assert "REFUSED (data.validation_docs)" in capsys.readouterr().out  # the whole report was printed first

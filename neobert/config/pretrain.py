@@ -7,6 +7,7 @@ sets. `PretrainConfig.validate` checks what the types cannot, before any work st
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional
@@ -29,10 +30,32 @@ class ModelConfig:
     masked_only_logits: bool = True  # project to the vocabulary at masked positions only
 
 
+DEFAULT_SOURCE = "tiiuae/falcon-refinedweb"
+SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a source's name is part of metric names (train/tokens/<name>)
+
+
+@dataclass
+class DataSourceConfig:
+    """One source of a data mixture (data.sources): the fields `data.source` has, plus how often to draw it."""
+
+    name: str = ""  # in metric names: train/tokens/<name>, train/share/<name>, val/loss/<name>
+    source: str = ""  # a hub dataset name, or local files (as data.source)
+    hub_config: Optional[str] = None
+    split: str = "train"
+    text_column: str = "content"
+    text_sample_by: str = "paragraph"
+    # The draw probability is proportional to weight (x size^data.mixture_temperature when that is set).
+    weight: float = 1.0
+    # Its size for temperature sampling, in any unit shared by the sources (tokens, documents, bytes); 0 = the
+    # bytes of its local files, measured (a hub source must say its size).
+    size: float = 0.0
+    max_epochs: int = 0  # after this many passes the source is retired and the others renormalised; 0 = endless
+
+
 @dataclass
 class PretrainDataConfig:
     # A hub dataset name, or local files: a file, a directory or a glob of .txt/.jsonl/.json/.parquet/.csv.
-    source: str = "tiiuae/falcon-refinedweb"
+    source: Optional[str] = DEFAULT_SOURCE  # null with data.sources
     hub_config: Optional[str] = None
     split: str = "train"
     text_column: str = "content"
@@ -63,6 +86,18 @@ class PretrainDataConfig:
     # The unigram-entropy baseline (the loss of a context-free model) over this many training documents; 0 = off.
     baseline_docs: int = 0
     seed: int = 0
+    # A mixture of sources instead of data.source: each document is drawn from source i with probability
+    # proportional to its weight (x its size^mixture_temperature when the temperature is > 0: mmBERT's tau).
+    sources: List[DataSourceConfig] = field(default_factory=list)
+    mixture_temperature: float = 0.0
+
+
+@dataclass
+class SourceData(PretrainDataConfig):
+    """The data settings of one source of a mixture as the single-source code reads them (the run's settings with
+    that source's fields); `key` is how messages name it. Built by `neobert.data.mixture`, never written."""
+
+    key: str = "data.source"
 
 
 @dataclass
@@ -212,6 +247,7 @@ class PretrainConfig:
         require(data.validation_docs >= 0, "data.validation_docs", "must be >= 0")
         require(data.text_sample_by in ("paragraph", "line", "document"), "data.text_sample_by",
                 "must be paragraph, line or document")
+        self._validate_sources(data)
         require(len(data.length_buckets) == len(data.bucket_probabilities), "data.bucket_probabilities",
                 f"needs one probability per entry of data.length_buckets ({len(data.length_buckets)})")
         if data.length_buckets:
@@ -221,3 +257,28 @@ class PretrainConfig:
                     and abs(sum(data.bucket_probabilities) - 1) < 1e-6,
                     "data.bucket_probabilities", "must be non-negative and sum to 1")
             require(data.bucket_queue_docs >= 1, "data.bucket_queue_docs", "must be >= 1")
+
+    @staticmethod
+    def _validate_sources(data: PretrainDataConfig) -> None:
+        require(data.mixture_temperature >= 0, "data.mixture_temperature", "must be >= 0 (0 = the weights alone)")
+        if not data.sources:
+            require(bool(data.source), "data.source", "must name a hub dataset or local files (or set data.sources)")
+            return
+        require(data.source in (None, DEFAULT_SOURCE), "data.sources",
+                f"replaces data.source: set one or the other (data.source={data.source!r} is set too: data.source=null "
+                f"clears it)")
+        require(not data.pretokenized_dir, "data.pretokenized_dir", "is for one source: leave it unset with "
+                "data.sources (each source is read and tokenized as it streams)")
+        names = [s.name for s in data.sources]
+        for i, s in enumerate(data.sources):
+            key = f"data.sources[{i}]"
+            require(bool(SOURCE_NAME.fullmatch(s.name or "")), f"{key}.name",
+                    f"must be a non-empty name of letters, digits, '_', '.' or '-' (it names metrics), got {s.name!r}")
+            require(s.name not in names[:i], f"{key}.name", f"{s.name!r} names two sources")
+            require(bool(s.source), f"{key}.source", "must name a hub dataset or local files")
+            require(s.weight >= 0, f"{key}.weight", f"must be >= 0, got {s.weight}")
+            require(s.size >= 0, f"{key}.size", f"must be >= 0 (0 = measured), got {s.size}")
+            require(s.max_epochs >= 0, f"{key}.max_epochs", f"must be >= 0 (0 = endless), got {s.max_epochs}")
+            require(s.text_sample_by in ("paragraph", "line", "document"), f"{key}.text_sample_by",
+                    "must be paragraph, line or document")
+        require(any(s.weight > 0 for s in data.sources), "data.sources", "every weight is 0: nothing can be drawn")

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from datasets import load_dataset
 
 from neobert.config import ConfigError
+from neobert.config.pretrain import SourceData
 from neobert.errors import DataError
 from neobert.hub import is_hub_name, require_hub
 
@@ -57,11 +58,17 @@ def local_data_files(source: str, key: str = "data.source") -> list[str] | None:
     return files
 
 
+def source_key(data) -> str:
+    """The config key of the corpus: data.source, or data.sources[i].source for a source of a mixture."""
+    return data.key if isinstance(data, SourceData) else "data.source"
+
+
 def source_name(data) -> str:
-    """`data.source='...'` (or `data.pretokenized_dir='...'`): how messages name the corpus."""
+    """`data.source='...'` (or `data.pretokenized_dir='...'`, `data.sources[1].source='...'`): how messages name the
+    corpus."""
     if data.pretokenized_dir:
         return f"data.pretokenized_dir={data.pretokenized_dir!r}"
-    return f"data.source={data.source!r}"
+    return f"{source_key(data)}={data.source!r}"
 
 
 def no_usable_documents(data, skipped: dict, held_out: int = 0, detail: str = "") -> DataError:
@@ -87,9 +94,9 @@ def open_source(data, split: str | None = None):
         files = local_data_files(str(Path(data.pretokenized_dir) / "*.parquet"), "data.pretokenized_dir")
         builder, options = "parquet", {}
     else:
-        files = local_data_files(data.source)
+        files = local_data_files(data.source, source_key(data))
         if files is None:
-            require_hub(data.source, "data.source")
+            require_hub(data.source, source_key(data))
             return load_dataset(data.source, data.hub_config, split=split or data.split, streaming=True)
         builder = BUILDERS[Path(files[0]).suffix]
         options = {"sample_by": data.text_sample_by, "encoding_errors": "replace"} if builder == "text" else {}
@@ -117,7 +124,7 @@ def read_blocks(dataset, batch_size: int, data) -> Iterator[dict]:
 def text_column(data) -> str:
     if data.pretokenized_dir:
         return TOKENS_COLUMN
-    files = local_data_files(data.source)
+    files = local_data_files(data.source, source_key(data))
     return "text" if files and Path(files[0]).suffix == ".txt" else data.text_column
 
 
@@ -149,7 +156,7 @@ def check_has_documents(data, held_out: int = 0, batch_size: int = 64) -> None:
     """Reads a local corpus up to its first usable training document (one after the `held_out` validation
     documents): a corpus without one is a DataError counting what was skipped, raised before any training work.
     Hub sources are checked by the stream itself, at its first batch."""
-    if not data.pretokenized_dir and local_data_files(data.source) is None:
+    if not data.pretokenized_dir and local_data_files(data.source, source_key(data)) is None:
         return
     column, skipped, row, usable = text_column(data), {}, 0, 0
     for block in read_blocks(open_source(data), batch_size, data):

@@ -32,8 +32,9 @@ from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from neobert.data.corpus import (DocumentTokenizer, check_has_documents, local_data_files, no_usable_documents,
-                                  open_source, read_blocks, source_name, text_column, truncate)
+                                  open_source, read_blocks, source_key, source_name, text_column, truncate)
 from neobert.data.masking import MLMMasker
+from neobert.data.mixture import active_probabilities, mixture_sources
 from neobert.data.packing import make_packer
 from neobert.data.schedules import DataSchedule
 from neobert.errors import DataError
@@ -43,6 +44,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers tokenize
 log = logging.getLogger(__name__)
 
 DATA_STATE_KEY = "data_state"
+SOURCE_KEY = "source"  # a validation batch's source, in a mixture
 TOKENIZE_CHUNK = 256  # documents tokenized together (one encode_batch call) as a stream needs them
 
 
@@ -135,8 +137,18 @@ def held_out_digests(data, count: int) -> frozenset[bytes]:
 
 # ---------------------------------------------------------------------------------------------- the stream
 def fresh_stream_state() -> dict:
-    return {"epoch": 0, "source": None, "block": 0, "taken": 0, "batches": 0, "draws": 0,
-            "queues": None, "builder": None, "skipped": {}}
+    return {**fresh_source_state(), "batches": 0, "draws": 0, "queues": None, "builder": None, "mixture": None}
+
+
+def fresh_mixture_state(sources: int) -> dict:
+    """Where a stream is in a mixture: draws made, retired sources, tokens drawn and the position in each source."""
+    return {"draws": 0, "retired": [], "tokens": [0] * sources, "sources": [fresh_source_state() for _ in range(sources)]}
+
+
+def fresh_source_state() -> dict:
+    """Where a stream is in one source: its epoch, the source's own state at the current block, the documents of
+    the block taken, and the documents skipped (empty, undecodable)."""
+    return {"epoch": 0, "source": None, "block": 0, "taken": 0, "skipped": {}}
 
 
 class PretrainingStream(IterableDataset):
@@ -157,10 +169,11 @@ class PretrainingStream(IterableDataset):
         self.rank, self.world_size = rank, world_size
         self.start_states = start_states or {}
         self.rotation, self.skip_docs = rotation, skip_docs
-        self._held_out: frozenset[bytes] | None = None  # digests of the skip_docs held-out documents
+        self.sources = mixture_sources(data)  # data.source as a mixture of one, or data.sources
+        self._held_out: dict[int, frozenset[bytes]] = {}  # per source: digests of its skip_docs held-out documents
         self.masker = MLMMasker.from_tokenizer(tokenizer, masking.rate, masking.strategy, masking.pad_to_multiple_of)
         self.special_ids = set(tokenizer.all_special_ids)
-        self.tokenize = DocumentTokenizer(tokenizer, text_column(data))
+        self.tokenizers = [DocumentTokenizer(tokenizer, text_column(source.data)) for source in self.sources]
         self.workers = max(1, data.num_workers)
 
     @property
@@ -179,7 +192,11 @@ class PretrainingStream(IterableDataset):
                                self.data.packing_open_rows, unpad=self.data.unpad)
         if state["builder"] is not None:
             builder.load(state["builder"])
-        documents = self.documents(stream, state)
+        mixture = len(self.sources) > 1
+        if mixture and state["mixture"] is None:
+            state["mixture"] = fresh_mixture_state(len(self.sources))
+        documents = self.mixed(stream, state["mixture"]) if mixture else self.documents(stream, state)
+        drawn = list(state["mixture"]["tokens"]) if mixture else []  # per source, at the previous batch
         if self.data.length_buckets:
             documents = self.bucketed(documents, stream, state)
         # This stream's k-th batch is the rank's (k x workers + position)-th micro-batch (module docstring).
@@ -192,6 +209,10 @@ class PretrainingStream(IterableDataset):
                     break
                 generator = torch.Generator().manual_seed(derived_seed(self.data.seed, stream, state["batches"]))
                 batch, stats = builder.pop(self.schedule.batch_size(step), generator, self.schedule.mask_rate(step))
+                if mixture:  # tokens drawn from each source since this stream's previous batch
+                    tokens = state["mixture"]["tokens"]
+                    stats["source_tokens"] = {s.name: now - before for s, now, before in zip(self.sources, tokens, drawn)}
+                    drawn = list(tokens)
                 state["batches"] += 1
                 state["builder"] = None  # builder.state() below is already a copy: do not deep-copy it twice
                 snapshot = copy.deepcopy(state)
@@ -199,41 +220,46 @@ class PretrainingStream(IterableDataset):
                 batch[DATA_STATE_KEY] = {"stream": stream, "state": snapshot, "stats": stats}
                 yield batch
 
-    def source(self, stream: int, epoch: int):
-        dataset = open_source(self.data)
+    def source(self, stream: int, epoch: int, index: int = 0):
+        """Source `index`'s documents for `stream` in `epoch`, its held-out documents left out."""
+        data = self.sources[index].data
+        dataset = open_source(data)
         if self.skip_docs and self.num_streams == 1:
             dataset = dataset.skip(self.skip_docs)
         elif self.skip_docs:
             # Split over streams, `datasets` would skip 1/streams of the held-out count in each stream's own shards
             # (measured: 37 of 50 held-out documents trained on at 4 streams): drop them by content instead.
-            if self._held_out is None:
-                self._held_out = held_out_digests(self.data, self.skip_docs)
-            column, held_out = text_column(self.data), self._held_out
+            if index not in self._held_out:
+                self._held_out[index] = held_out_digests(data, self.skip_docs)
+            column, held_out = text_column(data), self._held_out[index]
             dataset = dataset.filter(lambda example: document_digest(example[column]) not in held_out)
         if self.num_streams > 1:
             dataset = split_dataset_by_node(dataset, rank=stream, world_size=self.num_streams)
         dataset.set_epoch(epoch)
         return dataset
 
-    def documents(self, stream: int, state: dict) -> Iterator[list[int]]:
-        """Token ids of this stream's documents, block-shuffled, epoch after epoch; updates `state`."""
-        block_size = self.data.shuffle_buffer
-        while True:
+    def documents(self, stream: int, state: dict, index: int = 0) -> Iterator[list[int]]:
+        """Token ids of this stream's documents of source `index`, block-shuffled, epoch after epoch (until the
+        source's max_epochs); updates `state`."""
+        block_size, source = self.data.shuffle_buffer, self.sources[index]
+        tokenize = self.tokenizers[index]
+        mixture = (index,) if len(self.sources) > 1 else ()  # a source's own shuffles (one source: as ever)
+        while not (source.max_epochs and state["epoch"] >= source.max_epochs):
             whole_epoch = state["source"] is None and state["block"] == 0 and state["taken"] == 0
-            dataset = self.source(stream, state["epoch"])
+            dataset = self.source(stream, state["epoch"], index)
             if state["source"] is not None:
                 dataset.load_state_dict(state["source"])
             produced = False
             for block in read_blocks(dataset, block_size, self.data):
-                docs = self.tokenize.usable(block, state["skipped"])
+                docs = tokenize.usable(block, state["skipped"])
                 order = list(range(len(docs)))
-                random.Random(derived_seed(self.data.seed, stream, state["epoch"], state["block"])).shuffle(order)
+                random.Random(derived_seed(self.data.seed, stream, state["epoch"], state["block"], *mixture)).shuffle(order)
                 # Tokenized a chunk at a time in the shuffled order, not the whole block first: the first document
                 # of a block waits for TOKENIZE_CHUNK documents, not for data.shuffle_buffer (a stall of the
                 # worker, and of every GPU waiting for its batch, at each block start).
                 pending = order[state["taken"]:]
                 for start in range(0, len(pending), TOKENIZE_CHUNK):
-                    for ids in self.tokenize.encode([docs[i] for i in pending[start:start + TOKENIZE_CHUNK]]):
+                    for ids in tokenize.encode([docs[i] for i in pending[start:start + TOKENIZE_CHUNK]]):
                         state["taken"] += 1
                         produced = True
                         yield ids
@@ -241,8 +267,38 @@ class PretrainingStream(IterableDataset):
             if not produced and whole_epoch:  # a whole epoch without a document: the next would be the same
                 detail = (f"stream {stream} of {self.num_streams} (devices x data.num_workers) got none: use fewer "
                           f"workers or devices for a small corpus" if self.num_streams > 1 else "")
-                raise no_usable_documents(self.data, state["skipped"], self.skip_docs, detail)
+                raise no_usable_documents(source.data, state["skipped"], self.skip_docs, detail)
             state["epoch"], state["source"], state["block"], state["taken"] = state["epoch"] + 1, None, 0, 0
+
+    def mixed(self, stream: int, mix: dict) -> Iterator[list[int]]:
+        """Documents of the mixture: each draw picks a source with this stream's generator for that draw (seeded
+        by the draw's number, so a resumed stream draws the same), then takes that source's next document. A
+        source that reaches its max_epochs is retired and the others' probabilities renormalised (logged).
+        `mix`: the stream state's "mixture" (draws, retired sources, tokens drawn and each source's position)."""
+        sources = [self.documents(stream, mix["sources"][i], i) for i in range(len(self.sources))]
+        cap = self.data.max_length if self.data.packing == "none" else None  # tokens a document trains on
+        while True:
+            active = active_probabilities(self.sources, mix["retired"])
+            if not active:
+                raise DataError(f"every source of data.sources has reached its max_epochs (stream {stream}): raise "
+                                f"a max_epochs, or trainer.max_steps is beyond the mixture")
+            rng = random.Random(derived_seed(self.data.seed, stream, mix["draws"], 17))
+            index = rng.choices(list(active), weights=list(active.values()))[0]
+            epoch = mix["sources"][index]["epoch"]
+            ids = next(sources[index], None)
+            if ids is None:  # retired: drawn again, from the rest, with the same draw's generator
+                mix["retired"].append(index)
+                log.info("data: source %r finished its max_epochs=%d (stream %d): retired; the others' shares are "
+                         "now %s", self.sources[index].name, self.sources[index].max_epochs, stream,
+                         {self.sources[i].name: round(p, 4)
+                          for i, p in active_probabilities(self.sources, mix["retired"]).items()})
+                continue
+            if mix["sources"][index]["epoch"] != epoch:
+                log.info("data: source %r starts its epoch %d (stream %d)", self.sources[index].name,
+                         mix["sources"][index]["epoch"], stream)
+            mix["draws"] += 1
+            mix["tokens"][index] += min(len(ids), cap) if cap else len(ids)
+            yield ids
 
     def bucketed(self, documents: Iterator[list[int]], stream: int, state: dict) -> Iterator[list[int]]:
         """The stage-2 mixture: draw bucket b with probability bucket_probabilities[b], then emit the next
@@ -296,30 +352,52 @@ class PretrainingDataModule(L.LightningDataModule):
         without a usable training document (a DataError counting the empty and undecodable ones)."""
         if self.data.pretokenized_dir:
             local_data_files(str(Path(self.data.pretokenized_dir) / "*.parquet"), "data.pretokenized_dir")
-        elif local_data_files(self.data.source) is None:
-            require_hub(self.data.source, "data.source")
+            check_has_documents(self.data, held_out=self.data.validation_docs)
             return
-        check_has_documents(self.data, held_out=self.data.validation_docs)
+        for source in mixture_sources(self.data):
+            if local_data_files(source.data.source, source_key(source.data)) is None:
+                require_hub(source.data.source, source_key(source.data))
+            else:
+                check_has_documents(source.data, held_out=self.data.validation_docs)
 
     def setup(self, stage: str | None = None) -> None:
         if self.trainer is not None:
             self.rank, self.world_size = self.trainer.global_rank, self.trainer.world_size
         if self.data.validation_docs and not self.validation_batches:
-            batches = validation_batches(self.data, self.masking, self.tokenizer, self.micro_batch_size)
-            # Every rank gets the same number of batches: under FSDP2 every forward is a collective (the shards
-            # are all-gathered), so a rank with one batch more would wait forever for the others. The
-            # remainder is dropped; data.validation_batches caps each rank's share.
-            per_rank, remainder = divmod(len(batches), self.world_size)
-            if per_rank == 0:
-                raise DataError(f"data.validation_docs={self.data.validation_docs} gives {len(batches)} validation "
-                                f"batch(es), fewer than the {self.world_size} ranks (every rank needs one): raise "
-                                f"data.validation_docs")
-            if remainder and self.rank == 0 and not 0 < self.data.validation_batches < per_rank:
-                log.info("validation: the last %d of %d batches are dropped so that each of the %d ranks validates "
-                         "%d (ranks validate in step)", remainder, len(batches), self.world_size, per_rank)
-            if self.data.validation_batches:
-                per_rank = min(per_rank, self.data.validation_batches)
-            self.validation_batches = batches[self.rank : per_rank * self.world_size : self.world_size]
+            sources = mixture_sources(self.data)
+            for source in sources:  # the first data.validation_docs documents of each source
+                batches = validation_batches(source.data, self.masking, self.tokenizer, self.micro_batch_size)
+                if len(sources) > 1:
+                    for batch in batches:
+                        batch[SOURCE_KEY] = source.name  # val/loss/<source>
+                self.validation_batches += self.deal(batches, source.name)
+
+    def deal(self, batches: list[dict], source: str = "") -> list[dict]:
+        """This rank's share of the validation batches (of one source). Every rank gets the same number: under
+        FSDP2 every forward is a collective (the shards are all-gathered), so a rank with one batch more would wait
+        forever for the others, and every rank logs every source's loss. The remainder is dropped;
+        data.validation_batches caps each rank's share."""
+        of_source = f" of source {source!r}" if source else ""
+        per_rank, remainder = divmod(len(batches), self.world_size)
+        if per_rank == 0:
+            raise DataError(f"data.validation_docs={self.data.validation_docs} gives {len(batches)} validation "
+                            f"batch(es){of_source}, fewer than the {self.world_size} ranks (every rank needs one): "
+                            f"raise data.validation_docs")
+        if remainder and self.rank == 0 and not 0 < self.data.validation_batches < per_rank:
+            log.info("validation: the last %d of %d batches%s are dropped so that each of the %d ranks validates "
+                     "%d (ranks validate in step)", remainder, len(batches), of_source, self.world_size, per_rank)
+        if self.data.validation_batches:
+            per_rank = min(per_rank, self.data.validation_batches)
+        return batches[self.rank : per_rank * self.world_size : self.world_size]
+
+    def source_tokens(self) -> dict[str, int]:
+        """Per source of a mixture: the tokens drawn so far by this rank's streams (their trained positions)."""
+        sources = mixture_sources(self.data) if self.data.sources else []
+        totals = {source.name: 0 for source in sources}
+        for state in self.stream_states.values():
+            for source, tokens in zip(sources, (state.get("mixture") or {}).get("tokens", ())):
+                totals[source.name] += tokens
+        return totals
 
     def train_stream(self) -> PretrainingStream:
         workers = max(1, self.data.num_workers)

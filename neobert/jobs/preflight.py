@@ -23,8 +23,9 @@ import torch
 
 from neobert.config import ConfigError
 from neobert.config.pretrain import PretrainConfig
-from neobert.data.corpus import local_data_files, open_source
+from neobert.data.corpus import local_data_files, open_source, source_key, source_name
 from neobert.data.demo_corpus import demo_documents
+from neobert.data.mixture import mixture_sources
 from neobert.data.pretraining import PretrainingDataModule
 from neobert.data.tokenizer import load_tokenizer
 from neobert.eval.data_pipeline import run_ours
@@ -182,33 +183,42 @@ def data_section(report: Preflight, config: PretrainConfig) -> None:
     data = config.data
     streams = world_size(config) * max(1, data.num_workers)
     report.section("Data")
-    report.add(f"source: {data.pretokenized_dir or data.source}; {world_size(config)} ranks x "
-               f"{max(1, data.num_workers)} workers = {streams} streams")
-    shards = None
-    if data.pretokenized_dir or local_data_files(data.source) is not None or hub_reachable():
-        shards = open_source(data).n_shards
-    if shards is None:
-        report.add("shards: unknown here (the hub cannot be reached); at the start of the run `datasets` reports "
-                   "them. Whole shards per stream need the shard count to be a multiple of the streams.")
-    elif shards % streams == 0:
-        report.add(f"shards: {shards}, a multiple of {streams}: every stream reads {shards // streams} whole "
-                   f"shard(s)")
-    else:
-        report.add(f"shards: {shards}, not a multiple of {streams}: `datasets` falls back to every stream reading "
-                   f"EVERY shard and keeping one document in {streams}, so each document is downloaded and "
-                   f"decoded {streams} times")
-        report.warnings.append(
-            f"data: {shards} shards over {streams} streams (ranks x data.num_workers): choose data.num_workers so "
-            f"that the streams divide the shards, or write pre-tokenized shards (`--pretokenize DIR`, a multiple "
-            f"of the streams) and set data.pretokenized_dir")
+    report.add(f"{world_size(config)} ranks x {max(1, data.num_workers)} workers = {streams} streams; every "
+               f"stream reads its share of every source")
+    for source in mixture_sources(data):
+        source_section(report, source, streams)
     if data.num_workers == 0:
         report.warnings.append("data.num_workers=0: tokenization runs in the training process, between steps")
     if data.validation_docs:
         batches = math.ceil(data.validation_docs / config.trainer.micro_batch_size)  # an upper bound, before packing
         if batches < world_size(config):
-            report.refuse("data.validation_docs", f"{data.validation_docs} documents make at most {batches} "
-                          f"validation batches of {config.trainer.micro_batch_size}, fewer than the "
+            report.refuse("data.validation_docs", f"{data.validation_docs} documents (of each source) make at most "
+                          f"{batches} validation batches of {config.trainer.micro_batch_size}, fewer than the "
                           f"{world_size(config)} ranks: some ranks would validate nothing")
+
+
+def source_section(report: Preflight, source, streams: int) -> None:
+    data = source.data
+    name = f"{source.name} ({source.probability:.1%} of the draws" + (
+        f", retired after {source.max_epochs} epoch(s))" if source.max_epochs else ")") if source.name else ""
+    report.add(f"- source {name + ': ' if name else ''}{data.pretokenized_dir or data.source}")
+    shards = None
+    if data.pretokenized_dir or local_data_files(data.source, source_key(data)) is not None or hub_reachable():
+        shards = open_source(data).n_shards
+    if shards is None:
+        report.add("  shards: unknown here (the hub cannot be reached); at the start of the run `datasets` reports "
+                   "them. Whole shards per stream need the shard count to be a multiple of the streams.")
+    elif shards % streams == 0:
+        report.add(f"  shards: {shards}, a multiple of {streams}: every stream reads {shards // streams} whole "
+                   f"shard(s)")
+    else:
+        report.add(f"  shards: {shards}, not a multiple of {streams}: `datasets` falls back to every stream reading "
+                   f"EVERY shard and keeping one document in {streams}, so each document is downloaded and "
+                   f"decoded {streams} times")
+        report.warnings.append(
+            f"data: {source_name(data)} has {shards} shards over {streams} streams (ranks x data.num_workers): "
+            f"choose data.num_workers so that the streams divide the shards, or write pre-tokenized shards "
+            f"(`--pretokenize DIR`, a multiple of the streams) and set data.pretokenized_dir")
 
 
 def memory_section(report: Preflight, config: PretrainConfig, model, parameters: int, gpu: str) -> None:

@@ -16,6 +16,7 @@ from neobert.config import ConfigError, config_path, load_config
 from neobert.config.pretrain import PretrainConfig
 from neobert.data.demo_corpus import write_demo_corpus
 from neobert.data.corpus import pretokenize, unigram_entropy
+from neobert.data.mixture import mixture_sources
 from neobert.data.pretraining import PretrainingDataModule
 from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, load_tokenizer
 from neobert.errors import CheckpointError
@@ -132,10 +133,12 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
                             validate=config.data.validation_docs > 0,
                             max_epochs=-1,  # the training stream is endless: max_steps ends the run
                             use_distributed_sampler=False)  # every rank reads its own streams
-    baseline = None
+    baselines = {}  # per source of a mixture ("" for data.source)
     if config.data.baseline_docs and trainer.is_global_zero:
-        baseline = unigram_entropy(config.data, tokenizer, config.data.baseline_docs)
-        print(f"unigram-entropy baseline of the corpus (masked-target tokens): {baseline:.4f} nats")
+        for source in mixture_sources(config.data):
+            baselines[source.name] = unigram_entropy(source.data, tokenizer, config.data.baseline_docs)
+            print(f"unigram-entropy baseline of {source.name or 'the corpus'} (masked-target tokens): "
+                  f"{baselines[source.name]:.4f} nats")
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
 
     export_dir = Path(config.export_dir or Path(config.output_dir) / EXPORT_DIR)
@@ -144,12 +147,15 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
     if ema is not None and ema.weights is not None and trainer.is_global_zero:
         export_weights(module, submodule_state(ema.weights, "model."), export_dir / EMA_EXPORT_DIR)
     if trainer.is_global_zero:
-        summarise(config, export_dir, baseline)
+        summarise(config, export_dir, baselines)
     return export_dir
 
 
 def run_pretokenize(config: PretrainConfig, out_dir: str | Path) -> list[Path]:
     """Writes the config's documents as token-id parquet shards for `data.pretokenized_dir`."""
+    if config.data.sources:
+        raise ConfigError("invalid config key 'data.sources': --pretokenize writes one source's shards (a mixture "
+                          "tokenizes as it streams): run it with data.source=<one source> data.sources=[]")
     tokenizer = load_tokenizer(config.data.tokenizer, config_key="data.tokenizer")
     return pretokenize(config.data, tokenizer, out_dir)
 
@@ -184,12 +190,14 @@ def export_weights(module: MLMPretrainingModule, state: dict, export_dir: str | 
     model.save_pretrained(export_dir, tokenizer=module.tokenizer)
 
 
-def summarise(config: PretrainConfig, export_dir: Path, baseline: float | None) -> None:
+def summarise(config: PretrainConfig, export_dir: Path, baselines: dict[str, float]) -> None:
+    """`baselines`: the unigram-entropy baseline of each source ("" for data.source)."""
     output_dir = Path(config.output_dir)
     csvs = metrics_csvs(output_dir)
-    lines = {"unigram-entropy baseline": baseline} if baseline is not None else {}
+    lines = {f"unigram-entropy baseline{' ' + name if name else ''}": value for name, value in baselines.items()}
     plot = output_dir / LOSS_PLOT
     curves = ["train/loss", "val/loss"] + (["val/loss_ema"] if config.trainer.ema.decay else [])
+    curves += [f"val/loss/{source.name}" for source in config.data.sources]
     plot_curves(csvs, curves, plot, hlines=lines, title=f"MLM loss ({output_dir.name})")
     final = final_value(csvs, "train/loss", last_n=5)  # single steps are noisy: the mean of the last 5 logged
     final_val, final_ema = final_value(csvs, "val/loss"), final_value(csvs, "val/loss_ema")
@@ -197,6 +205,7 @@ def summarise(config: PretrainConfig, export_dir: Path, baseline: float | None) 
            else "no train loss logged (max_steps < logging.log_every_n_steps)")
           + (f", validation loss {final_val:.4f}" if final_val is not None else "")
           + (f" (EMA weights {final_ema:.4f})" if final_ema is not None else "")
-          + (f", unigram baseline {baseline:.4f} nats" if baseline is not None else ""))
+          + "".join(f", unigram baseline{' of ' + name if name else ''} {value:.4f} nats"
+                    for name, value in baselines.items()))
     print(f"export: {export_dir}\nloss plot: {plot}\n"
           f"logs: {output_dir / LOGS_DIR} (CSV), {output_dir / TENSORBOARD_DIR}")

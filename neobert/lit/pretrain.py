@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from neobert.config.pretrain import PretrainConfig
-from neobert.data.pretraining import DATA_STATE_KEY
+from neobert.data.pretraining import DATA_STATE_KEY, SOURCE_KEY
 from neobert.eval.flops import attention_flops, flops_per_token, matmul_params, mfu, peak_flops
 from neobert.lit.checkpoints import CHECKPOINT_KEY
 from neobert.lit.optim import configure_optimizers
@@ -201,6 +201,13 @@ class MLMPretrainingModule(L.LightningModule):
             metrics["train/batch_size"] = float(step["sequences"] * world)  # sequences (packed rows) per step
             metrics["train/packing_efficiency"] = tokens / step["capacity"]  # real tokens / row capacity
             metrics["train/mask_rate"] = step["mask_rate"]
+        datamodule = self.trainer.datamodule
+        if self.config.data.sources and datamodule is not None:  # a mixture: what each source has given so far
+            drawn = datamodule.source_tokens()  # host counts in the streams' trained positions
+            total = sum(drawn.values())
+            for name, count in drawn.items():
+                metrics[f"train/tokens/{name}"] = float(count * world)
+                metrics[f"train/share/{name}"] = count / total if total else 0.0
         now = time.perf_counter()  # the read above waited for the device: the interval's time is real
         if self._interval_started is not None:
             tokens_per_second = interval_tokens * world / (now - self._interval_started)
@@ -237,6 +244,8 @@ class MLMPretrainingModule(L.LightningModule):
         correct, masked = self._accuracy_counts(output, batch["labels"])
         masked = max(1, int(masked))  # the epoch mean's weight (validation is not the step loop)
         self.log("val/loss", output.loss, on_epoch=True, sync_dist=True, batch_size=masked, prog_bar=True)
+        if SOURCE_KEY in batch:  # a mixture: every rank validates every source (PretrainingDataModule.deal)
+            self.log(f"val/loss/{batch[SOURCE_KEY]}", output.loss, on_epoch=True, sync_dist=True, batch_size=masked)
         self.log("val/accuracy", correct / masked, on_epoch=True, sync_dist=True, batch_size=masked)
 
     def validation_loss(self, batch: dict) -> tuple[torch.Tensor, int]:

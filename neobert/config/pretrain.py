@@ -189,6 +189,31 @@ class MtebCallbackConfig:
 
 
 @dataclass
+class PhaseConfig:
+    """One phase of a phased recipe (`phases:`): its length, and what it changes from the phase before it."""
+
+    name: str = ""  # the export goes to output_dir/export/<name>; `--phase NAME` restarts here
+    steps: int = 0  # the phase's optimizer steps; or
+    tokens: int = 0  # its tokens (steps = tokens / (batch x data.max_length), rounded up). Neither: the last phase
+    # runs to trainer.max_steps
+    # Dotted keys of this config and their values for this phase and the ones after it (until changed again), e.g.
+    # {data.max_length: 4096, model.overrides.rope_theta: 160000, scheduler.phase: decay}. PHASE_KEYS lists what
+    # may change: the weights and the optimizer state carry over, so the architecture and vocabulary may not.
+    overrides: Dict[str, Any] = field(default_factory=dict)
+
+
+# What a phase may change (prefixes of dotted keys). Not listed, and refused: the architecture (model.preset,
+# hidden size, layers, ...), the tokenizer, the devices and data workers (the data positions are per stream).
+PHASE_KEYS = ("data.sources", "data.source", "data.hub_config", "data.split", "data.text_column",
+              "data.text_sample_by", "data.mixture_temperature", "data.max_length", "data.packing",
+              "data.packing_open_rows", "data.unpad", "data.length_buckets", "data.bucket_probabilities",
+              "data.bucket_queue_docs", "data.shuffle_buffer", "data.validation_docs", "data.validation_batches",
+              "masking.", "optimizer.lr", "optimizer.weight_decay", "scheduler.", "trainer.micro_batch_size",
+              "trainer.accumulate_grad_batches", "trainer.eval_every_n_steps", "trainer.checkpoint_every_n_steps",
+              "model.overrides.rope_theta", "model.overrides.max_length")
+
+
+@dataclass
 class PretrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: PretrainDataConfig = field(default_factory=PretrainDataConfig)
@@ -206,6 +231,8 @@ class PretrainConfig:
     export_dir: Optional[str] = None  # default: output_dir/export
     glue_callback: GlueCallbackConfig = field(default_factory=GlueCallbackConfig)
     mteb_callback: MtebCallbackConfig = field(default_factory=MtebCallbackConfig)
+    # Phases run in order by one command (neobert.jobs.phases), each from where the one before ended.
+    phases: List[PhaseConfig] = field(default_factory=list)
 
     RENAMED_KEYS: ClassVar[Dict[str, str]] = {
         "run_dir": "output_dir",

@@ -140,6 +140,35 @@ def fresh_stream_state() -> dict:
     return {**fresh_source_state(), "batches": 0, "draws": 0, "queues": None, "builder": None, "mixture": None}
 
 
+def source_identity(data) -> tuple:
+    """What makes two phases' sources the same data: where it is read from."""
+    return (data.source, data.hub_config, data.split, data.text_column, data.text_sample_by)
+
+
+SOURCE_POSITION_KEYS = ("epoch", "source", "block", "taken", "skipped")
+
+
+def carried_state(state: dict, saved: list[tuple], now: list[tuple]) -> dict:
+    """A stream's state for a new phase: the position (and tokens drawn) in every source the phases share, by
+    identity; a new stream otherwise (no pending documents, batches counted from 0, new sources from their start)."""
+    mixture = state.get("mixture")
+    positions = ({saved[0]: {k: state[k] for k in SOURCE_POSITION_KEYS}} if len(saved) == 1 and mixture is None
+                 else {identity: position for identity, position in zip(saved, (mixture or {}).get("sources", []))})
+    tokens = dict(zip(saved, (mixture or {}).get("tokens", [])))
+    fresh = fresh_stream_state()
+    if len(now) == 1:
+        fresh.update(copy.deepcopy(positions.get(now[0], {})))
+        return fresh
+    mix = fresh_mixture_state(len(now))
+    mix["draws"] = (mixture or {}).get("draws", 0)  # the source draws go on, never repeating a phase's
+    for i, identity in enumerate(now):
+        if identity in positions:
+            mix["sources"][i] = copy.deepcopy(positions[identity])
+            mix["tokens"][i] = tokens.get(identity, 0)
+    fresh["mixture"] = mix
+    return fresh
+
+
 def fresh_mixture_state(sources: int) -> dict:
     """Where a stream is in a mixture: draws made, retired sources, tokens drawn and the position in each source."""
     return {"draws": 0, "retired": [], "tokens": [0] * sources, "sources": [fresh_source_state() for _ in range(sources)]}
@@ -338,9 +367,12 @@ class PretrainingDataModule(L.LightningDataModule):
     """`trainer`: the run's trainer section when its batch-size warm-up or accumulation shapes the stream
     (`DataSchedule.from_config`); None = `micro_batch_size` batches throughout."""
 
-    def __init__(self, data, masking, tokenizer, micro_batch_size: int, trainer=None):
+    def __init__(self, data, masking, tokenizer, micro_batch_size: int, trainer=None, phase: str = "",
+                 first_step: int = 0):
+        """`phase`, `first_step`: the phase of a phased recipe this run is, and its first optimizer step."""
         super().__init__()
         self.data, self.masking, self.tokenizer = data, masking, tokenizer
+        self.phase, self.first_step = phase, first_step
         self.micro_batch_size, self.trainer_config = micro_batch_size, trainer
         self.rank, self.world_size = 0, 1
         self.stream_states: dict[int, dict] = {}  # global stream id -> state after its latest trained batch
@@ -404,7 +436,7 @@ class PretrainingDataModule(L.LightningDataModule):
         schedule = None
         if self.trainer_config is not None:
             schedule = DataSchedule.from_config(self.trainer_config, self.masking, self.data.max_length,
-                                                self.world_size)
+                                                self.world_size, first_step=self.first_step)
         return PretrainingStream(self.data, self.masking, self.tokenizer, self.micro_batch_size, self.rank,
                                  self.world_size, self.stream_states, rotation=self.trained_batches % workers,
                                  skip_docs=self.data.validation_docs, schedule=schedule)
@@ -432,7 +464,8 @@ class PretrainingDataModule(L.LightningDataModule):
                 per_rank, {"streams": self.stream_states, "trained_batches": self.trained_batches})
         streams = {k: v for part in per_rank for k, v in part["streams"].items()}
         return {"streams": streams, "trained_batches": [p["trained_batches"] for p in per_rank],
-                "num_streams": self.world_size * max(1, self.data.num_workers)}
+                "num_streams": self.world_size * max(1, self.data.num_workers), "phase": self.phase,
+                "sources": [source_identity(s.data) for s in mixture_sources(self.data)]}
 
     def load_state_dict(self, state: dict) -> None:
         num_streams = self.world_size * max(1, self.data.num_workers)
@@ -444,7 +477,16 @@ class PretrainingDataModule(L.LightningDataModule):
                         "this run has %d: the data stream restarts from its beginning", state["num_streams"],
                         num_streams)
             return
-        self.stream_states = {int(k): v for k, v in state["streams"].items()}
+        streams = {int(k): v for k, v in state["streams"].items()}
+        if state.get("phase", "") != self.phase:  # the checkpoint ends the phase before: a new phase starts
+            saved = [tuple(identity) for identity in state.get("sources", [])]
+            now = [source_identity(s.data) for s in mixture_sources(self.data)]
+            self.stream_states = {k: carried_state(v, saved, now) for k, v in streams.items()}
+            self.trained_batches = 0  # the streams count this phase's batches from 0 (DataSchedule.first_step)
+            log.info("phase %r: the data position of every source it shares with the phase before carries over "
+                     "(%d of %d sources)", self.phase, len(set(saved) & set(now)), len(now))
+            return
+        self.stream_states = streams
         self.trained_batches = state["trained_batches"][self.rank]
 
 

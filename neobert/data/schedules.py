@@ -41,8 +41,9 @@ class DataSchedule:
 
     def __init__(self, micro_batch_size: int, accumulate: int = 1, world_size: int = 1, *,
                  start_batch_size: int = 0, warmup_tokens: int = 0, sequence_length: int = 1,
-                 mask_rate: float = 0.2, mask_rate_schedule: Sequence[Sequence[float]] = ()):
+                 mask_rate: float = 0.2, mask_rate_schedule: Sequence[Sequence[float]] = (), first_step: int = 0):
         self.micro_batch_size, self.accumulate, self.world_size = micro_batch_size, accumulate, world_size
+        self.first_step = first_step  # the optimizer step of the stream's first batch (a phase's first step)
         self.mask_rate_default, self.mask_rate_schedule = mask_rate, [list(p) for p in mask_rate_schedule]
         self.sequences_per_micro_row = accumulate * world_size  # global sequences per unit of micro-batch size
         self.start_micro = max(1, start_batch_size // self.sequences_per_micro_row) if start_batch_size else None
@@ -51,17 +52,19 @@ class DataSchedule:
         self._ramp_tokens = 0  # tokens of the steps in _ramp
 
     @classmethod
-    def from_config(cls, trainer, masking, sequence_length: int, world_size: int = 1) -> "DataSchedule":
-        """`trainer`: pretraining's trainer section (micro-batch, accumulation, batch_size_warmup)."""
+    def from_config(cls, trainer, masking, sequence_length: int, world_size: int = 1,
+                    first_step: int = 0) -> "DataSchedule":
+        """`trainer`: pretraining's trainer section (micro-batch, accumulation, batch_size_warmup); `first_step`:
+        the step the streams start at (a later phase's first step; its streams count batches from there)."""
         warmup = trainer.batch_size_warmup
         return cls(trainer.micro_batch_size, trainer.accumulate_grad_batches, world_size,
                    start_batch_size=warmup.start_batch_size, warmup_tokens=warmup.tokens,
                    sequence_length=sequence_length,
-                   mask_rate=masking.rate, mask_rate_schedule=masking.rate_schedule)
+                   mask_rate=masking.rate, mask_rate_schedule=masking.rate_schedule, first_step=first_step)
 
     def step_of(self, micro_batch_index: int) -> int:
-        """The optimizer step of the rank's `micro_batch_index`-th micro-batch (0-based)."""
-        return micro_batch_index // self.accumulate
+        """The optimizer step of the rank's `micro_batch_index`-th micro-batch (0-based) since `first_step`."""
+        return self.first_step + micro_batch_index // self.accumulate
 
     def batch_size(self, step: int) -> int:
         """Micro-batch size (sequences per device per forward) at optimizer step `step`."""

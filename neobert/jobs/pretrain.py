@@ -73,14 +73,15 @@ def build_model_config(config: PretrainConfig, tokenizer) -> NeoBERTConfig:
     return model_config
 
 
-def prepare(config: PretrainConfig):
+def prepare(config: PretrainConfig, phase=None):
     """Everything that can fail on a bad config, before any training work: returns
-    (tokenizer, model config, datamodule)."""
+    (tokenizer, model config, datamodule). `phase`: the neobert.jobs.phases.PhaseRun this run is, if any."""
     config.validate()
     tokenizer = load_tokenizer(config.data.tokenizer, max_length=config.data.max_length, config_key="data.tokenizer")
     model_config = build_model_config(config, tokenizer)
     datamodule = PretrainingDataModule(config.data, config.masking, tokenizer, config.trainer.micro_batch_size,
-                                       trainer=config.trainer)
+                                       trainer=config.trainer, phase=phase.name if phase else "",
+                                       first_step=phase.start_step if phase else 0)
     datamodule.check_source()
     if config.init_from and not Path(config.init_from).exists():
         raise ConfigError(f"invalid config key 'init_from': {config.init_from!r} does not exist")
@@ -114,15 +115,27 @@ def build_callbacks(config: PretrainConfig) -> list[L.Callback]:
     return callbacks
 
 
-def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback] = ()) -> Path:
+def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback] = (), phase=None) -> Path:
     """Trains (or resumes) and exports; returns the export directory. With `data.baseline_docs` > 0 it also
     computes the unigram-entropy baseline over that many training documents, prints it and draws it on the
-    loss plot."""
-    tokenizer, model_config, datamodule = prepare(config)
+    loss plot. `phase`: one phase of a phased recipe (a neobert.jobs.phases.PhaseRun, which runs them all): it
+    starts from the phase before's final checkpoint, keeps the recipe's lr schedule, and writes its own final
+    checkpoint before the export."""
+    if config.phases and phase is None:
+        raise ConfigError("invalid config key 'phases': a phased recipe runs phase by phase "
+                          "(neobert.jobs.phases.run_phases; `python -m experiments.pretrain` does)")
+    tokenizer, model_config, datamodule = prepare(config, phase)
     ckpt_path = resume_checkpoint(config.output_dir) if config.resume else None
     L.seed_everything(config.trainer.seed, workers=True)
     module = MLMPretrainingModule(config, model_config, tokenizer)
-    if config.branch_from:
+    if phase is not None:
+        module.schedule_steps, module.phase_start = phase.total_steps, phase.start_step
+        if config.scheduler.phase == "decay":  # a wsd decay phase decays from its own first step
+            module.start_step = phase.start_step
+        ckpt_path = phase.checkpoint(ckpt_path)
+        if ckpt_path is None and config.init_from:  # the first phase, from a released checkpoint
+            init_weights(module.model, config.init_from)
+    elif config.branch_from:
         module.start_step = branch_step(config) if config.scheduler.phase == "decay" else 0
         ckpt_path = ckpt_path or Path(config.branch_from)  # the branch's own checkpoints once it has some
     elif ckpt_path is None and config.init_from:
@@ -140,6 +153,8 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
             print(f"unigram-entropy baseline of {source.name or 'the corpus'} (masked-target tokens): "
                   f"{baselines[source.name]:.4f} nats")
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    if phase is not None and ckpt_path != phase.final_checkpoint:
+        trainer.save_checkpoint(phase.final_checkpoint)  # where the next phase starts; never rotated away
 
     export_dir = Path(config.export_dir or Path(config.output_dir) / EXPORT_DIR)
     export_module(module, export_dir, trainer.is_global_zero)

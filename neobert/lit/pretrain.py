@@ -66,7 +66,9 @@ class MLMPretrainingModule(L.LightningModule):
         self._micro_batches: list[tuple[int, int, str]] = []
         self._first_nonfinite: torch.Tensor | None = None  # index into _micro_batches, -1 while all were finite
         self._first_nonfinite_loss: torch.Tensor | None = None
-        self.start_step = 0  # where a wsd decay branch starts (the job sets it from branch_from)
+        self.start_step = 0  # where a wsd decay branch starts (the job sets it from branch_from, or a decay phase)
+        self.schedule_steps = config.trainer.max_steps  # the lr schedule's length (a phased recipe: its last step)
+        self.phase_start: int | None = None  # a phase's first step: restored from there, it takes its own peak lr
         self.progress_bar_values: dict[str, float] = {}
         # Training FLOPs (train/mfu): the matmuls per token (the decoder only at masked positions with masked-only
         # logits), plus attention from the real sequence lengths, the batches' sum of squared lengths (their stats).
@@ -257,7 +259,22 @@ class MLMPretrainingModule(L.LightningModule):
         # The schedule length is trainer.max_steps; reading trainer.estimated_stepping_batches here would
         # make Lightning build the dataloader early and drop its restored state.
         return configure_optimizers(self.model, self.config.optimizer, self.config.scheduler,
-                                    self.config.trainer.max_steps, self.start_step)
+                                    self.schedule_steps, self.start_step)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A phase starting from the checkpoint that ended the phase before: the optimizer state carries over, but
+        the peak lr (and weight decay) are this phase's (optimizer.lr may change between phases); the schedule's
+        shape is rebuilt from this phase's config by configure_optimizers."""
+        if self.phase_start is None or checkpoint.get("global_step") != self.phase_start:
+            return
+        lr, decay = self.config.optimizer.lr, self.config.optimizer.weight_decay
+        for scheduler in checkpoint.get("lr_schedulers", []):
+            scheduler["base_lrs"] = [lr] * len(scheduler.get("base_lrs", []))
+        for optimizer in checkpoint.get("optimizer_states", []):
+            for group in optimizer.get("param_groups", []):
+                group["initial_lr"] = lr
+                if group.get("weight_decay"):  # the decayed group (the others have none)
+                    group["weight_decay"] = decay
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self.check_finite(f"before writing the checkpoint of global step {self.trainer.global_step}")

@@ -1,0 +1,192 @@
+"""Phased pretraining (`phases:` in a recipe): one command runs every phase in order, each from where the one
+before ended, as Ettin (pretraining -> context extension -> decay), mmBERT and ModernBERT train.
+
+A phase is the recipe with its own overrides and those of the phases before it applied (`phase_config`), run by
+`run_pretraining` from the checkpoint that ended the phase before (`PhaseRun`): the weights, the optimizer state,
+the global step and so the learning-rate schedule (one schedule over trainer.max_steps, the whole recipe: no second
+warm-up unless a phase asks for one) carry over; so does the data position in every source a phase shares with the
+one before (`neobert.data.pretraining.carried_state`). A phase ends with its own final checkpoint
+(`checkpoints/phase-<name>.ckpt`, never rotated away) and its export (`export/<name>/`, with `phase.json` written
+last). Running the command again resumes wherever it stopped: mid-phase, at a boundary, or re-exporting a phase
+whose export a crash interrupted. `--phase NAME` reruns from the start of phase NAME, from the previous phase's
+final checkpoint, into `output_dir/from-<NAME>/` (a new decay off a finished pretraining phase, say).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import lightning as L
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from neobert.config import ConfigError
+from neobert.config.pretrain import PHASE_KEYS, PretrainConfig
+from neobert.errors import CheckpointError
+from neobert.jobs.pretrain import run_pretraining
+from neobert.layout import EXPORT_DIR, checkpoint_dir
+from neobert.lit.checkpoints import verify_checkpoint
+
+log = logging.getLogger(__name__)
+
+PHASE_DONE = "phase.json"  # written into a phase's export directory once the export is complete
+
+
+@dataclass
+class PhaseRun:
+    """One phase as `run_pretraining` runs it."""
+
+    index: int
+    name: str
+    start_step: int  # the global step it starts at (the end of the phase before)
+    end_step: int  # its trainer.max_steps
+    total_steps: int  # the recipe's trainer.max_steps: the length of the lr schedule
+    config: PretrainConfig  # resolved: this phase's overrides applied, max_steps = end_step, its export_dir
+    start_checkpoint: Path | None  # the final checkpoint of the phase before (None: the first phase)
+    final_checkpoint: Path  # written at its end, before the export
+
+    def checkpoint(self, resumable: Path | None) -> Path | None:
+        """Where the phase's training state comes from: its own final checkpoint (finished: only the export is
+        left), else its newest checkpoint inside the phase (resume), else the phase before's final checkpoint."""
+        if _step_of(self.final_checkpoint) == self.end_step:
+            return self.final_checkpoint
+        if resumable is not None and self.start_step < (_step_of(resumable) or -1) <= self.end_step:
+            return resumable
+        return self.start_checkpoint
+
+    def done(self) -> bool:
+        marker = Path(self.config.export_dir) / PHASE_DONE
+        return marker.is_file() and _step_of(self.final_checkpoint) == self.end_step
+
+
+def _step_of(path: Path | None) -> int | None:
+    if path is None or not Path(path).exists():
+        return None
+    try:
+        return verify_checkpoint(path)
+    except CheckpointError:
+        return None
+
+
+def phase_config(config: PretrainConfig, index: int) -> PretrainConfig:
+    """The recipe with the overrides of phases 0..index applied in order (a phase keeps what the phases before it
+    changed unless it changes it again), checked as a whole config; phases cleared."""
+    resolved = OmegaConf.structured(config)
+    resolved.phases = []
+    for k, phase in enumerate(config.phases[: index + 1]):
+        for key, value in phase.overrides.items():
+            where = f"phases[{k}].overrides.{key}"
+            if not key.startswith(PHASE_KEYS):
+                raise ConfigError(f"invalid config key '{where}': {key} cannot change between phases (the weights, "
+                                  f"optimizer state and data streams carry over); a phase may change {PHASE_KEYS}")
+            try:
+                OmegaConf.update(resolved, key, copy.deepcopy(value), merge=False)
+            except (OmegaConfBaseException, ValueError, TypeError) as err:
+                raise ConfigError(f"invalid config key '{where}': {err}") from err
+    try:
+        result = OmegaConf.to_object(resolved)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"invalid config key 'phases[{index}].overrides': {err}") from err
+    try:
+        result.validate()
+    except ConfigError as err:
+        raise ConfigError(f"{err} (in phase {index}, {config.phases[index].name!r})") from err
+    return result
+
+
+def plan_phases(config: PretrainConfig) -> list[PhaseRun]:
+    """Every phase resolved and placed on the step axis; what would fail later is refused here, naming the key."""
+    names = [phase.name for phase in config.phases]
+    runs, start = [], 0
+    output = Path(config.output_dir)
+    for index, phase in enumerate(config.phases):
+        key = f"phases[{index}]"
+        if not phase.name or not phase.name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(f"invalid config key '{key}.name': must be a name of letters, digits, '-' or '_' (it "
+                              f"names the export directory), got {phase.name!r}")
+        if phase.name in names[:index]:
+            raise ConfigError(f"invalid config key '{key}.name': {phase.name!r} names two phases")
+        if phase.steps < 0 or phase.tokens < 0 or (phase.steps and phase.tokens):
+            raise ConfigError(f"invalid config key '{key}.steps': give steps or tokens (>= 0), not both")
+        resolved = phase_config(config, index)
+        last = index == len(config.phases) - 1
+        if phase.steps:
+            length = phase.steps
+        elif phase.tokens:
+            length = math.ceil(phase.tokens / (resolved.trainer.batch_size * resolved.data.max_length))
+        elif last:
+            length = config.trainer.max_steps - start
+        else:
+            raise ConfigError(f"invalid config key '{key}.steps': only the last phase may leave its length out "
+                              f"(it runs to trainer.max_steps)")
+        end = start + length
+        if length <= 0 or end > config.trainer.max_steps:
+            raise ConfigError(f"invalid config key '{key}.steps': the phases up to {phase.name!r} end at step {end}, "
+                              f"beyond trainer.max_steps={config.trainer.max_steps} (or the phase is empty)")
+        resolved.trainer.max_steps = end
+        resolved.export_dir = str(Path(config.export_dir or output / EXPORT_DIR) / phase.name)
+        resolved.resume = config.resume if index == 0 else True  # later phases continue the recipe's own run
+        runs.append(PhaseRun(index, phase.name, start, end, config.trainer.max_steps, resolved,
+                             runs[-1].final_checkpoint if runs else None,
+                             checkpoint_dir(output) / f"phase-{phase.name}.ckpt"))
+        start = end
+    _refuse_architecture_changes(runs)
+    return runs
+
+
+def _refuse_architecture_changes(runs: list[PhaseRun]) -> None:
+    # PHASE_KEYS already keeps the model's shape out of a phase's overrides; the tokenizer and the model preset
+    # must also agree, whatever a phase's data section says.
+    first = runs[0].config
+    for run in runs[1:]:
+        for key in ("model.preset", "data.tokenizer", "trainer.devices", "trainer.num_nodes", "data.num_workers"):
+            section, field = key.split(".")
+            if getattr(getattr(run.config, section), field) != getattr(getattr(first, section), field):
+                raise ConfigError(f"invalid config key 'phases[{run.index}].overrides.{key}': cannot change between "
+                                  f"phases")
+
+
+def run_phases(config: PretrainConfig, from_phase: str | None = None,
+               extra_callbacks: Sequence[L.Callback] = ()) -> list[Path]:
+    """Runs (or resumes) every phase in order; returns their export directories. `from_phase`: rerun from the
+    start of that phase, from the previous phase's final checkpoint, into output_dir/from-<name>."""
+    runs = plan_phases(config)
+    if from_phase is not None:
+        runs = _branch(config, runs, from_phase)
+    exports = []
+    for run in runs:
+        if run.done():
+            log.info("phase %r (steps %d-%d) is done: %s", run.name, run.start_step, run.end_step,
+                     run.config.export_dir)
+        else:
+            log.info("phase %r: steps %d-%d of %d", run.name, run.start_step, run.end_step, run.total_steps)
+            run_pretraining(run.config, extra_callbacks, phase=run)
+            marker = Path(run.config.export_dir) / PHASE_DONE
+            if marker.parent.is_dir():  # rank 0 exported
+                marker.write_text(json.dumps({"phase": run.name, "start_step": run.start_step,
+                                              "end_step": run.end_step}) + "\n")
+        exports.append(Path(run.config.export_dir))
+    return exports
+
+
+def _branch(config: PretrainConfig, runs: list[PhaseRun], name: str) -> list[PhaseRun]:
+    names = [run.name for run in runs]
+    if name not in names:
+        raise ConfigError(f"--phase {name!r} is not a phase of this recipe: {names}")
+    index = names.index(name)
+    start = runs[index].start_checkpoint
+    if start is not None and _step_of(start) != runs[index].start_step:
+        raise ConfigError(f"--phase {name!r} starts from the final checkpoint of phase {names[index - 1]!r}, "
+                          f"{start}, which is missing or unreadable: run that phase first")
+    branch = dataclasses.replace(config, output_dir=str(Path(config.output_dir) / f"from-{name}"), export_dir=None)
+    branched = plan_phases(branch)[index:]
+    branched[0].start_checkpoint = start
+    branched[0].config.resume = True
+    return branched

@@ -87,7 +87,7 @@ def phase_config(config: PretrainConfig, index: int) -> PretrainConfig:
                 raise ConfigError(f"invalid config key '{where}': {key} cannot change between phases (the weights, "
                                   f"optimizer state and data streams carry over); a phase may change {PHASE_KEYS}")
             try:
-                OmegaConf.update(resolved, key, copy.deepcopy(value), merge=False)
+                OmegaConf.update(resolved, key, copy.deepcopy(value), merge=True)  # a list is replaced whole
             except (OmegaConfBaseException, ValueError, TypeError) as err:
                 raise ConfigError(f"invalid config key '{where}': {err}") from err
     try:

@@ -272,6 +272,9 @@ class MLMPretrainingModule(L.LightningModule):
             scheduler["base_lrs"] = [lr] * len(scheduler.get("base_lrs", []))
         for optimizer in checkpoint.get("optimizer_states", []):
             for group in optimizer.get("param_groups", []):
+                # the first step's lr was set at the end of the phase before: the schedule's factor x the new peak
+                if group.get("initial_lr"):
+                    group["lr"] = lr * group["lr"] / group["initial_lr"]
                 group["initial_lr"] = lr
                 if group.get("weight_decay"):  # the decayed group (the others have none)
                     group["weight_decay"] = decay

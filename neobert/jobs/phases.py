@@ -47,7 +47,9 @@ class PhaseRun:
     name: str
     start_step: int  # the global step it starts at (the end of the phase before)
     end_step: int  # its trainer.max_steps
-    total_steps: int  # the recipe's trainer.max_steps: the length of the lr schedule
+    total_steps: int  # the recipe's trainer.max_steps
+    schedule_start: int  # the first step of its lr schedule (its segment: see plan_phases)
+    schedule_end: int
     config: PretrainConfig  # resolved: this phase's overrides applied, max_steps = end_step, its export_dir
     start_checkpoint: Path | None  # the final checkpoint of the phase before (None: the first phase)
     final_checkpoint: Path  # written at its end, before the export
@@ -133,12 +135,31 @@ def plan_phases(config: PretrainConfig) -> list[PhaseRun]:
         resolved.trainer.max_steps = end
         resolved.export_dir = str(Path(config.export_dir or output / EXPORT_DIR) / phase.name)
         resolved.resume = config.resume if index == 0 else True  # later phases continue the recipe's own run
-        runs.append(PhaseRun(index, phase.name, start, end, config.trainer.max_steps, resolved,
+        runs.append(PhaseRun(index, phase.name, start, end, config.trainer.max_steps, start, end, resolved,
                              runs[-1].final_checkpoint if runs else None,
                              checkpoint_dir(output) / f"phase-{phase.name}.ckpt"))
         start = end
     _refuse_architecture_changes(runs)
+    _schedule_segments(config, runs)
     return runs
+
+
+def _schedule_segments(config: PretrainConfig, runs: list[PhaseRun]) -> None:
+    """The lr schedule runs on across phases, one schedule from the first phase to the next phase that changes
+    a scheduler.* key: that phase starts a schedule of its own (over its steps and those of the phases after it
+    that keep it), without a warm-up unless it sets scheduler.warmup_steps or scheduler.warmup_fraction itself
+    (NeoBERT's stage 2: constant at 6e-5 after stage 1's cosine; Ettin's decay phase). optimizer.lr alone keeps
+    the schedule and changes its peak."""
+    starts = [run.index for run in runs if run.index == 0 or any(
+        key.startswith("scheduler.") for key in config.phases[run.index].overrides)]
+    for first, following in zip(starts, starts[1:] + [len(runs)]):
+        segment = runs[first:following]
+        own_warmup = first == 0 or any(key in ("scheduler.warmup_steps", "scheduler.warmup_fraction")
+                                       for key in config.phases[first].overrides)
+        for run in segment:
+            run.schedule_start, run.schedule_end = segment[0].start_step, segment[-1].end_step
+            if not own_warmup:
+                run.config.scheduler.warmup_steps, run.config.scheduler.warmup_fraction = 0, None
 
 
 def _refuse_architecture_changes(runs: list[PhaseRun]) -> None:

@@ -129,7 +129,8 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
     L.seed_everything(config.trainer.seed, workers=True)
     module = MLMPretrainingModule(config, model_config, tokenizer)
     if phase is not None:
-        module.schedule_steps, module.phase_start = phase.total_steps, phase.start_step
+        module.schedule_steps = phase.schedule_end - phase.schedule_start
+        module.schedule_first_step, module.phase_start = phase.schedule_start, phase.start_step
         if config.scheduler.phase == "decay":  # a wsd decay phase decays from its own first step
             module.start_step = phase.start_step
         ckpt_path = phase.checkpoint(ckpt_path)

@@ -113,9 +113,12 @@ def lr_factor(config: SchedulerConfig, total_steps: int, start_step: int = 0) ->
 
 
 def configure_optimizers(model: nn.Module, optimizer: OptimizerConfig, scheduler: SchedulerConfig,
-                         total_steps: int, start_step: int = 0) -> dict:
+                         total_steps: int, start_step: int = 0, first_step: int = 0) -> dict:
     """What a LightningModule's `configure_optimizers` returns: the optimizer and its per-step schedule over
-    `total_steps` optimizer steps (`start_step`: see lr_factor)."""
+    `total_steps` optimizer steps (`start_step`: see lr_factor) that begins at global step `first_step` (a phase
+    of a phased recipe with a schedule of its own; both other steps count from there)."""
     built = build_optimizer(model, optimizer)
-    schedule = torch.optim.lr_scheduler.LambdaLR(built, lr_factor(scheduler, total_steps, start_step))
+    factor = lr_factor(scheduler, total_steps, start_step)
+    # max: LambdaLR evaluates step 0 when it is built, before a phase's checkpoint restores the step count
+    schedule = torch.optim.lr_scheduler.LambdaLR(built, lambda step: factor(max(0, step - first_step)))
     return {"optimizer": built, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

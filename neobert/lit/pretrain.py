@@ -16,7 +16,7 @@ from neobert.config.pretrain import PretrainConfig
 from neobert.data.pretraining import DATA_STATE_KEY, SOURCE_KEY
 from neobert.eval.flops import attention_flops, flops_per_token, matmul_params, mfu, peak_flops
 from neobert.lit.checkpoints import CHECKPOINT_KEY
-from neobert.lit.optim import configure_optimizers
+from neobert.lit.optim import configure_optimizers, lr_factor
 from neobert.lit.strategies import deepspeed_grad_norm, is_deepspeed
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
@@ -67,7 +67,8 @@ class MLMPretrainingModule(L.LightningModule):
         self._first_nonfinite: torch.Tensor | None = None  # index into _micro_batches, -1 while all were finite
         self._first_nonfinite_loss: torch.Tensor | None = None
         self.start_step = 0  # where a wsd decay branch starts (the job sets it from branch_from, or a decay phase)
-        self.schedule_steps = config.trainer.max_steps  # the lr schedule's length (a phased recipe: its last step)
+        # The lr schedule: its length and its first global step (a phase of a phased recipe: its schedule segment)
+        self.schedule_steps, self.schedule_first_step = config.trainer.max_steps, 0
         self.phase_start: int | None = None  # a phase's first step: restored from there, it takes its own peak lr
         self.progress_bar_values: dict[str, float] = {}
         # Training FLOPs (train/mfu): the matmuls per token (the decoder only at masked positions with masked-only
@@ -258,13 +259,18 @@ class MLMPretrainingModule(L.LightningModule):
     def configure_optimizers(self):
         # The schedule length is trainer.max_steps; reading trainer.estimated_stepping_batches here would
         # make Lightning build the dataloader early and drop its restored state.
-        return configure_optimizers(self.model, self.config.optimizer, self.config.scheduler,
-                                    self.schedule_steps, self.start_step)
+        return configure_optimizers(self.model, self.config.optimizer, self.config.scheduler, self.schedule_steps,
+                                    self.start_step - self.schedule_first_step, self.schedule_first_step)
+
+    def lr_at(self, step: int) -> float:
+        """The peak lr x the schedule's factor at global step `step` (configure_optimizers' schedule)."""
+        factor = lr_factor(self.config.scheduler, self.schedule_steps, self.start_step - self.schedule_first_step)
+        return self.config.optimizer.lr * factor(step - self.schedule_first_step)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """A phase starting from the checkpoint that ended the phase before: the optimizer state carries over, but
-        the peak lr (and weight decay) are this phase's (optimizer.lr may change between phases); the schedule's
-        shape is rebuilt from this phase's config by configure_optimizers."""
+        the peak lr (and weight decay) are this phase's (optimizer.lr may change between phases) and so is the lr
+        of its first step (its schedule's; configure_optimizers rebuilds the schedule for the steps after)."""
         if self.phase_start is None or checkpoint.get("global_step") != self.phase_start:
             return
         lr, decay = self.config.optimizer.lr, self.config.optimizer.weight_decay
@@ -272,10 +278,7 @@ class MLMPretrainingModule(L.LightningModule):
             scheduler["base_lrs"] = [lr] * len(scheduler.get("base_lrs", []))
         for optimizer in checkpoint.get("optimizer_states", []):
             for group in optimizer.get("param_groups", []):
-                # the first step's lr was set at the end of the phase before: the schedule's factor x the new peak
-                if group.get("initial_lr"):
-                    group["lr"] = lr * group["lr"] / group["initial_lr"]
-                group["initial_lr"] = lr
+                group["initial_lr"], group["lr"] = lr, self.lr_at(self.phase_start)
                 if group.get("weight_decay"):  # the decayed group (the others have none)
                     group["weight_decay"] = decay
 

@@ -162,3 +162,33 @@ def test_a_phased_config_is_not_run_as_one_phase(tmp_path):
     with pytest.raises(ConfigError, match="invalid config key 'phases': a phased recipe runs phase by phase"):
         run_pretraining(tiny_config(tmp_path, *RECIPE))
     assert phase_config(tiny_config(tmp_path, *RECIPE), 2).phases == []
+
+
+def test_the_neobert_recipe_phases_are_its_two_stage_configs_key_by_key():
+    from omegaconf import OmegaConf
+
+    from neobert.config import load_config
+    from neobert.config.pretrain import PretrainConfig
+
+    recipe = load_config(PretrainConfig, "recipes/neobert")
+    runs = plan_phases(recipe)
+    assert [(r.name, r.start_step, r.end_step) for r in runs] == [("stage1", 0, 1_000_000),
+                                                                  ("stage2", 1_000_000, 1_050_000)]
+    # what a phase sets for itself: its steps, where it writes, and (stage 2) that it continues stage 1's state
+    own = {"trainer.max_steps", "output_dir", "export_dir", "init_from", "resume"}
+    for run, name in zip(runs, ("neobert", "neobert-4096")):
+        expected = flatten(OmegaConf.to_container(OmegaConf.structured(load_config(PretrainConfig, name))))
+        resolved = flatten(OmegaConf.to_container(OmegaConf.structured(run.config)))
+        assert expected.keys() == resolved.keys()
+        differing = {key for key in expected if expected[key] != resolved[key]}
+        assert differing <= own, {key: (expected[key], resolved[key]) for key in differing - own}
+    assert runs[1].end_step - runs[1].start_step == load_config(PretrainConfig, "neobert-4096").trainer.max_steps
+    # one cosine over stage 1 (its own 1,000,000 steps, as neobert.yaml), stage 2 constant at 6e-5
+    assert (runs[0].schedule_start, runs[0].schedule_end) == (0, 1_000_000)
+    assert (runs[1].schedule_start, runs[1].schedule_end) == (1_000_000, 1_050_000)
+
+
+def flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in flatten(value, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: tree}

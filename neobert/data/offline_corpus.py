@@ -132,3 +132,27 @@ def write_offline_corpus(path: str | Path, roots: Iterable[str | Path] | None = 
         raise ValueError(f"{path}: no prose found under the given roots")
     # The corpus depends on what is installed: the hash tells whether two machines trained on the same text.
     return {"documents": documents, "characters": characters, "sha256": digest.hexdigest(), "path": str(path)}
+
+
+# Small corpora of two other kinds of prose than the demo's (the Python reference's topics), built here in seconds
+# from what every install of this package has, for offline mixtures (recipes/cpu-phases): the docstrings and docs
+# of some standard-library packages, and of some of this package's dependencies. Written when a config names them.
+STDLIB_SOURCE = "runs/offline/stdlib.jsonl"
+PACKAGES_SOURCE = "runs/offline/packages.jsonl"
+STDLIB_PACKAGES = ("email", "asyncio", "json", "logging", "unittest", "http", "concurrent", "importlib",
+                   "collections", "urllib")
+DEPENDENCY_PACKAGES = ("lightning", "omegaconf", "datasets")
+
+
+def small_offline_sources() -> dict[str, list[Path]]:
+    """The small offline corpora by their path (relative to the working directory) and the folders they read."""
+    paths = sysconfig.get_paths()
+    return {STDLIB_SOURCE: [Path(paths["stdlib"]) / name for name in STDLIB_PACKAGES],
+            PACKAGES_SOURCE: [Path(paths["purelib"]) / name for name in DEPENDENCY_PACKAGES]}
+
+
+def write_small_offline_source(path: str) -> dict | None:
+    """Writes `path` if it is one of the small offline corpora (seeded order; kept when it exists); None if not."""
+    roots = small_offline_sources().get(str(path))
+    return None if roots is None else write_offline_corpus(path, roots, shuffle_seed=0)
+

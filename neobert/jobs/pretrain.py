@@ -15,6 +15,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from neobert.config import ConfigError, config_path, load_config
 from neobert.config.pretrain import PretrainConfig
 from neobert.data.demo_corpus import write_demo_corpus
+from neobert.data.offline_corpus import write_small_offline_source
 from neobert.data.corpus import pretokenize, unigram_entropy
 from neobert.data.mixture import mixture_sources
 from neobert.data.pretraining import PretrainingDataModule
@@ -39,15 +40,28 @@ DEMO_CONFIG = "demo"  # the embedded default: `python -m experiments.pretrain` w
 
 
 def load_pretrain_config(config: str | None = None, overrides: Sequence[str] = ()) -> PretrainConfig:
-    """The run's config: a YAML path or packaged name (default: the demo). The demo's corpus (CPython's
-    documentation, shipped with Python) is written to the demo's own data.source first, so the demo runs
-    offline; any other data.source is the user's data and is never written."""
+    """The run's config: a YAML path or packaged name (default: the demo). The offline corpora it names are
+    written first, when missing, so the demo and recipes/cpu-phases run offline: the demo's corpus (CPython's
+    documentation topics, at the demo's data.source) and the small offline corpora (neobert.data.offline_corpus).
+    Any other source is the user's data and is never written."""
     path = config_path(config or DEMO_CONFIG)
     loaded = load_config(PretrainConfig, path, overrides)
-    demo = config_path(DEMO_CONFIG)
-    if path.resolve() == demo.resolve() and loaded.data.source == load_config(PretrainConfig, demo).data.source:
-        write_demo_corpus(loaded.data.source)
+    demo_corpus = load_config(PretrainConfig, config_path(DEMO_CONFIG)).data.source
+    for source in local_sources_named(loaded):
+        if source == demo_corpus:
+            write_demo_corpus(source)
+        else:
+            write_small_offline_source(source)
     return loaded
+
+
+def local_sources_named(config: PretrainConfig) -> set[str]:
+    """Every data source the config names: data.source, data.sources and those of its phases' overrides."""
+    sources = {config.data.source} | {s.source for s in config.data.sources}
+    for phase in config.phases:
+        sources.add(phase.overrides.get("data.source"))
+        sources |= {s["source"] for s in phase.overrides.get("data.sources") or [] if isinstance(s, dict)}
+    return {source for source in sources if source}
 
 
 def build_model_config(config: PretrainConfig, tokenizer) -> NeoBERTConfig:

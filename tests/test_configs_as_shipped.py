@@ -34,7 +34,7 @@ from neobert.config import load_config, packaged_config_names
 from neobert.config.contrastive import CONTRASTIVE_DATASETS, ContrastiveConfig
 from neobert.config.glue import GlueConfig
 from neobert.config.mteb import MtebConfig
-from neobert.config.pretrain import PretrainConfig
+from neobert.config.pretrain import DataSourceConfig, PretrainConfig
 from neobert.data.demo_corpus import demo_documents
 from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, train_bpe_tokenizer
 from neobert.layout import RESULTS_JSON, metrics_csvs
@@ -155,13 +155,56 @@ def pretraining_overrides(shipped: PretrainConfig, tmp_path: Path, steps: int) -
         start = max(1, warmup.start_batch_size * full // trainer.batch_size)
         overrides += [f"trainer.batch_size_warmup.start_batch_size={start}",
                       f"trainer.batch_size_warmup.tokens={full * length // 2}"]
-    if not Path(data.source).exists() and data.source != load_config(PretrainConfig, "demo").data.source:
+    if data.source and not Path(data.source).exists() and data.source not in shipped_offline_sources():
         corpus = write_pretraining_corpus(tmp_path / "corpus.jsonl", data.text_column)
         overrides.append(f"data.source={corpus}")
     return overrides
 
 
+def shipped_offline_sources() -> set[str]:
+    """The local corpora a config may name that are written on first use (the demo's, the small offline ones)."""
+    from neobert.data.offline_corpus import small_offline_sources
+
+    return {load_config(PretrainConfig, "demo").data.source, *small_offline_sources()}
+
+
+def local_sources(sources: list, tmp_path: Path) -> list:
+    """A mixture's sources with every hub one replaced by a small local corpus in its text column."""
+    local = []
+    for source in sources:
+        source = dict(source) if isinstance(source, dict) else {k: getattr(source, k) for k in (
+            "name", "source", "hub_config", "split", "text_column", "text_sample_by", "weight", "size", "max_epochs")}
+        if not Path(source["source"]).exists() and source["source"] not in shipped_offline_sources():
+            path = tmp_path / "sources" / f"{source['name']}.jsonl"
+            source.update(source=str(write_pretraining_corpus(path, source["text_column"])), hub_config=None)
+        local.append(source)
+    return local
+
+
+def shrink_phases(config: PretrainConfig, tmp_path: Path, steps: int) -> None:
+    """A phased recipe at the size of the run: `steps` per phase, its lengths, micro-batches and buckets shrunk
+    as the whole config's, hub sources made local; every other override kept as shipped."""
+    for phase in config.phases:
+        phase.steps, phase.tokens = steps, 0
+        overrides = dict(phase.overrides)
+        for key in ("data.max_length", "model.overrides.max_length"):
+            if key in overrides:
+                overrides[key] = shrink(overrides[key])
+        if "trainer.micro_batch_size" in overrides:
+            overrides["trainer.micro_batch_size"] = min(MICRO_BATCH, overrides["trainer.micro_batch_size"])
+        if "data.length_buckets" in overrides:
+            overrides["data.length_buckets"] = [MIN_LENGTH * b // max(overrides["data.length_buckets"][-1], 1)
+                                                for b in overrides["data.length_buckets"]]
+        if "data.sources" in overrides:
+            overrides["data.sources"] = local_sources(overrides["data.sources"], tmp_path)
+        phase.overrides = overrides
+    config.trainer.max_steps = steps * len(config.phases)
+    longest = max([config.data.max_length] + [p.overrides.get("data.max_length", 0) for p in config.phases])
+    config.model.overrides["max_length"] = max(config.model.overrides.get("max_length", 0), longest)
+
+
 def run_pretraining_config(name: str, tmp_path: Path, monkeypatch, fitted: list) -> None:
+    from neobert.jobs.phases import run_phases
     from neobert.jobs.pretrain import load_pretrain_config, run_pretraining
     from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
@@ -169,6 +212,8 @@ def run_pretraining_config(name: str, tmp_path: Path, monkeypatch, fitted: list)
     shipped = load_config(PretrainConfig, name)
     steps = 3 if shipped.scheduler.name == "wsd" else STEPS
     config = load_pretrain_config(name, pretraining_overrides(shipped, tmp_path, steps))
+    if config.data.sources:
+        config.data.sources = [DataSourceConfig(**source) for source in local_sources(config.data.sources, tmp_path)]
     if config.data.tokenizer not in BERT_BASE_UNCASED_ALIASES and not Path(config.data.tokenizer).is_dir():
         # A hub tokenizer (M3's LLaMA one): the offline stand-in experiments.ablations uses, trained on the corpus.
         config.data.tokenizer = str(train_bpe_tokenizer(config.data, 1000, tmp_path / "bpe"))
@@ -177,8 +222,17 @@ def run_pretraining_config(name: str, tmp_path: Path, monkeypatch, fitted: list)
         NeoBERTForMaskedLM(model_config).save_pretrained(tmp_path / "stage1_export")
         config.init_from = str(tmp_path / "stage1_export")
     recorder = LossRecorder()
-    export = run_pretraining(config, [recorder])
-    assert_fitted(fitted, shipped_precision(shipped.trainer.precision), steps, name)
+    if config.phases:  # a phased recipe: every phase, `steps` each, by the phases runner
+        shrink_phases(config, tmp_path, steps)
+        exports = run_phases(config, extra_callbacks=[recorder])
+        assert [p.name for p in exports] == [phase.name for phase in config.phases]
+        for trainer, end in zip(fitted, range(steps, steps * len(exports) + 1, steps)):
+            assert trainer.global_step == end, f"{name}: a phase stopped at {trainer.global_step}, not {end}"
+        assert {t.precision for t in fitted} == {shipped_precision(shipped.trainer.precision)}, name
+        export = exports[-1]
+    else:
+        export = run_pretraining(config, [recorder])
+        assert_fitted(fitted, shipped_precision(shipped.trainer.precision), steps, name)
     assert_finite_losses(recorder.losses, steps * config.trainer.accumulate_grad_batches, name)
     assert (export / "model.safetensors").is_file()
     if config.data.validation_docs:

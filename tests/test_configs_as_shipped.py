@@ -36,7 +36,7 @@ from neobert.config.glue import GlueConfig
 from neobert.config.mteb import MtebConfig
 from neobert.config.pretrain import DataSourceConfig, PretrainConfig
 from neobert.data.demo_corpus import demo_documents
-from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, train_bpe_tokenizer
+from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, train_tokenizer
 from neobert.layout import RESULTS_JSON, metrics_csvs
 
 # The tiny preset's shape (NeoBERTConfig PRESETS["tiny"]), applied over each config's own preset and overrides.
@@ -216,7 +216,7 @@ def run_pretraining_config(name: str, tmp_path: Path, monkeypatch, fitted: list)
         config.data.sources = [DataSourceConfig(**source) for source in local_sources(config.data.sources, tmp_path)]
     if config.data.tokenizer not in BERT_BASE_UNCASED_ALIASES and not Path(config.data.tokenizer).is_dir():
         # A hub tokenizer (M3's LLaMA one): the offline stand-in experiments.ablations uses, trained on the corpus.
-        config.data.tokenizer = str(train_bpe_tokenizer(config.data, 1000, tmp_path / "bpe"))
+        config.data.tokenizer = str(train_tokenizer(config.data, tmp_path / "bpe", "bpe", 1000))
     if config.init_from:  # stage 2 starts from stage 1's export: a tiny one of the same shape, written here
         model_config = NeoBERTConfig.from_preset(config.model.preset, **config.model.overrides)
         NeoBERTForMaskedLM(model_config).save_pretrained(tmp_path / "stage1_export")

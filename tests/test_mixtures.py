@@ -197,3 +197,24 @@ def test_the_preflight_reports_every_source_and_pretokenize_refuses_a_mixture(th
     assert text.count("shards: 1, not a multiple of 2") == 3
     with pytest.raises(ConfigError, match="'data.sources': --pretokenize writes one source"):
         run_pretokenize(config, tmp_path / "shards")
+
+
+@pytest.mark.parametrize("kind, cls, sep", [("wordpiece", "[CLS]", "[SEP]"), ("bpe", "<s>", "</s>")])
+def test_a_tokenizer_trained_on_a_mixture_pads_its_vocabulary_and_trains_a_model(three_sources, tmp_path, kind,
+                                                                                 cls, sep):
+    from experiments.train_tokenizer import main as train_main
+    from neobert.jobs.pretrain import build_model_config
+
+    directory = train_main([str(tmp_path / "tok"), "--kind", kind, "--vocab-size", "600", "--max-docs", "90",
+                            sources_yaml(three_sources, (1, 1, 1)), "data.source=null", "data.validation_docs=5"])
+    tokenizer = load_tokenizer(str(directory))
+    learnt = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=False)
+    assert len(tokenizer) % 64 == 0 and len(tokenizer) - 64 < learnt <= len(tokenizer)  # padded to the next 64
+    ids = tokenizer("alpha word1 gamma")["input_ids"]
+    assert tokenizer.convert_ids_to_tokens([ids[0], ids[-1]]) == [cls, sep]
+    assert tokenizer.mask_token_id is not None and tokenizer.pad_token_id is not None
+    # every source taught it: its markers are whole tokens
+    assert all(len(tokenizer.tokenize(m)) == 1 for m in MARKERS)
+    config = tiny_config(tmp_path, f"data.tokenizer={directory}", "trainer.max_steps=1")
+    assert build_model_config(config, tokenizer).vocab_size == len(tokenizer)
+    run_pretraining(config)

@@ -9,11 +9,13 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Iterator
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from neobert.data.corpus import open_source, text_column
+from neobert.data.mixture import mixture_sources
 from neobert.errors import ConfigError
 from neobert.hub import hub_reachable, is_hub_name, require_hub
 from neobert.layout import has_tokenizer
@@ -76,14 +78,65 @@ def load_tokenizer(name_or_path: str = BERT_BASE_UNCASED, max_length: int | None
     return tokenizer
 
 
-def train_bpe_tokenizer(data, vocab_size: int, directory: str | Path, max_docs: int = 100_000) -> Path:
-    """A byte-level BPE tokenizer trained with `tokenizers` on the documents of `data` (a data config read by
-    neobert.data.pretraining), saved as a Hugging Face tokenizer directory (kept when it already exists): the
-    offline stand-in of the LLaMA tokenizer (a SentencePiece BPE of 32,000 tokens).
-    Specials: <pad> (id 0) <s> </s> <unk> <mask>; documents are encoded as <s> ... </s>."""
+TOKENIZER_KINDS = ("wordpiece", "bpe")
+
+
+def training_texts(data, max_docs: int) -> Iterator[str]:
+    """Up to `max_docs` documents of `data` for a tokenizer: of a mixture (data.sources), each source's share by its
+    draw probability, from its first documents after the held-out ones (data.validation_docs)."""
+    for source in mixture_sources(data):
+        column, wanted = text_column(source.data), round(source.probability * max_docs)
+        rows = open_source(source.data).skip(data.validation_docs)
+        yield from (row[column] for row, _ in zip(rows, range(wanted)) if row.get(column))
+
+
+def train_tokenizer(data, directory: str | Path, kind: str = "wordpiece", vocab_size: int = 30_528,
+                    max_docs: int = 100_000, pad_to_multiple_of: int = 64) -> Path:
+    """A tokenizer trained with `tokenizers` on the documents of `data` (one source or a mixture), saved as a
+    Hugging Face tokenizer directory that `data.tokenizer` loads (kept when it already exists; written whole,
+    then renamed). `kind`:
+    * "wordpiece": BERT's (lower-cased, BERT pre-tokenizer), specials [PAD] [UNK] [CLS] [SEP] [MASK], documents
+      encoded as [CLS] ... [SEP];
+    * "bpe": byte-level BPE, specials <pad> (id 0) <s> </s> <unk> <mask>, documents encoded as <s> ... </s> (the
+      offline stand-in of M3's LLaMA tokenizer).
+    The vocabulary is padded with unused special tokens to a multiple of `pad_to_multiple_of` (tensor-core
+    friendly embedding sizes); the model's vocab_size follows the tokenizer (`len(tokenizer)`)."""
     directory = Path(directory)
     if has_tokenizer(directory):
         return directory
+    if kind not in TOKENIZER_KINDS:
+        raise ConfigError(f"tokenizer kind {kind!r}: must be one of {TOKENIZER_KINDS}")
+    if kind == "bpe":
+        specials = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+                    "mask_token": "<mask>", "cls_token": "<s>", "sep_token": "</s>"}
+        ordered, (first, last) = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"], ("<s>", "</s>")
+        tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=ordered, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    else:
+        specials = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                    "mask_token": "[MASK]"}
+        ordered, (first, last) = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], ("[CLS]", "[SEP]")
+        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=ordered, show_progress=False)
+    tokenizer.train_from_iterator(training_texts(data, max_docs), trainer)
+    bos, eos = tokenizer.token_to_id(first), tokenizer.token_to_id(last)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{first} $A {last}", pair=f"{first} $A {last} $B:1 {last}:1",
+        special_tokens=[(first, bos), (last, eos)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials)
+    unused = -len(fast) % pad_to_multiple_of
+    fast.add_special_tokens({"additional_special_tokens": [f"[unused{i}]" for i in range(unused)]})
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    fast.save_pretrained(str(tmp))
+    os.replace(tmp, directory)
+    return directory
     column = text_column(data)
     texts = (row[column] for row, _ in zip(open_source(data), range(max_docs)) if row.get(column))
     specials = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]

@@ -36,7 +36,7 @@ from neobert.config.pretrain import PretrainConfig
 from neobert.data.backbone import load_backbone
 from neobert.data.demo_corpus import write_demo_corpus, write_fallback_glue
 from neobert.data.offline_corpus import write_offline_corpus
-from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, train_bpe_tokenizer
+from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, train_tokenizer
 from neobert.eval.heldout import heldout_mlm_loss, heldout_pseudo_perplexity
 from neobert.eval.ladder_stats import LADDER_METRICS, summarize_ladder, summary_markdown
 from neobert.eval.plots import final_value, plot_ablation_steps
@@ -366,8 +366,8 @@ def run_step(step: str, seed: int, budget: AblationBudgetConfig, corpora: dict[s
                             f"the same offline corpus): this step repeats its parent")
     if config.data.tokenizer not in BERT_BASE_UNCASED_ALIASES and not Path(config.data.tokenizer).is_dir() \
             and not hub_reachable():
-        bpe = train_bpe_tokenizer(config.data, budget.bpe_vocab_size,
-                                  output_dir / ABLATION_TOKENIZERS_DIR / f"bpe-{budget.bpe_vocab_size}")
+        bpe = train_tokenizer(config.data, output_dir / ABLATION_TOKENIZERS_DIR / f"bpe-{budget.bpe_vocab_size}",
+                              "bpe", budget.bpe_vocab_size, pad_to_multiple_of=1)  # the budget's size exactly
         result.notes.append(f"{config.data.tokenizer} is out of reach (hub unreachable): a byte-level BPE "
                             f"tokenizer ({budget.bpe_vocab_size} tokens) was trained with `tokenizers` on the "
                             f"step's corpus instead; its MLM losses are over other units, not comparable")

@@ -85,3 +85,11 @@ def test_what_would_crash_is_refused_naming_the_key(tmp_path, capsys):
                                           r"validation batches of 4, fewer than the 8 ranks"):
         run_preflight(config)
     assert "REFUSED (data.validation_docs)" in capsys.readouterr().out  # the whole report was printed first
+
+
+def test_a_phased_recipe_reports_every_phase():
+    text = preflight_report(load_config(PretrainConfig, "recipes/ettin-style", EIGHT_GPUS)).text()
+    assert "## Phases (the sections above are the first phase's)" in text
+    assert ("- extension: steps 810,624-929,834 (250.0B token slots at 2,097,152 per step), length 8192, "
+            "micro-batch 4, masking 0.15, RoPE base 160000.0") in text
+    assert "- source dclm (60.0% of the draws): mlfoundations/dclm-baseline-1.0" in text

@@ -171,7 +171,8 @@ def carried_state(state: dict, saved: list[tuple], now: list[tuple]) -> dict:
 
 def fresh_mixture_state(sources: int) -> dict:
     """Where a stream is in a mixture: draws made, retired sources, tokens drawn and the position in each source."""
-    return {"draws": 0, "retired": [], "tokens": [0] * sources, "sources": [fresh_source_state() for _ in range(sources)]}
+    return {"draws": 0, "retired": [], "tokens": [0] * sources,
+            "sources": [fresh_source_state() for _ in range(sources)]}
 
 
 def fresh_source_state() -> dict:
@@ -240,7 +241,8 @@ class PretrainingStream(IterableDataset):
                 batch, stats = builder.pop(self.schedule.batch_size(step), generator, self.schedule.mask_rate(step))
                 if mixture:  # tokens drawn from each source since this stream's previous batch
                     tokens = state["mixture"]["tokens"]
-                    stats["source_tokens"] = {s.name: now - before for s, now, before in zip(self.sources, tokens, drawn)}
+                    stats["source_tokens"] = {s.name: now - before
+                                              for s, now, before in zip(self.sources, tokens, drawn)}
                     drawn = list(tokens)
                 state["batches"] += 1
                 state["builder"] = None  # builder.state() below is already a copy: do not deep-copy it twice
@@ -282,7 +284,8 @@ class PretrainingStream(IterableDataset):
             for block in read_blocks(dataset, block_size, self.data):
                 docs = tokenize.usable(block, state["skipped"])
                 order = list(range(len(docs)))
-                random.Random(derived_seed(self.data.seed, stream, state["epoch"], state["block"], *mixture)).shuffle(order)
+                seed = derived_seed(self.data.seed, stream, state["epoch"], state["block"], *mixture)
+                random.Random(seed).shuffle(order)
                 # Tokenized a chunk at a time in the shuffled order, not the whole block first: the first document
                 # of a block waits for TOKENIZE_CHUNK documents, not for data.shuffle_buffer (a stall of the
                 # worker, and of every GPU waiting for its batch, at each block start).

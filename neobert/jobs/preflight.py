@@ -31,6 +31,7 @@ from neobert.data.tokenizer import load_tokenizer
 from neobert.eval.data_pipeline import run_ours
 from neobert.eval.flops import flops_per_token, matmul_params, peak_flops_of
 from neobert.hub import hub_reachable
+from neobert.jobs.phases import plan_phases
 from neobert.jobs.pretrain import build_model_config
 from neobert.lit.strategies import is_deepspeed
 from neobert.lit.trainer import build_strategy
@@ -110,7 +111,38 @@ def preflight_report(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> Prefligh
     attention_section(report, config, model_config, precision)
     demand_per_gpu = mfu_section(report, config, model, model_config, gpu)
     workers_section(report, config, tokenizer, demand_per_gpu)
+    if config.phases:
+        phases_section(report, config, model_config)
     return report
+
+
+def activation_bytes(model_config, tokens: int) -> float:
+    """Activations saved for the backward with a fused attention kernel: about 34 x hidden bytes per token and
+    layer in 16-bit (Korthikanti et al. 2022, "Reducing Activation Recomputation", table 2 without the s^2 term)."""
+    return 34 * model_config.hidden_size * model_config.num_hidden_layers * tokens
+
+
+def phases_section(report: Preflight, config: PretrainConfig, model_config) -> None:
+    """The phases on the step axis; the sections above are the first phase's. A phase that would not resolve is
+    refused here, before any GPU time."""
+    report.section("Phases (the sections above are the first phase's)")
+    try:
+        runs = plan_phases(config)
+    except ConfigError as err:
+        report.refuse("phases", str(err))
+        return
+    for run in runs:
+        c = run.config
+        tokens = c.trainer.batch_size * c.data.max_length
+        sources = ", ".join(f"{s.name} {s.weight:g}" for s in c.data.sources) or c.data.source
+        slots = (run.end_step - run.start_step) * tokens
+        report.add(f"- {run.name}: steps {run.start_step:,}-{run.end_step:,} ({slots / 1e9:,.1f}B token slots at "
+                   f"{tokens:,} per step), length {c.data.max_length}, micro-batch {c.trainer.micro_batch_size}, "
+                   f"masking {c.masking.rate:g}, RoPE base {c.model.overrides.get('rope_theta', 'preset')}, lr peak "
+                   f"{c.optimizer.lr:g} ({c.scheduler.name} {c.scheduler.phase}, schedule steps "
+                   f"{run.schedule_start:,}-{run.schedule_end:,}); data: {sources}")
+        activations = activation_bytes(model_config, c.trainer.micro_batch_size * c.data.max_length)
+        report.add(f"  activations (estimate, as above): {activations / GiB:.1f} GiB per GPU")
 
 
 def resolve_precision_on_gpu(config: PretrainConfig) -> str:
@@ -252,11 +284,8 @@ def memory_section(report: Preflight, config: PretrainConfig, model, parameters:
         gpu_bytes = 16 * parameters
         report.add(f"- model states (replicated: fp32 weights, gradients, Adam moments = 16 bytes/parameter): "
                    f"{gpu_bytes / GiB:.2f} GiB")
-    # Activations saved for the backward, per layer and token, with a fused attention kernel: about 34 x hidden
-    # bytes in 16-bit (Korthikanti et al. 2022, "Reducing Activation Recomputation", table 2 without the s^2 term).
     tokens = trainer.micro_batch_size * config.data.max_length
-    hidden, layers = model.config.hidden_size, model.config.num_hidden_layers
-    activations = 34 * hidden * layers * tokens
+    activations = activation_bytes(model.config, tokens)
     report.add(f"- activations (estimate, 34 x hidden bytes per token per layer, {tokens:,} tokens per "
                f"micro-batch): {activations / GiB:.1f} GiB")
     total = gpu_bytes + activations

@@ -154,7 +154,7 @@ def carried_state(state: dict, saved: list[tuple], now: list[tuple]) -> dict:
     mixture = state.get("mixture")
     positions = ({saved[0]: {k: state[k] for k in SOURCE_POSITION_KEYS}} if len(saved) == 1 and mixture is None
                  else {identity: position for identity, position in zip(saved, (mixture or {}).get("sources", []))})
-    tokens = dict(zip(saved, (mixture or {}).get("tokens", [])))
+    counts = {key: dict(zip(saved, (mixture or {}).get(key, []))) for key in ("tokens", "documents")}
     fresh = fresh_stream_state()
     if len(now) == 1:
         fresh.update(copy.deepcopy(positions.get(now[0], {})))
@@ -164,14 +164,15 @@ def carried_state(state: dict, saved: list[tuple], now: list[tuple]) -> dict:
     for i, identity in enumerate(now):
         if identity in positions:
             mix["sources"][i] = copy.deepcopy(positions[identity])
-            mix["tokens"][i] = tokens.get(identity, 0)
+            for key, by_source in counts.items():
+                mix[key][i] = by_source.get(identity, 0)
     fresh["mixture"] = mix
     return fresh
 
 
 def fresh_mixture_state(sources: int) -> dict:
     """Where a stream is in a mixture: draws made, retired sources, tokens drawn and the position in each source."""
-    return {"draws": 0, "retired": [], "tokens": [0] * sources,
+    return {"draws": 0, "retired": [], "tokens": [0] * sources, "documents": [0] * sources,
             "sources": [fresh_source_state() for _ in range(sources)]}
 
 
@@ -330,6 +331,7 @@ class PretrainingStream(IterableDataset):
                          mix["sources"][index]["epoch"], stream)
             mix["draws"] += 1
             mix["tokens"][index] += min(len(ids), cap) if cap else len(ids)
+            mix["documents"][index] += 1
             yield ids
 
     def bucketed(self, documents: Iterator[list[int]], stream: int, state: dict) -> Iterator[list[int]]:
@@ -376,6 +378,7 @@ class PretrainingDataModule(L.LightningDataModule):
         super().__init__()
         self.data, self.masking, self.tokenizer = data, masking, tokenizer
         self.phase, self.first_step = phase, first_step
+        self.sources = mixture_sources(data)  # resolved once (temperature sampling measures the sources' sizes)
         self.micro_batch_size, self.trainer_config = micro_batch_size, trainer
         self.rank, self.world_size = 0, 1
         self.stream_states: dict[int, dict] = {}  # global stream id -> state after its latest trained batch
@@ -389,7 +392,7 @@ class PretrainingDataModule(L.LightningDataModule):
             local_data_files(str(Path(self.data.pretokenized_dir) / "*.parquet"), "data.pretokenized_dir")
             check_has_documents(self.data, held_out=self.data.validation_docs)
             return
-        for source in mixture_sources(self.data):
+        for source in self.sources:
             if local_data_files(source.data.source, source_key(source.data)) is None:
                 require_hub(source.data.source, source_key(source.data))
             else:
@@ -399,7 +402,7 @@ class PretrainingDataModule(L.LightningDataModule):
         if self.trainer is not None:
             self.rank, self.world_size = self.trainer.global_rank, self.trainer.world_size
         if self.data.validation_docs and not self.validation_batches:
-            sources = mixture_sources(self.data)
+            sources = self.sources
             for source in sources:  # the first data.validation_docs documents of each source
                 batches = validation_batches(source.data, self.masking, self.tokenizer, self.micro_batch_size)
                 if len(sources) > 1:
@@ -425,13 +428,16 @@ class PretrainingDataModule(L.LightningDataModule):
             per_rank = min(per_rank, self.data.validation_batches)
         return batches[self.rank : per_rank * self.world_size : self.world_size]
 
-    def source_tokens(self) -> dict[str, int]:
-        """Per source of a mixture: the tokens drawn so far by this rank's streams (their trained positions)."""
-        sources = mixture_sources(self.data) if self.data.sources else []
-        totals = {source.name: 0 for source in sources}
+    def source_counts(self) -> dict[str, dict[str, int]]:
+        """Per source of a mixture: the documents and tokens drawn so far by this rank's streams (their trained
+        positions), {"documents": {name: n}, "tokens": {name: n}}."""
+        sources = self.sources if self.data.sources else []
+        totals = {key: {source.name: 0 for source in sources} for key in ("documents", "tokens")}
         for state in self.stream_states.values():
-            for source, tokens in zip(sources, (state.get("mixture") or {}).get("tokens", ())):
-                totals[source.name] += tokens
+            mixture = state.get("mixture") or {}
+            for key, by_source in totals.items():
+                for source, count in zip(sources, mixture.get(key, ())):
+                    by_source[source.name] += count
         return totals
 
     def train_stream(self) -> PretrainingStream:
@@ -468,7 +474,7 @@ class PretrainingDataModule(L.LightningDataModule):
         streams = {k: v for part in per_rank for k, v in part["streams"].items()}
         return {"streams": streams, "trained_batches": [p["trained_batches"] for p in per_rank],
                 "num_streams": self.world_size * max(1, self.data.num_workers), "phase": self.phase,
-                "sources": [source_identity(s.data) for s in mixture_sources(self.data)]}
+                "sources": [source_identity(s.data) for s in self.sources]}
 
     def load_state_dict(self, state: dict) -> None:
         num_streams = self.world_size * max(1, self.data.num_workers)
@@ -483,7 +489,7 @@ class PretrainingDataModule(L.LightningDataModule):
         streams = {int(k): v for k, v in state["streams"].items()}
         if state.get("phase", "") != self.phase:  # the checkpoint ends the phase before: a new phase starts
             saved = [tuple(identity) for identity in state.get("sources", [])]
-            now = [source_identity(s.data) for s in mixture_sources(self.data)]
+            now = [source_identity(s.data) for s in self.sources]
             self.stream_states = {k: carried_state(v, saved, now) for k, v in streams.items()}
             self.trained_batches = 0  # the streams count this phase's batches from 0 (DataSchedule.first_step)
             log.info("phase %r: the data position of every source it shares with the phase before carries over "

@@ -206,11 +206,12 @@ class MLMPretrainingModule(L.LightningModule):
             metrics["train/mask_rate"] = step["mask_rate"]
         datamodule = self.trainer.datamodule
         if self.config.data.sources and datamodule is not None:  # a mixture: what each source has given so far
-            drawn = datamodule.source_tokens()  # host counts in the streams' trained positions
-            total = sum(drawn.values())
-            for name, count in drawn.items():
+            counts = datamodule.source_counts()  # host counts in the streams' trained positions
+            documents = sum(counts["documents"].values())
+            for name, count in counts["tokens"].items():
                 metrics[f"train/tokens/{name}"] = float(count * world)
-                metrics[f"train/share/{name}"] = count / total if total else 0.0
+                # the realised share of the draws, in the unit of the targets (documents)
+                metrics[f"train/share/{name}"] = counts["documents"][name] / documents if documents else 0.0
         now = time.perf_counter()  # the read above waited for the device: the interval's time is real
         if self._interval_started is not None:
             tokens_per_second = interval_tokens * world / (now - self._interval_started)

@@ -11,6 +11,7 @@ import logging
 import re
 from collections import Counter
 
+import lightning as L
 import pytest
 import torch
 from test_pretrain import Recorder, tiny_config
@@ -218,3 +219,31 @@ def test_a_tokenizer_trained_on_a_mixture_pads_its_vocabulary_and_trains_a_model
     config = tiny_config(tmp_path, f"data.tokenizer={directory}", "trainer.max_steps=1")
     assert build_model_config(config, tokenizer).vocab_size == len(tokenizer)
     run_pretraining(config)
+
+
+def test_a_phase_reweights_sources_by_name_and_an_unknown_name_is_refused(three_sources, tmp_path):
+    from neobert.jobs.phases import plan_phases, run_phases
+
+    mixture = [sources_yaml(three_sources), "data.source=null", "trainer.max_steps=4"]
+    reweighted = "phases=[{name: a, steps: 2}, {name: b, overrides: {data.source_weights: {alpha: 0, beta: 3}}}]"
+    config = tiny_config(tmp_path, *mixture, reweighted)
+    a, b = (mixture_sources(run.config.data) for run in plan_phases(config))
+    assert [s.probability for s in a] == pytest.approx([1 / 3] * 3)
+    assert [s.probability for s in b] == pytest.approx([0, 0.75, 0.25])
+
+    class Markers(L.Callback):
+        seen: dict = {}
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            drawn = batch[DATA_STATE_KEY]["stats"]["source_tokens"]
+            self.seen.setdefault(trainer.global_step, Counter()).update(
+                {name: 1 for name, tokens in drawn.items() if tokens})
+
+    markers = Markers()
+    run_phases(config, extra_callbacks=[markers])
+    assert any(markers.seen[step]["alpha"] for step in (0, 1))  # drawn in a
+    assert all(not markers.seen[step]["alpha"] for step in (2, 3))  # alpha's weight is 0 from b's first step
+    unknown = tiny_config(tmp_path, *mixture, reweighted.replace("beta: 3", "delta: 3"))
+    with pytest.raises(ConfigError, match=r"'data.source_weights.delta': is not a source of data.sources: "
+                                          r"\['alpha', 'beta', 'gamma'\] \(in phase 1, 'b'\)"):
+        plan_phases(unknown)

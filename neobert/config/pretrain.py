@@ -90,6 +90,8 @@ class PretrainDataConfig:
     # proportional to its weight (x its size^mixture_temperature when the temperature is > 0: mmBERT's tau).
     sources: List[DataSourceConfig] = field(default_factory=list)
     mixture_temperature: float = 0.0
+    # New weights for some of data.sources, by name (a phase reweights its mixture without restating the sources).
+    source_weights: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -205,7 +207,8 @@ class PhaseConfig:
 # What a phase may change (prefixes of dotted keys). Not listed, and refused: the architecture (model.preset,
 # hidden size, layers, ...), the tokenizer, the devices and data workers (the data positions are per stream).
 PHASE_KEYS = ("data.sources", "data.source", "data.hub_config", "data.split", "data.text_column",
-              "data.text_sample_by", "data.mixture_temperature", "data.max_length", "data.packing",
+              "data.text_sample_by", "data.mixture_temperature",
+              "data.source_weights", "data.max_length", "data.packing",
               "data.packing_open_rows", "data.unpad", "data.length_buckets", "data.bucket_probabilities",
               "data.bucket_queue_docs", "data.shuffle_buffer", "data.validation_docs", "data.validation_batches",
               "masking.", "optimizer.lr", "optimizer.weight_decay", "scheduler.", "trainer.micro_batch_size",
@@ -290,6 +293,8 @@ class PretrainConfig:
         require(data.mixture_temperature >= 0, "data.mixture_temperature", "must be >= 0 (0 = the weights alone)")
         if not data.sources:
             require(bool(data.source), "data.source", "must name a hub dataset or local files (or set data.sources)")
+            require(not data.source_weights, "data.source_weights",
+                    "weighs the sources of data.sources: there are none")
             return
         require(data.source in (None, DEFAULT_SOURCE), "data.sources",
                 f"replaces data.source: set one or the other (data.source={data.source!r} is set too: data.source=null "
@@ -308,4 +313,8 @@ class PretrainConfig:
             require(s.max_epochs >= 0, f"{key}.max_epochs", f"must be >= 0 (0 = endless), got {s.max_epochs}")
             require(s.text_sample_by in ("paragraph", "line", "document"), f"{key}.text_sample_by",
                     "must be paragraph, line or document")
-        require(any(s.weight > 0 for s in data.sources), "data.sources", "every weight is 0: nothing can be drawn")
+        for name, weight in data.source_weights.items():
+            require(name in names, f"data.source_weights.{name}", f"is not a source of data.sources: {names}")
+            require(weight >= 0, f"data.source_weights.{name}", f"must be >= 0, got {weight}")
+        require(any(data.source_weights.get(s.name, s.weight) > 0 for s in data.sources), "data.sources",
+                "every weight is 0: nothing can be drawn")

@@ -46,7 +46,7 @@ def mixture_sources(data: PretrainDataConfig) -> list[MixtureSource]:
         fields = {**shared, "source": source.source, "hub_config": source.hub_config, "split": source.split,
                   "text_column": source.text_column, "text_sample_by": source.text_sample_by, "sources": []}
         views.append(SourceData(**fields, key=f"data.sources[{i}].source"))
-    weights = [s.weight for s in data.sources]
+    weights = [data.source_weights.get(s.name, s.weight) for s in data.sources]
     if data.mixture_temperature > 0:
         sizes = [source_size(source, i) for i, source in enumerate(data.sources)]
         weights = [w * size**data.mixture_temperature for w, size in zip(weights, sizes)]

@@ -247,3 +247,22 @@ def test_a_phase_reweights_sources_by_name_and_an_unknown_name_is_refused(three_
     with pytest.raises(ConfigError, match=r"'data.source_weights.delta': is not a source of data.sources: "
                                           r"\['alpha', 'beta', 'gamma'\] \(in phase 1, 'b'\)"):
         plan_phases(unknown)
+
+
+def test_a_new_phase_carries_each_shared_source_position_and_counts_its_own_draws():
+    from neobert.data.pretraining import carried_state, fresh_mixture_state, fresh_stream_state
+
+    web, wiki, code = ("web", None, "train", "text", "paragraph"), ("wiki",) * 5, ("code",) * 5
+    old = fresh_stream_state()
+    old["mixture"] = fresh_mixture_state(2)
+    old["mixture"].update(draws=40, tokens=[900, 300], documents=[30, 10])
+    old["mixture"]["sources"][0].update(epoch=1, block=3, taken=7)
+    old.update(batches=12, builder={"pending": [[1, 2]]})
+    new = carried_state(old, [web, wiki], [code, web])
+    assert new["batches"] == 0 and new["builder"] is None
+    assert new["mixture"]["draws"] == 40  # the source draws go on
+    assert new["mixture"]["sources"][1] == old["mixture"]["sources"][0]  # web, by identity, wherever it is listed
+    assert new["mixture"]["sources"][0]["epoch"] == 0 and new["mixture"]["sources"][0]["taken"] == 0  # code: new
+    assert new["mixture"]["tokens"] == [0, 0] and new["mixture"]["documents"] == [0, 0]  # this phase's own counts
+    single = carried_state(old, [web, wiki], [web])  # a mixture into one source: its position
+    assert (single["epoch"], single["block"], single["taken"], single["mixture"]) == (1, 3, 7, None)

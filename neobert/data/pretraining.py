@@ -149,12 +149,12 @@ SOURCE_POSITION_KEYS = ("epoch", "source", "block", "taken", "skipped")
 
 
 def carried_state(state: dict, saved: list[tuple], now: list[tuple]) -> dict:
-    """A stream's state for a new phase: the position (and tokens drawn) in every source the phases share, by
-    identity; a new stream otherwise (no pending documents, batches counted from 0, new sources from their start)."""
+    """A stream's state for a new phase: the position in every source the phases share, by identity; a new stream
+    otherwise (no pending documents, batches counted from 0, new sources from their start, and the documents and
+    tokens drawn counted from 0: train/share/<source> is the phase's own, against the phase's own targets)."""
     mixture = state.get("mixture")
     positions = ({saved[0]: {k: state[k] for k in SOURCE_POSITION_KEYS}} if len(saved) == 1 and mixture is None
                  else {identity: position for identity, position in zip(saved, (mixture or {}).get("sources", []))})
-    counts = {key: dict(zip(saved, (mixture or {}).get(key, []))) for key in ("tokens", "documents")}
     fresh = fresh_stream_state()
     if len(now) == 1:
         fresh.update(copy.deepcopy(positions.get(now[0], {})))
@@ -164,8 +164,6 @@ def carried_state(state: dict, saved: list[tuple], now: list[tuple]) -> dict:
     for i, identity in enumerate(now):
         if identity in positions:
             mix["sources"][i] = copy.deepcopy(positions[identity])
-            for key, by_source in counts.items():
-                mix[key][i] = by_source.get(identity, 0)
     fresh["mixture"] = mix
     return fresh
 

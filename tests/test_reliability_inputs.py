@@ -131,6 +131,13 @@ def test_config_mistakes_are_one_line_naming_the_key(tmp_path, capsys, monkeypat
         ("trainer.max_steps=many",): ("invalid config key 'trainer.max_steps': Value 'many' of type 'str' could not "
                                       "be converted to Integer"),
         ("--config", "nowhere.yaml"): "config file 'nowhere.yaml' does not exist (neither a path nor a packaged",
+        # a scalar for a whole section (merge errors carry no key: it was "invalid config key None: None")
+        ("model=foo",): ("invalid config key 'model': is a section (ModelConfig), not a value: got the str 'foo'; "
+                         "set its keys instead (model.<key>=...)"),
+        ("--config", "glue/rte"): "rte.yaml: invalid config key 'model': is a section (ModelConfig), not a value",
+        # pretraining needs a step count: -1 is not offered and then refused
+        ("trainer.max_steps=-3",): "invalid config key 'trainer.max_steps': must be positive, got -3",
+        ("trainer.max_steps=-1",): "invalid config key 'trainer.max_steps': must be positive, got -1",
     }
     for argv, message in cases.items():
         assert run_cli(pretrain_cli.main, list(argv)) == 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, ClassVar, List, Optional
 
 from neobert.config.loader import require
 
@@ -65,6 +65,8 @@ class TrainerConfig:
     # Where the time of each step goes (data loading, forward/backward, optimizer, logging, callbacks): Lightning's
     # simple | advanced (cProfile) | pytorch profiler, reported in output_dir/profile*.txt when the run ends.
     profiler: Optional[str] = None
+    # What a max_steps of -1 means for the job, or None where the job needs a step count (pretraining: endless data).
+    UNBOUNDED_STEPS: ClassVar[Optional[str]] = "bounded by max_epochs"
 
     def validate(self, prefix: str = "trainer") -> None:
         devices = self.devices
@@ -74,7 +76,11 @@ class TrainerConfig:
         require(self.num_nodes >= 1, f"{prefix}.num_nodes", "must be >= 1")
         require(self.precision is None or str(self.precision) in PRECISIONS, f"{prefix}.precision",
                 f"{self.precision!r} is not a Lightning precision ({', '.join(PRECISIONS)})")
-        require(self.max_steps == -1 or self.max_steps > 0, f"{prefix}.max_steps", "must be positive (or -1)")
+        if self.UNBOUNDED_STEPS is None:
+            require(self.max_steps > 0, f"{prefix}.max_steps", f"must be positive, got {self.max_steps}")
+        else:
+            require(self.max_steps == -1 or self.max_steps > 0, f"{prefix}.max_steps",
+                    f"must be positive, or -1 ({self.UNBOUNDED_STEPS}), got {self.max_steps}")
         require(self.max_epochs is None or self.max_epochs == -1 or self.max_epochs > 0, f"{prefix}.max_epochs",
                 "must be positive, -1 or null")
         require(self.accumulate_grad_batches > 0, f"{prefix}.accumulate_grad_batches", "must be positive")

@@ -15,6 +15,7 @@ the new key.
 from __future__ import annotations
 
 import difflib
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
@@ -101,11 +102,30 @@ def _build(config: DictConfig, schema: type, path: str | Path | None, overrides:
         raise ConfigError(f"{source}: unknown config key {key!r}{_did_you_mean(defaults, key)}") from err
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None)
-        message = str(getattr(err, "msg", err)).strip().splitlines()[0]  # OmegaConf adds full_key, types below
+        message = str(getattr(err, "msg", None) or err).strip().splitlines()[0]  # OmegaConf adds types below
+        section = re.search(r"(\w+) is not a subclass of (\w+)\. value: (.*)", message)
+        if key is None and section:  # a scalar given for a whole section (merge errors carry no key)
+            given, section_type, value = section.groups()
+            key = _section_of_type(defaults, section_type)
+            message = (f"is a section ({section_type}), not a value: got the {given} {value!r}; set its keys "
+                       f"instead ({key}.<key>=...)")
         raise ConfigError(f"{source}: invalid config key {key!r}: {message}") from err
     if hasattr(result, "validate"):
         result.validate()
     return result
+
+
+def _section_of_type(schema: DictConfig, type_name: str, prefix: str = "") -> str | None:
+    """The dotted key of the first section of the schema whose dataclass is named `type_name`."""
+    for key in schema.keys():
+        child = schema._get_node(key)
+        if isinstance(child, DictConfig):
+            if getattr(OmegaConf.get_type(child), "__name__", None) == type_name:
+                return f"{prefix}{key}"
+            found = _section_of_type(child, type_name, f"{prefix}{key}.")
+            if found:
+                return found
+    return None
 
 
 def _did_you_mean(schema: DictConfig, key: str) -> str:

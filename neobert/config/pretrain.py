@@ -129,6 +129,7 @@ class PretrainTrainerConfig(TrainerConfig):
     eval_every_n_steps: int = 1000  # validation loss every N optimizer steps (needs data.validation_docs)
     checkpoint_every_n_steps: int = 1000
     batch_size_warmup: BatchSizeWarmupConfig = field(default_factory=BatchSizeWarmupConfig)
+    UNBOUNDED_STEPS: ClassVar[Optional[str]] = None  # the stream is endless: trainer.max_steps ends the run
 
     @property
     def batch_size(self) -> int:
@@ -145,7 +146,6 @@ class PretrainTrainerConfig(TrainerConfig):
         require(warmup.start_batch_size <= self.batch_size, f"{prefix}.batch_size_warmup.start_batch_size",
                 f"{warmup.start_batch_size} exceeds the full batch of {self.batch_size} sequences")
 
-        require(self.max_steps > 0, f"{prefix}.max_steps", "must be positive")
         require(self.micro_batch_size > 0, f"{prefix}.micro_batch_size", "must be positive")
         require(self.checkpoint_every_n_steps > 0, f"{prefix}.checkpoint_every_n_steps", "must be positive")
         require(self.eval_every_n_steps > 0, f"{prefix}.eval_every_n_steps", "must be positive")

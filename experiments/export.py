@@ -26,10 +26,13 @@ def main(argv=None) -> Path:
                              "of the run) or checkpoint paths; averaging.json records which")
     parser.add_argument("--weights", choices=WEIGHT_SETS, default="raw",
                         help="the trained weights (raw) or their exponential moving average (ema, trainer.ema)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a non-empty export_dir as a whole (refused otherwise)")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     sources = select_checkpoints(args.checkpoint, args.average) if args.average else ()
-    out = export_from_checkpoint(args.checkpoint, args.export_dir, weights=args.weights, average=sources)
+    out = export_from_checkpoint(args.checkpoint, args.export_dir, weights=args.weights, average=sources,
+                                 overwrite=args.overwrite)
     what = f"the mean of {', '.join(str(p) for p in sources)}" if sources else args.checkpoint
     print(f"exported {what} ({args.weights} weights) -> {out}")
     return out

@@ -84,3 +84,30 @@ def test_ema_weights_export_alone_or_averaged(run, tmp_path):
     torch.save(checkpoint, tmp_path / "half.ckpt")
     halved = load_file(export_from_checkpoint(tmp_path / "half.ckpt", tmp_path / "h", weights="ema") / "model.safetensors")
     torch.testing.assert_close(halved["decoder.weight"], checkpoint["state_dict"]["model.decoder.weight"] * 0.5)
+
+
+def test_an_export_never_mixes_with_an_earlier_one(run, tmp_path, capsys):
+    from neobert.jobs.cli import run_cli
+
+    target = tmp_path / "export"
+    export_main([str(run), str(target), "--average", "last:2"])
+    averaged = load_file(target / "model.safetensors")
+    before = sorted(p.name for p in target.iterdir())
+    last = run / "checkpoints" / "last.ckpt"
+    # refused without --overwrite: one line, status 2, the directory untouched (it used to be overwritten in place,
+    # keeping the earlier averaging.json beside weights it no longer describes)
+    assert run_cli(export_main, [str(last), str(target)]) == 2
+    err = capsys.readouterr().err
+    assert f"export directory {target} is not empty (it holds averaging.json, config.json" in err
+    assert "pass --overwrite to replace it as a whole" in err
+    assert sorted(p.name for p in target.iterdir()) == before
+    # a failing export with --overwrite leaves the earlier one whole
+    (tmp_path / "broken.ckpt").write_bytes(b"not a checkpoint")
+    assert run_cli(export_main, [str(tmp_path / "broken.ckpt"), str(target), "--overwrite"]) == 2
+    assert torch.equal(load_file(target / "model.safetensors")["decoder.weight"], averaged["decoder.weight"])
+    # --overwrite replaces it as a whole: no averaging.json from the earlier export
+    export_main([str(last), str(target), "--overwrite"])
+    assert not (target / "averaging.json").exists()
+    assert torch.equal(load_file(target / "model.safetensors")["decoder.weight"],
+                       model_weights(last)["decoder.weight"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.ckpt", "export"]  # no .tmp or .old left

@@ -19,3 +19,9 @@ class DataError(UserInputError):
 
 class CheckpointError(UserInputError):
     """A checkpoint that cannot be used (missing, corrupt, truncated, or of another model)."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """A run stopped by Ctrl-C after Lightning's graceful shutdown; the message says where it stopped and how to
+    resume. Command lines print it as one line and exit with status 130 (the shell's for SIGINT)."""
+

@@ -262,3 +262,29 @@ def test_a_non_finite_loss_names_the_micro_batch_when_accumulating(tmp_path):
     with pytest.raises(NonFiniteLossError, match=r"^the training loss is inf at global step 3, micro-batch 1 of 2: "
                                                  r"the batch came from data stream 0 \(the stream's batch 7, "):
         run_pretraining(config, [PoisonAt(3, "inf", checkpoints_of(tmp_path))])
+
+
+def test_ctrl_c_exits_130_saying_where_the_run_stopped_and_the_run_resumes(tmp_path, monkeypatch, capsys):
+    from experiments import pretrain as pretrain_cli
+    from neobert.jobs import pretrain as pretrain_job
+    from neobert.jobs.cli import run_cli
+    from neobert.lit.checkpoints import verify_checkpoint
+    from test_pretrain_slow import write_yaml
+
+    class CtrlC(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if trainer.global_step == 3:
+                raise KeyboardInterrupt
+
+    built = pretrain_job.build_callbacks
+    monkeypatch.setattr(pretrain_job, "build_callbacks", lambda config: built(config) + [CtrlC()])
+    config = write_yaml(tmp_path, "trainer.max_steps=4", "trainer.checkpoint_every_n_steps=2")
+    # Lightning shuts down gracefully and exits with status 1; the command line says so and exits 130
+    assert run_cli(pretrain_cli.main, ["--config", str(config)]) == 130
+    err = capsys.readouterr().err
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert (f"interrupted: the run stopped at global step 3; the newest checkpoint is {last} (global step 2): run "
+            f"the same command with resume=true to continue from it") in err.replace("\n", " ")
+    monkeypatch.setattr(pretrain_job, "build_callbacks", built)
+    assert run_cli(pretrain_cli.main, ["--config", str(config), "resume=true"]) == 0
+    assert verify_checkpoint(last) == 4

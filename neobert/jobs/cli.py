@@ -25,6 +25,7 @@ from neobert.hub import HubUnreachableError
 DEBUG_FLAG = "--debug"
 DEBUG_ENV = "NEOBERT_DEBUG"
 USER_ERROR_STATUS = 2
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 # Errors that are the input's or the machine's, never the code's.
 USER_ERRORS = (UserInputError, HubUnreachableError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
 # OS errors of the same kind: no permission to write output_dir, a read-only file system, a full disk or quota.
@@ -70,12 +71,15 @@ def one_line(err: BaseException) -> str:
 
 
 def run_cli(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> int:
-    """Runs `main(argv)` (default: sys.argv[1:]) and returns the exit status: 0, or 2 after printing a user error
-    as one line on stderr. With --debug or NEOBERT_DEBUG=1 a user error is re-raised with its traceback; any other
+    """Runs `main(argv)` (default: sys.argv[1:]) and returns the exit status: 0, 2 after printing a user error
+    as one line on stderr, or 130 after a Ctrl-C (one line: for a run, where it stopped and how to resume). With --debug or NEOBERT_DEBUG=1 a user error is re-raised with its traceback; any other
     exception always is (a bug)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         main(argv)
+    except KeyboardInterrupt as err:  # Ctrl-C: a line (where a run stopped, how to resume), the shell's status
+        print(f"interrupted{': ' + str(err) if str(err) else ''}", file=sys.stderr, flush=True)
+        return INTERRUPTED_STATUS
     except Exception as err:  # sorted below: only user errors end here
         if not is_user_error(err) or debug_requested(argv):
             raise

@@ -20,12 +20,13 @@ from neobert.data.corpus import pretokenize, unigram_entropy
 from neobert.data.mixture import mixture_sources
 from neobert.data.pretraining import PretrainingDataModule
 from neobert.data.tokenizer import BERT_BASE_UNCASED_ALIASES, load_tokenizer
-from neobert.errors import CheckpointError
+from neobert.errors import CheckpointError, RunInterrupted
 from neobert.eval.plots import final_value, plot_curves
 from neobert.layout import CONFIG_NAME, EMA_EXPORT_DIR, EXPORT_DIR, LOGS_DIR, LOSS_PLOT, TENSORBOARD_DIR, WEIGHTS_NAME
 from neobert.layout import metrics_csvs
-from neobert.lit.checkpoints import (model_state_dict, read_lightning_checkpoint, refuse_existing_checkpoints,
-                                     resume_checkpoint, step_checkpoint_callback, verify_checkpoint)
+from neobert.lit.checkpoints import (model_state_dict, newest_readable_checkpoint, read_lightning_checkpoint,
+                                     refuse_existing_checkpoints, resume_checkpoint, step_checkpoint_callback,
+                                     verify_checkpoint)
 from neobert.lit.ema import ExponentialMovingAverage
 from neobert.lit.glue_callback import GlueEvalCallback
 from neobert.lit.mteb_callback import MtebEvalCallback
@@ -167,7 +168,17 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
             baselines[source.name] = unigram_entropy(source.data, tokenizer, config.data.baseline_docs)
             print(f"unigram-entropy baseline of {source.name or 'the corpus'} (masked-target tokens): "
                   f"{baselines[source.name]:.4f} nats")
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    except SystemExit as exit_:
+        if not trainer.interrupted:
+            raise
+        # Lightning shut down gracefully after a Ctrl-C and exits with status 1: say where the run stopped instead
+        resume_from, _ = newest_readable_checkpoint(config.output_dir)
+        where = (f"the newest checkpoint is {resume_from} (global step {verify_checkpoint(resume_from)})"
+                 if resume_from else "no checkpoint was written yet")
+        raise RunInterrupted(f"the run stopped at global step {trainer.global_step}; {where}: run the same command "
+                             f"with resume=true to continue from it") from exit_
     if phase is not None and ckpt_path != phase.final_checkpoint:
         trainer.save_checkpoint(phase.final_checkpoint)  # where the next phase starts; never rotated away
 

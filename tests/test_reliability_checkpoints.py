@@ -288,3 +288,20 @@ def test_ctrl_c_exits_130_saying_where_the_run_stopped_and_the_run_resumes(tmp_p
     monkeypatch.setattr(pretrain_job, "build_callbacks", built)
     assert run_cli(pretrain_cli.main, ["--config", str(config), "resume=true"]) == 0
     assert verify_checkpoint(last) == 4
+
+
+def test_resuming_a_run_of_another_model_size_is_one_line_and_leaves_no_log_directories(tmp_path, capsys):
+    from experiments import pretrain as pretrain_cli
+    from neobert.jobs.cli import run_cli
+    from test_pretrain_slow import write_yaml
+
+    config = write_yaml(tmp_path, "trainer.max_steps=2", "trainer.checkpoint_every_n_steps=2")
+    assert run_cli(pretrain_cli.main, ["--config", str(config)]) == 0
+    logs = sorted(p.name for p in (tmp_path / "run" / "logs").iterdir())
+    argv = ["--config", str(config), "resume=true", "trainer.max_steps=4", "model.overrides.hidden_size=32"]
+    assert run_cli(pretrain_cli.main, argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {tmp_path / 'run' / 'checkpoints' / 'last.ckpt'} holds another model than this config builds " \
+           f"(dim_head 16 there, 8 here, hidden_size 64 there, 32 here): continue it with its own model settings, " \
+           f"or give this run another output_dir" in err
+    assert sorted(p.name for p in (tmp_path / "run" / "logs").iterdir()) == logs  # no empty version_1

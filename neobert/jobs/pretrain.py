@@ -24,9 +24,9 @@ from neobert.errors import CheckpointError, RunInterrupted
 from neobert.eval.plots import final_value, plot_curves
 from neobert.layout import CONFIG_NAME, EMA_EXPORT_DIR, EXPORT_DIR, LOGS_DIR, LOSS_PLOT, TENSORBOARD_DIR, WEIGHTS_NAME
 from neobert.layout import metrics_csvs
-from neobert.lit.checkpoints import (model_state_dict, newest_readable_checkpoint, read_lightning_checkpoint,
-                                     refuse_existing_checkpoints, resume_checkpoint, step_checkpoint_callback,
-                                     verify_checkpoint)
+from neobert.lit.checkpoints import (CHECKPOINT_KEY, model_state_dict, newest_readable_checkpoint,
+                                     read_lightning_checkpoint, refuse_existing_checkpoints, resume_checkpoint,
+                                     step_checkpoint_callback, verified_checkpoint, verify_checkpoint)
 from neobert.lit.ema import ExponentialMovingAverage
 from neobert.lit.glue_callback import GlueEvalCallback
 from neobert.lit.mteb_callback import MtebEvalCallback
@@ -107,6 +107,26 @@ def prepare(config: PretrainConfig, phase=None):
     return tokenizer, model_config, datamodule
 
 
+# Model fields a continued run may change (a phase): they shape no weight. The others must match the checkpoint.
+CONTINUABLE_MODEL_FIELDS = ("rope_theta", "max_length", "attention_backend", "dropout", "classifier_dropout")
+
+
+def refuse_another_model(checkpoint: Path, model_config: NeoBERTConfig) -> None:
+    """A checkpoint to continue (resume, a phase, branch_from) must hold this run's model: a CheckpointError naming
+    the fields that differ, instead of a size-mismatch traceback from the state dict."""
+    saved = (verified_checkpoint(checkpoint).get(CHECKPOINT_KEY) or {}).get("model_config")
+    if saved is None:
+        return  # not written by this suite's pretraining: the state dict load says what does not fit
+    now = model_config.to_hub_dict()
+    differing = sorted(key for key in set(saved) | set(now) if saved.get(key) != now.get(key)
+                       and key not in CONTINUABLE_MODEL_FIELDS)
+    if differing:
+        shown = ", ".join(f"{key} {saved.get(key)!r} there, {now.get(key)!r} here" for key in differing[:4])
+        raise CheckpointError(f"{checkpoint} holds another model than this config builds ({shown}"
+                              f"{', ...' if len(differing) > 4 else ''}): continue it with its own model settings, "
+                              f"or give this run another output_dir")
+
+
 def branch_step(config: PretrainConfig) -> int:
     """The optimizer step of the `branch_from` checkpoint, where the branch starts (its decay, in phase=decay)."""
     if not Path(config.branch_from).exists():
@@ -156,6 +176,8 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
         ckpt_path = ckpt_path or Path(config.branch_from)  # the branch's own checkpoints once it has some
     elif ckpt_path is None and config.init_from:
         init_weights(module.model, config.init_from)
+    if ckpt_path is not None:
+        refuse_another_model(ckpt_path, model_config)  # before the Trainer creates this run's log directories
     trainer = build_trainer(config.trainer, config.logging, config.output_dir,
                             callbacks=build_callbacks(config) + list(extra_callbacks),
                             micro_batch_size=config.trainer.micro_batch_size,

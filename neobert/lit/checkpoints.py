@@ -101,6 +101,12 @@ def verify_checkpoint(path: str | Path) -> int:
     CheckpointError saying why it cannot be resumed from. A directory is a sharded (fsdp2) or DeepSpeed
     checkpoint: its non-tensor part is loaded and every shard (fsdp2) or partition (DeepSpeed) must be there
     and load; see `_verify_sharded` and `_verify_deepspeed`."""
+    return int(verified_checkpoint(path)["global_step"])
+
+
+def verified_checkpoint(path: str | Path) -> dict:
+    """`verify_checkpoint`'s checks, returning the checkpoint's entries as loaded (memory-mapped tensors; of a
+    directory, its non-tensor part: fsdp2's meta.pt, DeepSpeed's model states), CHECKPOINT_KEY among them."""
     path = Path(path)
     if path.is_dir():
         if _is_sharded(path):
@@ -114,7 +120,7 @@ def verify_checkpoint(path: str | Path) -> int:
     missing = [key for key in (state_key, "global_step") if key is not None and key not in checkpoint]
     if missing:
         raise CheckpointError(f"not a Lightning checkpoint (no {' or '.join(missing)})")
-    return int(checkpoint["global_step"])
+    return checkpoint
 
 
 def _is_sharded(path: Path) -> bool:

@@ -230,3 +230,21 @@ def test_hf_trainer_baseline_script_runs_on_the_same_files(tmp_path):
                           "--output-dir", str(tmp_path / "hf")])
     assert set(result["scores"]) == {"f1", "accuracy"} and len(result["evaluations"]) == 2
     assert json.loads((tmp_path / "hf" / "results.json").read_text())["steps"] == 2
+
+
+def test_a_rerun_into_a_finished_task_is_refused_unless_overwrite(tmp_path, capsys):
+    from neobert.jobs.cli import run_cli
+
+    write_parquet_task(tmp_path / "data", "rte")
+    args = ["--task", "rte", "--model", "preset:tiny", *tiny_args(tmp_path, "transfer_from=null")]
+    main(args)
+    task_dir = tmp_path / "out" / "rte"
+    (task_dir / "stale.txt").write_text("a file of the first run")
+    results = (task_dir / "results.json").read_text()
+    # refused, as pretraining refuses an output_dir with checkpoints: it used to replace best/ and results.json
+    assert run_cli(main, args) == 2
+    assert (f"invalid config key 'overwrite': {task_dir} already holds a finished run (results.json, best): set "
+            f"overwrite=true to replace it, or choose another output_dir") in capsys.readouterr().err
+    assert (task_dir / "results.json").read_text() == results
+    main(args + ["overwrite=true"])  # replaced as a whole: nothing of the first run is left
+    assert not (task_dir / "stale.txt").exists() and (task_dir / "best" / "model.safetensors").is_file()

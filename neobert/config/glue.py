@@ -84,6 +84,9 @@ class GlueConfig:
     output_dir: Optional[str] = None  # default: runs/glue/<model name>, so transfers never mix backbones
     predict: bool = False  # write test-split predictions of the best model (GLUE submission TSVs)
     keep_run_checkpoints: bool = False  # the per-run best checkpoints; the task's best model is always kept
+    # A task whose output_dir/<task>/ holds a finished run (results.json, best/) is refused unless this is set; it
+    # then removes that task's directory first (a new result is never mixed with an earlier one's files).
+    overwrite: bool = False
     data: GlueDataConfig = field(default_factory=GlueDataConfig)
     optimizer: OptimizerConfig = field(
         default_factory=lambda: OptimizerConfig(lr=2e-5, weight_decay=1e-2, betas=[0.9, 0.95], eps=1e-8))

@@ -191,6 +191,12 @@ def run_task(config: GlueConfig, sweep: bool = False) -> dict:
     task = get_task(config.task)
     check_hub_sources(config)
     task_dir = output_root(config) / task.name
+    finished = [name for name in (RESULTS_JSON, GLUE_BEST_DIR) if (task_dir / name).exists()]
+    if finished and not config.overwrite:
+        raise ConfigError(f"invalid config key 'overwrite': {task_dir} already holds a finished run ("
+                          f"{', '.join(finished)}): set overwrite=true to replace it, or choose another output_dir")
+    if finished:
+        shutil.rmtree(task_dir)
     backbone = load_backbone(config.model, tokenizer=config.tokenizer)
     datamodule = GlueDataModule(task, backbone.tokenizer, config.data, seed=config.trainer.seed)
     if sweep:

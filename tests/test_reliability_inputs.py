@@ -245,6 +245,23 @@ def test_non_utf8_json_lines_are_a_data_error_naming_the_source(tmp_path, tokeni
         PretrainingDataModule(data, MaskingConfig(), tokenizer, 2).check_source()
 
 
+def test_a_malformed_json_line_is_one_line_naming_the_file_line(tmp_path):
+    from test_pretrain_slow import cli
+
+    path = tmp_path / "bad.jsonl"
+    lines = [json.dumps({"content": f"document {i}"}) for i in range(50)]
+    path.write_text("\n".join(lines[:10] + [""] + lines[10:] + ["{not json"] + lines[:3]) + "\n")
+    # the 52nd line (a blank one before it): datasets says "row 50", and logged its own error twice above ours
+    proc = cli(f"data.source={path}", "data.validation_docs=0", "data.baseline_docs=0",
+               f"output_dir={tmp_path / 'run'}")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 2, out
+    assert (f"error: data.source='{path}' cannot be read: line 52 of {path} is not JSON (Expecting property name "
+            f"enclosed in double quotes, column 2)") in out
+    assert [line for line in out.splitlines() if str(path) in line and "INFO" not in line] == [
+        line for line in out.splitlines() if line.startswith("error:")], out
+
+
 def test_pretokenizing_an_empty_corpus_writes_nothing(tmp_path, tokenizer):
     path = tmp_path / "blank.jsonl"
     path.write_bytes(EMPTY_CORPORA["blank.jsonl"][0])

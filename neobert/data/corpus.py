@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import glob
+import json
 import logging
 import math
 import os
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 TOKENS_COLUMN = "input_ids"  # the column of pre-tokenized shards
 BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 UNDECODABLE = "\ufffd"  # what undecodable bytes of a .txt file become (encoding_errors="replace")
+# `datasets` logs a JSON file it cannot parse at ERROR itself, then raises: our DataError line says it once, with the
+# file's line number.
+logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
 # What reading a local file that is not what its suffix says raises (bad JSON, non-UTF-8 JSON or CSV, ...).
 READ_ERRORS = (pa.ArrowException, UnicodeDecodeError, pandas.errors.EmptyDataError, pandas.errors.ParserError)
 SMALL_PARQUET_BYTES = 1 << 16  # a parquet file without rows is smaller than this: only those are opened to check
@@ -114,11 +118,30 @@ def open_source(data, split: str | None = None):
 
 def read_blocks(dataset, batch_size: int, data) -> Iterator[dict]:
     """`dataset.iter(batch_size)`, with a local file that cannot be read (not the format its suffix says, not
-    UTF-8 where the format needs it) reported as a DataError naming the source."""
+    UTF-8 where the format needs it) reported as a DataError naming the source (and, for JSON lines, the file and
+    line that is not JSON)."""
     try:
         yield from dataset.iter(batch_size=batch_size)
     except READ_ERRORS as err:
-        raise DataError(f"{source_name(data)} cannot be read: {type(err).__name__}: {err}") from err
+        where = first_bad_json_line(data) if isinstance(err, pa.ArrowInvalid) and "JSON" in str(err) else None
+        detail = where or f"{type(err).__name__}: {err}"
+        raise DataError(f"{source_name(data)} cannot be read: {detail}") from err
+
+
+def first_bad_json_line(data) -> str | None:
+    """`line N of FILE is not JSON (why)` for the first line of the source's .jsonl files that does not parse
+    (`datasets` reports a row number, counted from 0 and without the blank lines); None if none is found."""
+    files = [] if data.pretokenized_dir else local_data_files(data.source, source_key(data)) or []
+    for path in (f for f in files if Path(f).suffix == ".jsonl"):
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    json.loads(line)
+                except json.JSONDecodeError as err:
+                    return f"line {number} of {path} is not JSON ({err.msg}, column {err.colno})"
+    return None
 
 
 def text_column(data) -> str:

@@ -447,3 +447,27 @@ def test_a_full_disk_leaves_no_partial_file(tmp_path, capsys, monkeypatch):
     assert error_line(capsys.readouterr().err) == f"error: No space left on device: '{shard}'"
     assert files_under(tmp_path / "shards") == []  # neither the half-written temporary file nor a shard
     assert files_under(tmp_path) == ["data", "data/docs.jsonl", "shards"]
+
+
+def test_empty_texts_in_contrastive_and_mteb_files_are_one_line_naming_the_example(tmp_path, capsys, monkeypatch):
+    # They used to be a ValueError traceback (status 1), and an STS pair with an empty sentence was scored silently.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("NEOBERT_DEBUG", raising=False)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"query": "what is a cat", "positive": "a small animal"}) + "\n"
+                     + json.dumps({"query": "", "positive": "a large animal"}) + "\n")
+    sts = tmp_path / "sts.csv"
+    sts.write_text("genre\tfile\tyear\tid\t4.0\tA cat sits.\tA cat is sitting.\n"
+                   "genre\tfile\tyear\tid\t1.0\tA dog runs.\t \n")
+    cases = {
+        (contrastive_cli.main, ("--config", "contrastive", "--model", "preset:tiny", "data.datasets=[mine]",
+                                f"data.local_files.mine={pairs}", f"output_dir={tmp_path / 'c'}")):
+            f"error: {pairs}: example 2 has an empty or missing 'query'",
+        (mteb_cli.main, ("--model", "preset:tiny", "--tasks", f"retrieval:{pairs}", f"output_dir={tmp_path / 'm'}")):
+            f"error: {pairs}: example 2 has an empty or missing 'query'",
+        (mteb_cli.main, ("--model", "preset:tiny", "--tasks", f"sts:{sts}", f"output_dir={tmp_path / 's'}")):
+            f"error: {sts}:2: an empty sentence2",
+    }
+    for (main, args), message in cases.items():
+        assert run_cli(main, list(args)) == 2, args
+        assert error_line(capsys.readouterr().err) == message

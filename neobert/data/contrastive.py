@@ -33,6 +33,7 @@ from datasets import load_dataset
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from neobert.config.contrastive import CONTRASTIVE_DATASETS, ContrastiveDataConfig, ContrastiveSource
+from neobert.errors import DataError
 from neobert.hub import require_hub
 
 log = logging.getLogger(__name__)
@@ -71,21 +72,30 @@ def read_sts_pairs(path: str | Path) -> list[tuple[str, str, float]]:
     path = Path(path)
     lines = _read_text(path).splitlines()
     if not lines:
-        raise ValueError(f"{path} is empty")
+        raise DataError(f"{path} is empty")
     header = lines[0].split("\t" if "\t" in lines[0] else ",")
     if {"sentence1", "sentence2", "score"} <= set(header):
-        return [(r["sentence1"], r["sentence2"], float(r["score"])) for r in _read_table(path)]
+        pairs = [(r["sentence1"], r["sentence2"], float(r["score"])) for r in _read_table(path)]
+        return _without_empty_sentences(pairs, path, first_line=2)
     pairs = []
     for number, line in enumerate(lines, 1):
         fields = line.split("\t")  # the release has stray quotes, so no csv quoting rules
         if len(fields) < 7:
-            raise ValueError(f"{path}:{number}: expected the STS Benchmark layout (7 tab-separated fields: "
+            raise DataError(f"{path}:{number}: expected the STS Benchmark layout (7 tab-separated fields: "
                              f"genre, file, year, id, score, sentence1, sentence2), got {len(fields)} fields")
         try:
             score = float(fields[4])
         except ValueError as err:
-            raise ValueError(f"{path}:{number}: score {fields[4]!r} is not a number") from err
+            raise DataError(f"{path}:{number}: score {fields[4]!r} is not a number") from err
         pairs.append((fields[5], fields[6], score))
+    return _without_empty_sentences(pairs, path, first_line=1)
+
+
+def _without_empty_sentences(pairs: list, path: Path, first_line: int) -> list:
+    """An STS pair with an empty sentence would be scored as if it held text: a DataError naming the line."""
+    for number, (first, second, _) in enumerate(pairs, first_line):
+        if not (first or "").strip() or not (second or "").strip():
+            raise DataError(f"{path}:{number}: an empty sentence{'1' if not (first or '').strip() else '2'}")
     return pairs
 
 
@@ -98,7 +108,7 @@ def read_local_examples(path: str | Path, sts_min_score: float = 4.0) -> list[Co
         return _examples_from_sts(read_sts_pairs(path), sts_min_score)
     rows = _read_jsonl(path) if path.suffix in (".jsonl", ".json") else _read_table(path)
     if not rows:
-        raise ValueError(f"{path} holds no examples")
+        raise DataError(f"{path} holds no examples")
     columns = set(rows[0])
     if {"premise", "hypothesis", "label"} <= columns:
         return _examples_from_nli(rows, path)
@@ -107,7 +117,7 @@ def read_local_examples(path: str | Path, sts_min_score: float = 4.0) -> list[Co
                                   sts_min_score)
     query = "query" if "query" in columns else "anchor"
     if query not in columns or "positive" not in columns:
-        raise ValueError(f"{path}: expected columns query (or anchor), positive[, negative], or the All-NLI "
+        raise DataError(f"{path}: expected columns query (or anchor), positive[, negative], or the All-NLI "
                          f"(premise, hypothesis, label) or STS (sentence1, sentence2, score) layouts; "
                          f"got {sorted(columns)}")
     return [ContrastiveExample(_text(r, query, path, i), _text(r, "positive", path, i), _negatives(r, path, i))
@@ -119,7 +129,7 @@ def _negatives(row: dict, path: Path, number: int) -> tuple[str, ...]:
     if "negatives" in row:
         values = row["negatives"]
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise ValueError(f"{path}: example {number}: 'negatives' must be a list of texts")
+            raise DataError(f"{path}: example {number}: 'negatives' must be a list of texts")
     else:
         numbered = sorted((k for k in row if k.startswith("negative_") and k[9:].isdigit()), key=lambda k: int(k[9:]))
         values = [row[k] for k in (["negative"] if "negative" in row else []) + numbered]
@@ -160,7 +170,7 @@ def _examples_from_nli(rows: list[dict], path: Path) -> list[ContrastiveExample]
             examples.append(ContrastiveExample(premise, hypothesis, (negatives[i % len(negatives)],) if negatives
                                                else ()))
     if not examples:
-        raise ValueError(f"{path}: no entailment pairs (label 'entailment' or 0) in this NLI file")
+        raise DataError(f"{path}: no entailment pairs (label 'entailment' or 0) in this NLI file")
     return examples
 
 
@@ -168,7 +178,7 @@ def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not UTF-8 text: {err}") from err
+        raise DataError(f"{path} is not UTF-8 text: {err}") from err
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -178,7 +188,7 @@ def _read_jsonl(path: Path) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not a JSON object: {err}") from err
+                raise DataError(f"{path}:{number}: not a JSON object: {err}") from err
     return rows
 
 
@@ -196,7 +206,7 @@ def _has_header(path: Path, names) -> bool:
 def _text(row: dict, column: str, path: Path, number: int) -> str:
     value = row.get(column)
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{path}: example {number} has an empty or missing {column!r}")
+        raise DataError(f"{path}: example {number} has an empty or missing {column!r}")
     return value
 
 
@@ -219,7 +229,7 @@ def load_corpora(config: ContrastiveDataConfig) -> list[ContrastiveCorpus]:
         if name in config.local_files:
             examples = read_local_examples(config.local_files[name], config.sts_min_score)
         elif source is None:
-            raise ValueError(f"unknown contrastive data set {name!r}: not in the registry "
+            raise DataError(f"unknown contrastive data set {name!r}: not in the registry "
                              f"({sorted(CONTRASTIVE_DATASETS)}) and no local file; set "
                              f"`data.local_files.{name}` to a local file")
         else:
@@ -227,7 +237,7 @@ def load_corpora(config: ContrastiveDataConfig) -> list[ContrastiveCorpus]:
         if config.max_examples_per_dataset:
             examples = examples[: config.max_examples_per_dataset]
         if not examples:
-            raise ValueError(f"contrastive data set {name!r} has no usable examples")
+            raise DataError(f"contrastive data set {name!r} has no usable examples")
         query_instruction = config.instructions.get(name, source.query_instruction if source else "")
         document_instruction = query_instruction
         if source is not None and source.document_instruction is not None and name not in config.instructions:
@@ -279,7 +289,7 @@ class ContrastiveBatchSampler(Sampler[list[BatchItem]]):
         self.global_batch = batch_size * world_size
         too_small = [c.name for c in corpora if len(c.examples) < self.global_batch]
         if too_small:
-            raise ValueError(f"data sets {too_small} have fewer examples than one global batch "
+            raise DataError(f"data sets {too_small} have fewer examples than one global batch "
                              f"({batch_size} x {world_size} devices); lower data.batch_size")
         sizes = torch.tensor([len(c.examples) for c in corpora], dtype=torch.float64)
         self.probabilities = (sizes ** alpha / (sizes ** alpha).sum()).tolist()
@@ -331,7 +341,7 @@ class ContrastiveBatchSampler(Sampler[list[BatchItem]]):
             if self.no_duplicates and not seen.isdisjoint(texts):
                 deferred.append(index)
                 if len(deferred) > len(examples):
-                    raise ValueError(f"data set {self.corpora[dataset].name!r} cannot fill a batch of "
+                    raise DataError(f"data set {self.corpora[dataset].name!r} cannot fill a batch of "
                                      f"{self.global_batch} without repeating a text; lower data.batch_size")
                 continue
             seen.update(texts)
@@ -373,7 +383,7 @@ class ContrastiveCollator:
         batch = {"query": self._tokenize([e.query for e in examples]),
                  "positive": self._tokenize([e.positive for e in examples])}
         if len({len(e.negatives) for e in examples}) != 1:
-            raise ValueError("the examples of a batch have different numbers of hard negatives")
+            raise DataError("the examples of a batch have different numbers of hard negatives")
         if examples[0].negatives:
             batch["negative"] = self._tokenize([n for e in examples for n in e.negatives])
         return batch

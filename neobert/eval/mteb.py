@@ -30,6 +30,7 @@ from mteb.models.model_meta import ModelMeta
 from torch import Tensor
 
 from neobert.config import ConfigError, config_path
+from neobert.errors import DataError
 from neobert.data.backbone import Backbone
 from neobert.eval.flops import warn_if_bf16_is_emulated
 from neobert.data.contrastive import prepend_instruction, read_local_examples, read_sts_pairs
@@ -75,7 +76,7 @@ class TaskInstructions:
                                     f"'none' evaluates without instructions)")
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data.get("query"), dict):
-            raise ValueError(f"{path}: expected {{'query': {{task: instruction}}, 'document': {{...}}}}")
+            raise DataError(f"{path}: expected {{'query': {{task: instruction}}, 'document': {{...}}}}")
         return cls(dict(data["query"]), dict(data.get("document", {})))
 
     def for_task(self, task_name: str, prompt_type: Any = None) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import subprocess
@@ -471,3 +472,22 @@ def test_empty_texts_in_contrastive_and_mteb_files_are_one_line_naming_the_examp
     for (main, args), message in cases.items():
         assert run_cli(main, list(args)) == 2, args
         assert error_line(capsys.readouterr().err) == message
+
+
+def test_a_decoder_given_as_an_encoder_is_warned_about(tmp_path, caplog):
+    from transformers import AutoTokenizer, BertConfig, GPT2Config, GPT2LMHeadModel
+
+    from neobert.data.backbone import is_decoder
+    from neobert.data.tokenizer import packaged_bert_vocab_dir
+
+    gpt2 = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=64)).save_pretrained(gpt2)
+    AutoTokenizer.from_pretrained(str(packaged_bert_vocab_dir())).save_pretrained(gpt2)
+    with caplog.at_level(logging.WARNING, logger="neobert.data.backbone"):
+        backbone = load_backbone(str(gpt2))
+    assert backbone.hidden_size == 32  # still loaded: it used to be scored (STS -24) without a word
+    assert (f"model={str(gpt2)!r} is a decoder-only (causal) model (GPT2LMHeadModel): it is used as an encoder "
+            f"here") in caplog.text
+    assert not is_decoder(BertConfig(architectures=["BertForMaskedLM"]))
+    assert not is_decoder(BertConfig(architectures=["BertLMHeadModel"]))  # an encoder unless is_decoder is set
+    assert is_decoder(BertConfig(architectures=["BertLMHeadModel"], is_decoder=True))

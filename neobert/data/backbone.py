@@ -12,6 +12,7 @@ and Hugging Face encoders (BERT, RoBERTa, ModernBERT, ...) identically.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from huggingface_hub import snapshot_download
@@ -24,6 +25,8 @@ from neobert.hub import is_hub_name, require_hub
 from neobert.layout import CONFIG_NAME, has_tokenizer
 from neobert.model.config import NeoBERTConfig
 from neobert.model.modeling import NeoBERT
+
+log = logging.getLogger(__name__)
 
 
 def is_neobert_dir(path: str | Path) -> bool:
@@ -79,9 +82,27 @@ def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: s
                              max_length=encoder.config.max_length, config_key=tokenizer_key)
         return Backbone(encoder, tok, encoder.config.hidden_size, encoder.config.num_hidden_layers, True)
     encoder = AutoModel.from_pretrained(str(path))
+    warn_if_decoder(encoder.config, name_or_path)
     tok = load_tokenizer(tokenizer or str(path), config_key=tokenizer_key)
     cfg = encoder.config
     return Backbone(encoder, tok, cfg.hidden_size, cfg.num_hidden_layers, False)
+
+
+def is_decoder(config) -> bool:
+    """A causal (decoder-only) language model: its config says so, or its architecture is a causal LM head."""
+    causal_heads = ("ForCausalLM", "LMHeadModel")
+    architectures = getattr(config, "architectures", None) or []
+    return bool(getattr(config, "is_decoder", False)) or any(
+        name.endswith(causal_heads) and not name.startswith(("Bert", "Roberta", "NeoBERT")) for name in architectures)
+
+
+def warn_if_decoder(config, name: str) -> None:
+    """Embeddings of a decoder are pooled over causally attended tokens: GLUE/MTEB scores of it as an encoder say
+    little (it used to be scored without a word)."""
+    if is_decoder(config):
+        log.warning("model=%r is a decoder-only (causal) model (%s): it is used as an encoder here, its tokens "
+                    "attending to the left only; expect low scores unless it was adapted to bidirectional "
+                    "attention", name, ", ".join(getattr(config, "architectures", None) or [config.model_type]))
 
 
 def check_model_name(name_or_path: str, config_key: str = "model") -> None:

@@ -8,7 +8,8 @@ import pytest
 
 from neobert.config import ConfigError, load_config
 from neobert.config.pretrain import PretrainConfig
-from neobert.jobs import ablations as ab
+from neobert.jobs import ablation_eval, ablation_ladder as ab
+from neobert.jobs.ablations import prepare_corpora
 from neobert.model.config import NeoBERTConfig
 
 CHILDREN = [s for s in ab.LADDER if s.parent]
@@ -112,7 +113,7 @@ def test_budget_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="pseudo_perplexity_documents"):
         ab.load_budget("cpu", ["heldout.pseudo_perplexity_documents=1000"])
     with pytest.raises(ConfigError, match="data_sources"):
-        ab.prepare_corpora(ab.load_budget("tiny", ["data_sources.wikimedia/wikipedia=nowhere.jsonl"]),
+        prepare_corpora(ab.load_budget("tiny", ["data_sources.wikimedia/wikipedia=nowhere.jsonl"]),
                            tmp_path)
 
 
@@ -151,10 +152,10 @@ def test_auto_glue_files_come_from_the_environment_or_the_working_directory(tmp_
     (tmp_path / "repo").mkdir()
     monkeypatch.chdir(tmp_path / "repo")
     monkeypatch.delenv("NEOBERT_SHARED_DATA", raising=False)
-    assert ab.shared_glue_dir() is None
+    assert ablation_eval.shared_glue_dir() is None
     (tmp_path / "shared" / "data" / "glue" / "rte").mkdir(parents=True)
-    assert ab.shared_glue_dir().resolve() == (tmp_path / "shared" / "data" / "glue").resolve()
+    assert ablation_eval.shared_glue_dir().resolve() == (tmp_path / "shared" / "data" / "glue").resolve()
     monkeypatch.setenv("NEOBERT_SHARED_DATA", str(tmp_path / "elsewhere"))
-    assert ab.shared_glue_dir() is None  # set, without rte/: the fallback task
+    assert ablation_eval.shared_glue_dir() is None  # set, without rte/: the fallback task
     (tmp_path / "elsewhere" / "glue" / "rte").mkdir(parents=True)
-    assert ab.shared_glue_dir() == tmp_path / "elsewhere" / "glue"
+    assert ablation_eval.shared_glue_dir() == tmp_path / "elsewhere" / "glue"

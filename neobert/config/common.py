@@ -14,7 +14,7 @@ from neobert.config.loader import require
 
 PRECISIONS = ("32", "32-true", "16-mixed", "bf16-mixed", "bf16-true", "64", "64-true")
 PROFILERS = ("simple", "advanced", "pytorch")
-OPTIMIZERS = ("adamw", "adam")
+OPTIMIZERS = ("adamw", "adam", "stable_adamw", "muon")
 SCHEDULERS = ("cosine", "linear", "wsd")
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 # wsd: "full" (warm-up, stable, decay ending at max_steps), "stable" (no decay: a run to extend or branch later),
@@ -103,15 +103,27 @@ class TrainerConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: str = "adamw"  # "adamw" | "adam" (coupled L2 decay, the M0 baseline)
+    # "adamw" | "adam" (coupled L2 decay, the M0 baseline) | "stable_adamw" (torch-optimi's StableAdamW: AdamW with
+    # Adafactor-style update clipping; ModernBERT, Ettin) | "muon" (torch.optim.Muon on the hidden 2-D matrices,
+    # AdamW on embeddings, heads, norms and biases: neobert.lit.optim.muon_split)
+    name: str = "adamw"
     lr: float = 6e-4
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     weight_decay: float = 0.1
     decay_norms_biases_embeddings: bool = False  # weight decay on matrices only, unless this is set
+    # muon: the Muon group's lr and weight decay (null: optimizer.lr and optimizer.weight_decay; Muon's update is
+    # scaled to AdamW's RMS, so the AdamW lr carries over) and momentum (Nesterov)
+    muon_lr: Optional[float] = None
+    muon_weight_decay: Optional[float] = None
+    muon_momentum: float = 0.95
 
     def validate(self, prefix: str = "optimizer") -> None:
         require(self.name in OPTIMIZERS, f"{prefix}.name", f"must be one of {OPTIMIZERS}")
+        require(self.muon_lr is None or self.muon_lr > 0, f"{prefix}.muon_lr", "must be positive or null")
+        require(self.muon_weight_decay is None or self.muon_weight_decay >= 0, f"{prefix}.muon_weight_decay",
+                "must be >= 0 or null")
+        require(0 <= self.muon_momentum < 1, f"{prefix}.muon_momentum", "must be in [0, 1)")
         require(self.lr > 0, f"{prefix}.lr", "must be positive")
         require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), f"{prefix}.betas",
                 "must be two values in [0, 1)")
@@ -177,3 +189,13 @@ class LoggingConfig:
         require(self.log_every_n_steps > 0, f"{prefix}.log_every_n_steps", "must be positive")
         unknown = sorted(set(self.loggers) - set(LOGGERS))
         require(not unknown, f"{prefix}.loggers", f"unknown {unknown}; known: {list(LOGGERS)}")
+
+
+def check_optimizer_strategy(optimizer: OptimizerConfig, trainer: TrainerConfig) -> None:
+    """Muon orthogonalises each hidden matrix whole: a strategy that shards parameters (DeepSpeed ZeRO, FSDP,
+    fsdp2) would hand it slices. Refused before any work, naming both keys."""
+    sharded = trainer.strategy.startswith("deepspeed") or "fsdp" in trainer.strategy
+    require(not (optimizer.name == "muon" and sharded), "optimizer.name",
+            f"muon needs every hidden matrix whole on each rank, and trainer.strategy={trainer.strategy} shards the "
+            f"parameters: use trainer.strategy=ddp (or auto), or optimizer.name=adamw/stable_adamw")
+

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Dict, List, Optional
 
 from neobert.config.common import (LOGGING_KEYS_MOVED, OPTIMIZER_KEYS, LoggingConfig, OptimizerConfig,
-                                   SchedulerConfig, TrainerConfig)
+                                   SchedulerConfig, TrainerConfig, check_optimizer_strategy)
 from neobert.config.loader import require
 
 
@@ -196,6 +196,7 @@ class ContrastiveConfig:
         """Checks the values the types cannot; every message names the key."""
         for section in (self.data, self.loss, self.optimizer, self.scheduler, self.trainer, self.logging):
             section.validate()
+        check_optimizer_strategy(self.optimizer, self.trainer)
         # The linear decay needs the run's length.
         require(self.trainer.max_steps > 0, "trainer.max_steps", "must be positive")
         require(all(d > 0 for d in self.eval_sts_dims), "eval_sts_dims", "must be positive dimensions")

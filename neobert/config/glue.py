@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional
 
 from neobert.config.common import (LOGGING_KEYS_MOVED, OPTIMIZER_KEYS, LoggingConfig, OptimizerConfig,
-                                   SchedulerConfig, TrainerConfig)
+                                   SchedulerConfig, TrainerConfig, check_optimizer_strategy)
 from neobert.config.loader import require
 
 
@@ -108,4 +108,5 @@ class GlueConfig:
         """Checks the values the types cannot; every message names the key."""
         for section in (self.data, self.optimizer, self.scheduler, self.trainer, self.logging, self.sweep):
             section.validate()
+        check_optimizer_strategy(self.optimizer, self.trainer)
         require(0 <= self.classifier_dropout < 1, "classifier_dropout", "must be in [0, 1)")

@@ -12,7 +12,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional
 
-from neobert.config.common import LoggingConfig, OptimizerConfig, SchedulerConfig, TrainerConfig
+from neobert.config.common import (LoggingConfig, OptimizerConfig, SchedulerConfig, TrainerConfig,
+                                   check_optimizer_strategy)
 from neobert.config.loader import require
 
 MASKING_STRATEGIES = ("all_mask", "bert")
@@ -252,6 +253,7 @@ class PretrainConfig:
         for section in (self.optimizer, self.scheduler, self.trainer, self.logging, self.glue_callback,
                         self.mteb_callback):
             section.validate()
+        check_optimizer_strategy(self.optimizer, self.trainer)
         require(masking.strategy in MASKING_STRATEGIES, "masking.strategy", f"must be one of {MASKING_STRATEGIES}")
         require(0.0 < masking.rate < 1.0, "masking.rate", f"must be in (0, 1), got {masking.rate}")
         points = masking.rate_schedule

@@ -1,6 +1,7 @@
 """Optimizers and learning-rate schedules of every job, from the shared `optimizer` and `scheduler` config
-sections: AdamW (or the M0 baseline's Adam) with weight decay on matrices only, linear warm-up, then the
-paper's cosine decay (pretraining), warmup-stable-decay (wsd) or a linear decay to 0 (fine-tuning)."""
+sections: AdamW (or the M0 baseline's Adam) with weight decay on matrices only, StableAdamW (torch-optimi), or Muon
+on the hidden matrices with AdamW on the rest; linear warm-up, then the paper's cosine decay (pretraining),
+warmup-stable-decay (wsd) or a linear decay to 0 (fine-tuning)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,19 @@ import math
 from typing import Callable
 
 import torch
+from optimi import StableAdamW
 from torch import nn
 
 from neobert.config import OptimizerConfig, SchedulerConfig
 
 
-def parameter_groups(model: nn.Module, weight_decay: float, decay_norms_biases_embeddings: bool = False):
-    """Weight decay on matrices only: norms, biases and embeddings are excluded unless asked for."""
+def parameter_groups(model: nn.Module, weight_decay: float, decay_norms_biases_embeddings: bool = False,
+                     params=None):
+    """Weight decay on matrices only: norms, biases and embeddings are excluded unless asked for. `params`: only
+    these of the model's parameters (default: all)."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     decay, no_decay = [], []
-    for param in model.parameters():
+    for param in (model.parameters() if params is None else params):
         if not param.requires_grad:
             continue
         exempt = param.ndim < 2 or id(param) in embeddings
@@ -96,9 +100,85 @@ def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Op
     if config.name == "adamw":
         return build_adamw(model, config.lr, config.weight_decay, config.betas, config.eps,
                            config.decay_norms_biases_embeddings)
-    # Adam with coupled L2 decay (the M0 baseline)
+    if config.name == "muon":
+        return build_muon(model, config)
     groups = parameter_groups(model, config.weight_decay, config.decay_norms_biases_embeddings)
+    if config.name == "stable_adamw":
+        # decouple_lr=False: AdamW's weight decay (scaled by the lr), so optimizer.weight_decay means the same
+        return StableAdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps,
+                           weight_decay=config.weight_decay)
+    # Adam with coupled L2 decay (the M0 baseline)
     return torch.optim.Adam(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=fusable(groups))
+
+
+def muon_split(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[str, nn.Parameter]]:
+    """(Muon's parameters, AdamW's), by name. Muon takes the hidden matrices: the weights of the nn.Linear layers
+    inside the model's repeated blocks (every nn.ModuleList: NeoBERT's transformer_encoder, a Hugging Face BERT's
+    encoder.layer), i.e. NeoBERT's qkv, wo, w12 and w3 (the fused qkv is one matrix, as stored: Muon
+    orthogonalises it whole, which keeps the three projections' update scales tied). AdamW takes the rest: token
+    embeddings, the MLM decoder, pooler and classification heads, norms and biases."""
+    hidden = {id(layer.weight) for blocks in model.modules() if isinstance(blocks, nn.ModuleList)
+              for layer in blocks.modules() if isinstance(layer, nn.Linear)}
+    muon, adamw = {}, {}
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (muon if id(param) in hidden and param.ndim == 2 else adamw)[name] = param
+    return muon, adamw
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """torch.optim.Muon on the hidden matrices and AdamW on the rest (`muon_split`), stepped together as one
+    optimizer, so the lr schedulers, Lightning's clipping and checkpoints see one object: `param_groups` are both
+    optimizers' groups (the same dicts), `state_dict` holds both."""
+
+    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW):
+        self.muon, self.adamw = muon, adamw
+        super().__init__([p for g in muon.param_groups + adamw.param_groups for p in g["params"]], {})
+        self.param_groups = muon.param_groups + adamw.param_groups
+
+    @property
+    def state(self):  # read by Lightning to move the state between devices
+        return {**self.muon.state, **self.adamw.state}
+
+    @state.setter
+    def state(self, value) -> None:  # Optimizer.__init__ sets an empty one; the inner optimizers hold the state
+        pass
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.muon.step()
+        self.adamw.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none)
+        self.adamw.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.muon.load_state_dict(state_dict["muon"])
+        self.adamw.load_state_dict(state_dict["adamw"])
+
+
+def build_muon(model: nn.Module, config: OptimizerConfig) -> MuonWithAdamW:
+    """Muon with its update scaled to AdamW's update RMS (`adjust_lr_fn="match_rms_adamw"`: 0.2 x sqrt(max(rows,
+    columns)), Moonshot's convention), so one lr serves both groups and AdamW's lr and weight decay carry over."""
+    muon_params, adamw_params = muon_split(model)
+    muon = torch.optim.Muon(list(muon_params.values()), lr=config.muon_lr or config.lr,
+                            weight_decay=config.weight_decay if config.muon_weight_decay is None
+                            else config.muon_weight_decay,
+                            momentum=config.muon_momentum, adjust_lr_fn="match_rms_adamw")
+    groups = parameter_groups(model, config.weight_decay, config.decay_norms_biases_embeddings,
+                              params=adamw_params.values())  # decay on matrices only, as build_adamw
+    groups = [g for g in groups if g["params"]]
+    adamw = torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=fusable(groups))
+    return MuonWithAdamW(muon, adamw)
 
 
 def lr_factor(config: SchedulerConfig, total_steps: int, start_step: int = 0) -> Callable[[int], float]:

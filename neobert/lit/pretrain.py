@@ -270,18 +270,22 @@ class MLMPretrainingModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """A phase starting from the checkpoint that ended the phase before: the optimizer state carries over, but
-        the peak lr (and weight decay) are this phase's (optimizer.lr may change between phases) and so is the lr
+        the peak lr and weight decay are this phase's (optimizer.lr and weight_decay may change between phases:
+        every group's is rescaled by the new / the saved value, so Muon's own lr keeps its ratio), and so is the lr
         of its first step (its schedule's; configure_optimizers rebuilds the schedule for the steps after)."""
         if self.phase_start is None or checkpoint.get("global_step") != self.phase_start:
             return
-        lr, decay = self.config.optimizer.lr, self.config.optimizer.weight_decay
+        now = self.config.optimizer
+        saved = ((checkpoint.get(CHECKPOINT_KEY) or {}).get("config") or {}).get("optimizer") or {}
+        lr_ratio = now.lr / saved.get("lr", now.lr)
+        decay_ratio = now.weight_decay / saved["weight_decay"] if saved.get("weight_decay") else 1.0
+        factor = self.lr_at(self.phase_start) / now.lr  # the schedule's factor at the phase's first step
         for scheduler in checkpoint.get("lr_schedulers", []):
-            scheduler["base_lrs"] = [lr] * len(scheduler.get("base_lrs", []))
-        for optimizer in checkpoint.get("optimizer_states", []):
-            for group in optimizer.get("param_groups", []):
-                group["initial_lr"], group["lr"] = lr, self.lr_at(self.phase_start)
-                if group.get("weight_decay"):  # the decayed group (the others have none)
-                    group["weight_decay"] = decay
+            scheduler["base_lrs"] = [base * lr_ratio for base in scheduler.get("base_lrs", [])]
+        for group in _param_groups(checkpoint.get("optimizer_states", [])):
+            group["initial_lr"] = group.get("initial_lr", group["lr"]) * lr_ratio
+            group["lr"] = group["initial_lr"] * factor
+            group["weight_decay"] = group.get("weight_decay", 0.0) * decay_ratio
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         self.check_finite(f"before writing the checkpoint of global step {self.trainer.global_step}")
@@ -290,3 +294,16 @@ class MLMPretrainingModule(L.LightningModule):
             "tokenizer": self.config.data.tokenizer,
             "config": OmegaConf.to_container(OmegaConf.structured(self.config)),
         }
+
+
+def _param_groups(states) -> list[dict]:
+    """The param groups of saved optimizer states: a plain optimizer's, or those inside a combined one's
+    (neobert.lit.optim.MuonWithAdamW: {"muon": ..., "adamw": ...})."""
+    groups = []
+    for state in states:
+        if "param_groups" in state:
+            groups += state["param_groups"]
+        else:
+            groups += _param_groups([inner for inner in state.values() if isinstance(inner, dict)])
+    return groups
+

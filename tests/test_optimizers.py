@@ -1,0 +1,87 @@
+"""optimizer.name beyond AdamW: StableAdamW (torch-optimi) and Muon (torch.optim.Muon on the hidden matrices, AdamW
+on the rest), in every job through neobert.lit.optim: the parameter split by name, training and exact resume
+through Lightning, and the combinations that cannot work refused with one line naming the key."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_pretrain import Recorder, tiny_config
+from transformers import BertConfig, BertForSequenceClassification
+
+from neobert.config import ConfigError, OptimizerConfig, load_config
+from neobert.config.glue import GlueConfig
+from neobert.config.pretrain import PretrainConfig
+from neobert.jobs.pretrain import run_pretraining
+from neobert.lit.optim import MuonWithAdamW, build_optimizer, muon_split
+from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTForSequenceClassification
+
+
+def test_muon_takes_the_hidden_matrices_of_neobert_and_adamw_the_rest():
+    muon, adamw = muon_split(NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny")))
+    assert sorted(muon) == [f"model.transformer_encoder.{i}.{name}.weight" for i in (0, 1)
+                            for name in ("ffn.w12", "ffn.w3", "qkv", "wo")]
+    assert sorted(adamw) == ["decoder.bias", "decoder.weight", "model.encoder.weight", "model.layer_norm.weight",
+                             *[f"model.transformer_encoder.{i}.{norm}_norm.weight" for i in (0, 1)
+                               for norm in ("attention", "ffn")]]
+    classifier = NeoBERTForSequenceClassification(NeoBERTConfig.from_preset("tiny"))
+    assert not any(name.startswith(("dense", "classifier")) for name in muon_split(classifier)[0])
+
+
+def test_muon_takes_the_hidden_matrices_of_a_hugging_face_bert():
+    model = BertForSequenceClassification(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                     intermediate_size=64, vocab_size=100))
+    muon, adamw = muon_split(model)
+    per_layer = ["attention.output.dense", "attention.self.key", "attention.self.query", "attention.self.value",
+                 "intermediate.dense", "output.dense"]
+    assert sorted(muon) == [f"bert.encoder.layer.{i}.{name}.weight" for i in (0, 1) for name in per_layer]
+    assert {"bert.pooler.dense.weight", "classifier.weight", "bert.embeddings.word_embeddings.weight"} <= set(adamw)
+    assert all(p.ndim == 2 for p in muon.values())
+
+
+def test_the_combined_optimizer_steps_both_groups_and_round_trips_its_state():
+    model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
+    optimizer = build_optimizer(model, OptimizerConfig(name="muon", lr=1e-3, muon_lr=2e-3))
+    assert isinstance(optimizer, MuonWithAdamW)
+    assert [g["lr"] for g in optimizer.param_groups][0] == 2e-3 and optimizer.param_groups[-1]["lr"] == 1e-3
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ids = torch.randint(5, 1000, (2, 12))
+    model(ids, labels=ids).loss.backward()
+    optimizer.step()
+    assert all(not torch.equal(before[n], p) for n, p in model.named_parameters() if n != "decoder.bias")
+    state = optimizer.state_dict()
+    again = build_optimizer(model, OptimizerConfig(name="muon", lr=1e-3, muon_lr=2e-3))
+    again.load_state_dict(state)
+    momentum = next(iter(again.muon.state.values()))["momentum_buffer"]
+    assert torch.equal(momentum, next(iter(optimizer.muon.state.values()))["momentum_buffer"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["stable_adamw", "muon"])
+def test_a_run_resumes_exactly_with_each_optimizer(tmp_path, name):
+    overrides = [f"optimizer.name={name}", "trainer.max_steps=4", "trainer.checkpoint_every_n_steps=2",
+                 "data.num_workers=2", "trainer.accumulate_grad_batches=2", "trainer.ema.decay=0.5"]
+    straight = Recorder()
+    run_pretraining(tiny_config(tmp_path / "a", *overrides), [straight])
+    first = Recorder(stop_at_step=3)
+    with pytest.raises(InterruptedError):
+        run_pretraining(tiny_config(tmp_path / "b", *overrides), [first])
+    second = Recorder()
+    run_pretraining(tiny_config(tmp_path / "b", *overrides, "resume=true"), [second])
+    assert len(second.batches) == 4  # steps 2 and 3
+    assert second.losses == pytest.approx(straight.losses[4:], abs=1e-6)
+    assert straight.losses[-1] < straight.losses[0]
+
+
+def test_combinations_that_cannot_work_are_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"'optimizer.name': must be one of \('adamw', 'adam', 'stable_adamw', "
+                                          r"'muon'\)"):
+        load_config(PretrainConfig, None, ["optimizer.name=lion"])
+    for strategy in ("deepspeed_stage_2", "fsdp2"):
+        with pytest.raises(ConfigError, match=rf"'optimizer.name': muon needs every hidden matrix whole on each "
+                                              rf"rank, and trainer.strategy={strategy} shards the parameters"):
+            load_config(PretrainConfig, None, ["optimizer.name=muon", f"trainer.strategy={strategy}"])
+    with pytest.raises(ConfigError, match="'optimizer.name': muon needs"):
+        load_config(GlueConfig, None, ["optimizer.name=muon", "trainer.strategy=deepspeed_stage_2"])
+    with pytest.raises(ConfigError, match="'optimizer.muon_momentum': must be in"):
+        load_config(PretrainConfig, None, ["optimizer.muon_momentum=1.5"])

@@ -85,3 +85,33 @@ def test_combinations_that_cannot_work_are_refused_naming_the_key():
         load_config(GlueConfig, None, ["optimizer.name=muon", "trainer.strategy=deepspeed_stage_2"])
     with pytest.raises(ConfigError, match="'optimizer.muon_momentum': must be in"):
         load_config(PretrainConfig, None, ["optimizer.muon_momentum=1.5"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["stable_adamw", "muon"])
+def test_ddp_on_two_processes_trains_and_checkpoints_with_each_optimizer(tmp_path, name):
+    # DDP averages the gradients, then every rank steps its own optimizer (Muon orthogonalises the averaged
+    # gradient's momentum, whole matrices on every rank); the checkpoint holds the optimizer's state.
+    import os
+    import signal
+    import subprocess
+
+    from test_pretrain_slow import cli, write_yaml
+
+    config = write_yaml(tmp_path, f"optimizer.name={name}", "trainer.strategy=ddp", "trainer.devices=2",
+                        "trainer.max_steps=2")
+    proc = cli("--config", str(config), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the 2-process DDP run did not finish in 600 s:\n{out[-5000:]}")
+    assert proc.returncode == 0, out[-3000:]
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 2
+    (optimizer_state,) = checkpoint["optimizer_states"]
+    if name == "muon":
+        assert set(optimizer_state) == {"muon", "adamw"} and optimizer_state["muon"]["state"]
+    else:
+        assert optimizer_state["state"]

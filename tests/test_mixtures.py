@@ -14,7 +14,7 @@ from collections import Counter
 import lightning as L
 import pytest
 import torch
-from test_pretrain import Recorder, tiny_config
+from test_pretrain import crash_and_resume, tiny_config
 
 from neobert.config import ConfigError, load_config
 from neobert.config.pretrain import MaskingConfig, PretrainConfig, PretrainDataConfig
@@ -163,13 +163,7 @@ def test_a_run_logs_each_source_and_resumes_exactly(three_sources, tmp_path):
                "data.validation_docs=8", "trainer.eval_every_n_steps=3", "data.num_workers=2",
                "trainer.accumulate_grad_batches=2", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=2",
                "data.shuffle_buffer=8"]
-    straight = Recorder()
-    run_pretraining(tiny_config(tmp_path / "a", *mixture), [straight])
-    first = Recorder(stop_at_step=3)
-    with pytest.raises(InterruptedError):
-        run_pretraining(tiny_config(tmp_path / "b", *mixture), [first])
-    second = Recorder()
-    run_pretraining(tiny_config(tmp_path / "b", *mixture, "resume=true"), [second])
+    straight, _, second = crash_and_resume(tmp_path, mixture, crash_at=3)
     # the crash at step 3 resumes from the checkpoint of step 2: steps 2-5, two micro-batches each
     assert len(straight.batches) == 12 and len(second.batches) == 8
     for (ids_a, labels_a), (ids_b, labels_b) in zip(straight.batches[4:], second.batches):

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_pretrain import Recorder, tiny_config
+from test_pretrain import crash_and_resume
 from transformers import BertConfig, BertForSequenceClassification
 
 from neobert.config import ConfigError, OptimizerConfig, load_config
 from neobert.config.glue import GlueConfig
 from neobert.config.pretrain import PretrainConfig
-from neobert.jobs.pretrain import run_pretraining
 from neobert.lit.optim import MuonWithAdamW, build_optimizer, muon_split
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTForSequenceClassification
 
@@ -61,13 +60,7 @@ def test_the_combined_optimizer_steps_both_groups_and_round_trips_its_state():
 def test_a_run_resumes_exactly_with_each_optimizer(tmp_path, name):
     overrides = [f"optimizer.name={name}", "trainer.max_steps=4", "trainer.checkpoint_every_n_steps=2",
                  "data.num_workers=2", "trainer.accumulate_grad_batches=2", "trainer.ema.decay=0.5"]
-    straight = Recorder()
-    run_pretraining(tiny_config(tmp_path / "a", *overrides), [straight])
-    first = Recorder(stop_at_step=3)
-    with pytest.raises(InterruptedError):
-        run_pretraining(tiny_config(tmp_path / "b", *overrides), [first])
-    second = Recorder()
-    run_pretraining(tiny_config(tmp_path / "b", *overrides, "resume=true"), [second])
+    straight, _, second = crash_and_resume(tmp_path, overrides, crash_at=3)
     assert len(second.batches) == 4  # steps 2 and 3
     assert second.losses == pytest.approx(straight.losses[4:], abs=1e-6)
     assert straight.losses[-1] < straight.losses[0]

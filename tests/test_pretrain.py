@@ -154,20 +154,26 @@ class Recorder(L.Callback):
         self.losses.append(float(outputs["loss"]))
 
 
-@pytest.mark.slow
-def test_resume_sees_the_same_batches_and_losses(tmp_path):
-    # 3 micro-batches per step and 2 workers: the crash after step 3 (9 batches) leaves the loader mid-round-robin.
-    overrides = ["trainer.max_steps=4", "trainer.accumulate_grad_batches=3", "trainer.checkpoint_every_n_steps=3",
-                 "data.num_workers=2", "data.shuffle_buffer=16"]
+def crash_and_resume(tmp_path: Path, overrides, crash_at: int) -> tuple[Recorder, Recorder, Recorder]:
+    """(uninterrupted, crashed at `crash_at`, resumed) recordings of the same tiny run with `overrides`: an
+    uninterrupted run in tmp_path/a, a run in tmp_path/b stopped at the start of step `crash_at`, then resumed."""
     straight = Recorder()
     run_pretraining(tiny_config(tmp_path / "a", *overrides), [straight])
-
-    first = Recorder(stop_at_step=3)
+    first = Recorder(stop_at_step=crash_at)
     with pytest.raises(InterruptedError):
         run_pretraining(tiny_config(tmp_path / "b", *overrides), [first])
     assert (tmp_path / "b" / "run" / "checkpoints" / "last.ckpt").exists()
     second = Recorder()
     run_pretraining(tiny_config(tmp_path / "b", *overrides, "resume=true"), [second])
+    return straight, first, second
+
+
+@pytest.mark.slow
+def test_resume_sees_the_same_batches_and_losses(tmp_path):
+    # 3 micro-batches per step and 2 workers: the crash after step 3 (9 batches) leaves the loader mid-round-robin.
+    overrides = ["trainer.max_steps=4", "trainer.accumulate_grad_batches=3", "trainer.checkpoint_every_n_steps=3",
+                 "data.num_workers=2", "data.shuffle_buffer=16"]
+    straight, first, second = crash_and_resume(tmp_path, overrides, crash_at=3)
 
     resumed_batches, resumed_losses = first.batches + second.batches, first.losses + second.losses
     assert len(resumed_batches) == len(straight.batches) == 12

@@ -8,13 +8,16 @@ from neobert.model.modeling import (
     NeoBERT,
     NeoBERTForMaskedLM,
     NeoBERTForSequenceClassification,
+    NeoBERTForTokenClassification,
     SequenceClassifierOutput,
+    TokenClassifierOutput,
     pool_embeddings,
 )
 from neobert.model.official import convert_official_state_dict
 
 __all__ = [
     "PRESETS", "NeoBERTConfig", "NeoBERT", "NeoBERTForMaskedLM", "NeoBERTForSequenceClassification",
+    "NeoBERTForTokenClassification", "TokenClassifierOutput",
     "EncoderOutput", "MaskedLMOutput", "SequenceClassifierOutput", "pool_embeddings",
     "convert_official_state_dict", "load_state_dict_strict",
 ]

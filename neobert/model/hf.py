@@ -1,7 +1,7 @@
 """Hugging Face `transformers` classes for our checkpoints, registered with the Auto classes on import.
 
 After `import neobert`, `AutoConfig`, `AutoModel`, `AutoModelForMaskedLM` and
-`AutoModelForSequenceClassification` load an exported directory (model_type "neobert") without
+`AutoModelForSequenceClassification` and `AutoModelForTokenClassification` load an exported directory (model_type "neobert") without
 `trust_remote_code`. The wrappers hold our plain-PyTorch modules under the hub's names (`model`, `decoder`,
 `dense`, `classifier`), so their state dicts are exactly the hub layout.
 """
@@ -16,13 +16,16 @@ from transformers import (
     AutoModel,
     AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     PretrainedConfig,
     PreTrainedModel,
 )
-from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import (BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput,
+                                           TokenClassifierOutput)
 
 from neobert.model.config import NeoBERTConfig
-from neobert.model.modeling import ClassificationHead, NeoBERT, NeoBERTForMaskedLM, NeoBERTPreTrained
+from neobert.model.modeling import (ClassificationHead, NeoBERT, NeoBERTForMaskedLM, NeoBERTPreTrained,
+                                    TokenClassificationHead)
 
 _FIELDS = {f.name: f.default for f in dataclasses.fields(NeoBERTConfig)}
 
@@ -34,8 +37,11 @@ class NeoBERTHFConfig(PretrainedConfig):
         # Our fields, with the official defaults where the hub file omits them (as NeoBERTConfig.from_hub_dict).
         kwargs.pop("dim_head", None)
         values = {name: kwargs.pop(name, default) for name, default in _FIELDS.items()}
+        # PretrainedConfig owns num_labels (via id2label); a file with num_labels but no id2label keeps its count.
+        num_labels = values.pop("num_labels")
+        if "id2label" not in kwargs:
+            kwargs["num_labels"] = num_labels
         super().__init__(pad_token_id=values.pop("pad_token_id"), **kwargs)
-        values.pop("num_labels")  # PretrainedConfig owns num_labels (via id2label)
         for name, value in values.items():
             setattr(self, name, value)
         self.dim_head = self.hidden_size // self.num_attention_heads
@@ -113,8 +119,25 @@ class NeoBERTHFForSequenceClassification(ClassificationHead, NeoBERTHFPreTrained
         return SequenceClassifierOutput(loss=out.loss, logits=out.logits)
 
 
+class NeoBERTHFForTokenClassification(TokenClassificationHead, NeoBERTHFPreTrainedModel):
+    def __init__(self, config: NeoBERTHFConfig):
+        super().__init__(config)
+        neo = config.to_neobert_config()
+        self.model = NeoBERT(neo)
+        self.add_token_classification_head(neo.hidden_size, neo.num_labels, neo.classifier_dropout,
+                                           neo.classifier_init_range)
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
+                output_hidden_states=None, return_dict=None, **kwargs):
+        hidden = self.model(input_ids, attention_mask, position_ids).last_hidden_state
+        out = self.tag(hidden, labels)
+        return TokenClassifierOutput(loss=out.loss, logits=out.logits)
+
+
 def register() -> None:
     AutoConfig.register("neobert", NeoBERTHFConfig, exist_ok=True)
     AutoModel.register(NeoBERTHFConfig, NeoBERTHFModel, exist_ok=True)
     AutoModelForMaskedLM.register(NeoBERTHFConfig, NeoBERTHFForMaskedLM, exist_ok=True)
     AutoModelForSequenceClassification.register(NeoBERTHFConfig, NeoBERTHFForSequenceClassification, exist_ok=True)
+    AutoModelForTokenClassification.register(NeoBERTHFConfig, NeoBERTHFForTokenClassification, exist_ok=True)

@@ -407,3 +407,51 @@ def pool_embeddings(hidden: Tensor, attention_mask: Tensor | None, mode: str = "
         return hidden.mean(dim=1)
     mask = attention_mask.to(hidden.dtype).unsqueeze(-1)
     return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+# ---------------------------------------------------------------------------------------------- token classification
+@dataclass
+class TokenClassifierOutput:
+    logits: Tensor  # [B, L, num_labels]
+    loss: Tensor | None = None
+    last_hidden_state: Tensor | None = None
+
+
+class TokenClassificationHead:
+    """A label per token (NER): dropout -> classifier on every position, cross-entropy over the positions whose
+    label is not IGNORE_INDEX (the first sub-token of each word). Mixed into NeoBERT's token classifier and the
+    `transformers` wrapper; the layer is the hub's `classifier`."""
+
+    def add_token_classification_head(self, hidden_size: int, num_labels: int, dropout: float,
+                                      init_range: float) -> None:
+        self.num_labels = num_labels
+        self.head_dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(hidden_size, num_labels)
+        nn.init.normal_(self.classifier.weight, mean=0.0, std=init_range)
+        nn.init.zeros_(self.classifier.bias)
+
+    def tag(self, hidden: Tensor, labels: Tensor | None = None) -> TokenClassifierOutput:
+        logits = self.classifier(self.head_dropout(hidden))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().reshape(-1, self.num_labels), labels.reshape(-1),
+                                   ignore_index=IGNORE_INDEX)
+        return TokenClassifierOutput(logits, loss, hidden)
+
+
+class NeoBERTForTokenClassification(TokenClassificationHead, NeoBERTPreTrained):
+    """NeoBERT with a token classification head (`TokenClassificationHead`: NER, first sub-token labelling)."""
+
+    hub_architecture = "NeoBERTForTokenClassification"
+
+    def __init__(self, config: NeoBERTConfig):
+        super().__init__()
+        self.config = config
+        self.model = NeoBERT(config)
+        self.add_token_classification_head(config.hidden_size, config.num_labels, config.classifier_dropout,
+                                           config.classifier_init_range)
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, labels: Tensor | None = None, **encoder_kwargs
+    ) -> TokenClassifierOutput:
+        return self.tag(self.model(input_ids, attention_mask, **encoder_kwargs).last_hidden_state, labels)

@@ -5,6 +5,7 @@
     python -m experiments.mteb --model runs/contrastive/export --tasks STSBenchmark,SciFact
     python -m experiments.mteb --model runs/contrastive/export \
         --tasks sts:data/sts-dev.csv,retrieval:data/pairs.jsonl                      # local tasks, no hub
+    python -m experiments.mteb --model runs/contrastive/export --tasks beir:SciFact=data/scifact beir_split=test
     python -m experiments.mteb --config mteb instructions=none batch_size=32
     python -m experiments.mteb --model runs/contrastive/export --tasks sts:data/sts-dev.csv --dim 256   # Matryoshka
 
@@ -30,7 +31,8 @@ def parse_args(argv=None) -> MtebConfig:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file (or packaged config name, e.g. mteb) with MtebConfig keys")
     parser.add_argument("--model", help="checkpoint directory, Hugging Face encoder (dir or hub name), preset:<name>")
-    parser.add_argument("--tasks", help="comma-separated: mteb task names, 'english', sts:<file>, retrieval:<file>")
+    parser.add_argument("--tasks", help="comma-separated: mteb task names, 'english', sts:<file>, retrieval:<file>, "
+                                          "beir:<directory> (corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
     parser.add_argument("--dim", type=int, help="evaluate embeddings truncated to their first DIM dimensions "
                                                 "(re-normalised), e.g. after Matryoshka training")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"),

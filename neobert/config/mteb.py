@@ -21,6 +21,7 @@ class MtebConfig:
     batch_size: int = 64
     max_length: Optional[int] = 512
     max_examples: Optional[int] = None  # cap on the examples of local tasks (quick checks)
+    beir_split: Optional[str] = None  # beir:<dir> tasks: the qrels split (qrels/<split>.tsv); null = the only one
     device: Optional[str] = None  # default: cuda if available
     # Autocast dtype of the encoder: float32 | bfloat16; null = bfloat16 on GPU (the paper), float32 on CPU.
     # bfloat16 is faster on CPUs with avx512_bf16 or AMX, and far slower where it is emulated (a warning says so).

@@ -177,18 +177,18 @@ class MtebCallbackConfig:
     or retrieval task, logged. 0 = off."""
 
     every_n_steps: int = 0
-    task: str = "sts"  # "sts" (pairs with scores) or "retrieval"
-    data_path: Optional[str] = None  # e.g. an STS Benchmark CSV (sts-dev.csv layout)
+    task: str = "sts"  # "sts" (pairs with scores), "retrieval" (query/positive pairs) or "beir" (a BEIR directory)
+    data_path: Optional[str] = None  # e.g. an STS Benchmark CSV (sts-dev.csv layout), or a BEIR directory
     max_examples: int = 500
     batch_size: int = 64
     max_length: int = 128
 
     def validate(self, prefix: str = "mteb_callback") -> None:
         require(self.every_n_steps >= 0, f"{prefix}.every_n_steps", "must be >= 0 (0 = off)")
-        require(self.task in ("sts", "retrieval"), f"{prefix}.task", "must be 'sts' or 'retrieval'")
+        require(self.task in ("sts", "retrieval", "beir"), f"{prefix}.task", "must be 'sts', 'retrieval' or 'beir'")
         require(self.every_n_steps == 0 or bool(self.data_path), f"{prefix}.data_path",
                 "the MTEB callback needs a local task file (an STS Benchmark CSV for task=sts, a query/positive "
-                "jsonl for task=retrieval)")
+                "jsonl for task=retrieval, a BEIR directory with a single qrels split for task=beir)")
 
 
 @dataclass

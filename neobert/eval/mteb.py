@@ -5,7 +5,8 @@ used them).
 * `MtebEncoder`: mteb's encoder protocol around a `Backbone`: instruction prefix per task and side (queries;
   documents for retrieval/reranking), length-sorted batches, masked mean pooling, bf16 autocast on GPU, and
   optionally Matryoshka truncation to the first `dim` dimensions.
-* `LocalSTSTask` / `LocalRetrievalTask`: tasks read from local files (tests, firewalled machines).
+* `LocalSTSTask` / `LocalRetrievalTask` / `LocalBeirTask`: tasks read from local files (tests, firewalled machines);
+  `SplitsRetrievalTask`: a retrieval task over data made in memory, one split per part (the long-context tasks).
 * `run_mteb`: evaluates, then writes `results.json` and the paper's Table 4 summary (`summary.json`, `summary.md`).
 """
 
@@ -32,6 +33,7 @@ from torch import Tensor
 from neobert.config import ConfigError, config_path
 from neobert.errors import DataError
 from neobert.data.backbone import Backbone
+from neobert.data.beir import read_beir
 from neobert.eval.flops import warn_if_bf16_is_emulated
 from neobert.data.contrastive import prepend_instruction, read_local_examples, read_sts_pairs
 from neobert.hub import require_hub
@@ -221,6 +223,17 @@ class LocalSTSTask(_LocalTaskMixin, AbsTaskSTS):
         self.data_loaded = True
 
 
+def retrieval_split(queries: dict[str, str], corpus: dict[str, str | tuple[str, str]],
+                    qrels: dict[str, dict[str, int]]) -> RetrievalSplitData:
+    """mteb's data of one retrieval split: queries {id: text}, corpus {id: text or (title, text)} (mteb embeds a
+    document as "title text"), qrels {query id: {document id: score}}."""
+    documents = {"id": list(corpus), "text": [d[1] if isinstance(d, tuple) else d for d in corpus.values()]}
+    if any(isinstance(d, tuple) for d in corpus.values()):
+        documents["title"] = [d[0] if isinstance(d, tuple) else "" for d in corpus.values()]
+    return RetrievalSplitData(queries=Dataset.from_dict({"id": list(queries), "text": list(queries.values())}),
+                              corpus=Dataset.from_dict(documents), relevant_docs=qrels, top_ranked=None)
+
+
 class LocalRetrievalTask(_LocalTaskMixin, AbsTaskRetrieval):
     """Retrieval from a jsonl of (query, positive[, negatives]) examples (the contrastive layouts): the corpus is
     every positive and hard negative, each query's relevant document its positive; main score nDCG@10."""
@@ -250,23 +263,81 @@ class LocalRetrievalTask(_LocalTaskMixin, AbsTaskRetrieval):
             relevant[query_id] = {doc_id(example.positive): 1}
             for negative in example.negatives:
                 doc_id(negative)
-        self.dataset = {"default": {self.split: RetrievalSplitData(
-            queries=Dataset.from_dict({"id": list(queries), "text": list(queries.values())}),
-            corpus=Dataset.from_dict({"id": list(documents.values()), "text": list(documents)}),
-            relevant_docs=relevant, top_ranked=None)}}
+        corpus = {doc: text for text, doc in documents.items()}
+        self.dataset = {"default": {self.split: retrieval_split(queries, corpus, relevant)}}
         self.data_loaded = True
 
 
-def resolve_tasks(specs: Sequence[str], max_examples: int | None = None) -> list:
+class LocalBeirTask(_LocalTaskMixin, AbsTaskRetrieval):
+    """Retrieval from a directory in the BEIR layout (corpus.jsonl, queries.jsonl, qrels/<split>.tsv; read and
+    checked by `neobert.data.beir`), scored by mteb: main score nDCG@10 (graded relevance, as mteb computes it for
+    hub tasks), MRR@10 and recall@100 among the scores. The split is `split`, else the only qrels file. A task
+    named after an mteb task (`beir:SciFact=<dir>`) gets that task's instructions."""
+
+    def __init__(self, path: str | Path, name: str | None = None, split: str | None = None,
+                 max_examples: int | None = None, **kwargs):
+        self.path, self.max_examples = Path(path), max_examples
+        self.data = read_beir(self.path, split)  # here, so a bad directory fails before the model is loaded
+        self.split = self.data.split
+        self.metadata = _metadata(name or f"LocalBEIR-{self.path.resolve().name}", "Retrieval", "ndcg_at_10",
+                                  self.path, self.split)
+        super().__init__(**kwargs)
+
+    def load_data(self, **kwargs) -> None:
+        if self.data_loaded:
+            return
+        query_ids = list(self.data.queries)[: self.max_examples]
+        queries = {q: self.data.queries[q] for q in query_ids}
+        qrels = {q: self.data.qrels[q] for q in query_ids}
+        self.dataset = {"default": {self.split: retrieval_split(queries, self.data.corpus, qrels)}}
+        self.data_loaded = True
+
+
+class SplitsRetrievalTask(_LocalTaskMixin, AbsTaskRetrieval):
+    """A retrieval task over data made in memory, one split per part, each split its own corpus (LongEmbed's
+    layout: `test_256`, `test_512`, ... with the documents of that length as the candidates); `splits` maps a split
+    name to (queries, corpus, qrels) as `retrieval_split` takes them."""
+
+    def __init__(self, name: str, splits: dict[str, tuple[dict, dict, dict]], main_score: str = "ndcg_at_1",
+                 description: str = "", **kwargs):
+        if not splits:
+            raise ValueError(f"{name}: no splits")
+        self.splits = splits
+        self.metadata = TaskMetadata(name=name, description=description or f"Local retrieval task {name}",
+                                     type="Retrieval", main_score=main_score,
+                                     dataset={"path": name, "revision": "local"}, eval_langs=["eng-Latn"],
+                                     eval_splits=list(splits), reference=None, category="t2t", modalities=["text"])
+        super().__init__(**kwargs)
+
+    def load_data(self, **kwargs) -> None:
+        if self.data_loaded:
+            return
+        self.dataset = {"default": {split: retrieval_split(*parts) for split, parts in self.splits.items()}}
+        self.data_loaded = True
+
+
+LOCAL_TASKS = {"sts": LocalSTSTask, "retrieval": LocalRetrievalTask, "beir": LocalBeirTask}
+LOCAL_SPECS = "'sts:<file>', 'retrieval:<file>', 'beir:<directory>'"
+
+
+def local_task(kind: str, path: str | Path, name: str | None = None, max_examples: int | None = None,
+               beir_split: str | None = None):
+    """The local task of a spec `<kind>:[<name>=]<path>` (kind sts, retrieval or beir)."""
+    if kind == "beir":
+        return LocalBeirTask(path, name=name, split=beir_split, max_examples=max_examples)
+    return LOCAL_TASKS[kind](path, name=name, max_examples=max_examples)
+
+
+def resolve_tasks(specs: Sequence[str], max_examples: int | None = None, beir_split: str | None = None) -> list:
     """Task specs: mteb task names, `english` (the paper's 56 English tasks, MTEB(eng, v1)), or local tasks
-    `sts:<file>` / `retrieval:<file>` (optionally `sts:<name>=<file>`)."""
+    `sts:<file>` / `retrieval:<file>` / `beir:<directory>` (optionally `sts:<name>=<file>`); `beir_split` picks
+    the qrels split of BEIR directories (default: their only one)."""
     tasks, names = [], []
     for spec in specs:
         kind, _, rest = spec.partition(":")
-        if rest and kind in ("sts", "retrieval"):
+        if rest and kind in LOCAL_TASKS:
             name, _, path = rest.rpartition("=") if "=" in rest else (None, "", rest)
-            cls = LocalSTSTask if kind == "sts" else LocalRetrievalTask
-            tasks.append(cls(path, name=name or None, max_examples=max_examples))
+            tasks.append(local_task(kind, path, name or None, max_examples, beir_split))
         elif spec.lower() == "english":
             tasks.extend(mteb.get_benchmark(ENGLISH_BENCHMARK).tasks)
         else:
@@ -276,7 +347,7 @@ def resolve_tasks(specs: Sequence[str], max_examples: int | None = None) -> list
             tasks.extend(mteb.get_tasks(tasks=names, languages=["eng"]))
         except KeyError as err:
             raise ConfigError(f"tasks: unknown MTEB task in {names} ({err.args[0]}); use mteb task names, 'english', or "
-                             f"local tasks 'sts:<file>' / 'retrieval:<file>'") from err
+                             f"local tasks {LOCAL_SPECS}") from err
     if not tasks:
         raise ConfigError("tasks: no MTEB tasks given")
     for task in tasks:
@@ -309,10 +380,10 @@ def run_mteb(encoder: MtebEncoder, tasks: Sequence, output_dir: str | Path | Non
 
 def _require_task_data(task) -> None:
     """Hub tasks need the hub: fail in seconds, naming the way out, instead of after the datasets' retries."""
-    if isinstance(task, (LocalSTSTask, LocalRetrievalTask)):
+    if isinstance(task, _LocalTaskMixin):
         return
     require_hub(f"MTEB task {task.metadata.name} ({task.metadata.dataset['path']}); local tasks are "
-                f"'sts:<file>' and 'retrieval:<file>'", "tasks")
+                f"{LOCAL_SPECS}", "tasks")
 
 
 def table4_summary(per_task: dict[str, dict]) -> dict[str, Optional[float]]:

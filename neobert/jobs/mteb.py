@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def evaluate_model(config: MtebConfig, show_progress_bar: bool = True) -> dict[str, Any]:
-    tasks = resolve_tasks(config.tasks, config.max_examples)  # before loading the model: bad specs fail fast
+    tasks = resolve_tasks(config.tasks, config.max_examples, config.beir_split)  # before loading the model: bad specs fail fast
     backbone = load_backbone(config.model, tokenizer=config.tokenizer)
     dims = trained_dims(config.model)
     if config.dim is not None and config.dim != backbone.hidden_size and config.dim not in (dims or []):

@@ -19,7 +19,8 @@ log = logging.getLogger(__name__)
 
 # The main scores logged per task kind (a few more than the main one, all cheap once embeddings exist).
 _LOGGED_SCORES = {"sts": ("cosine_spearman", "cosine_pearson"),
-                  "retrieval": ("ndcg_at_10", "mrr_at_10", "recall_at_10")}
+                  "retrieval": ("ndcg_at_10", "mrr_at_10", "recall_at_10"),
+                  "beir": ("ndcg_at_10", "mrr_at_10", "recall_at_100")}
 
 
 class MtebEvalCallback(L.Callback):
@@ -30,10 +31,10 @@ class MtebEvalCallback(L.Callback):
         self._task = None
 
     def _make_task(self):
-        from neobert.eval.mteb import LocalRetrievalTask, LocalSTSTask  # imports mteb (heavy): only when on
+        from neobert.eval.mteb import local_task  # imports mteb (heavy): only when on
 
-        cls = LocalSTSTask if self.config.task == "sts" else LocalRetrievalTask
-        return cls(self.config.data_path, name=f"pretrain-{self.config.task}", max_examples=self.config.max_examples)
+        return local_task(self.config.task, self.config.data_path, name=f"pretrain-{self.config.task}",
+                          max_examples=self.config.max_examples)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         step = trainer.global_step

@@ -172,3 +172,29 @@ def _finish_step_axes(fig, ax, ylabel: str, title: str | None, out_png: str | Pa
     ax.legend()
     fig.tight_layout()
     return _finish(fig, out_png)
+
+
+def plot_long_context(curves: Mapping[str, Sequence[tuple[int, float]]], path: str | Path | None = None,
+                      chance: Mapping[int, float] | None = None):
+    """Long-context retrieval: nDCG@1 (top-1 accuracy) against document length (log2 axis), one line per
+    (model, task); `chance` (length -> 1 / candidates) as a dotted line."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name, points in curves.items():
+        points = sorted(points)
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", label=name)
+    if chance:
+        xs = sorted(chance)
+        ax.plot(xs, [chance[x] for x in xs], linestyle=":", color="grey", label="chance (1 / candidates)")
+    ax.set_xscale("log", base=2)
+    lengths = sorted({x for points in curves.values() for x, _ in points})
+    if lengths:
+        ax.set_xticks(lengths, [str(x) for x in lengths])
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("document length (tokens of the model's tokenizer)")
+    ax.set_ylabel("nDCG@1 (top-1 retrieval accuracy)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title("Long-context retrieval (LongEmbed-style passkey / needle)")
+    return _finish(fig, path)

@@ -178,25 +178,57 @@ def rope_tables(head_dim: int, positions: Tensor, theta: float) -> Tensor:
     return torch.stack((angles.cos(), angles.sin()), dim=-1)
 
 
-def apply_rope(x: Tensor, rotations: Tensor) -> Tensor:
-    """Rotates adjacent pairs (dims 0-1, 2-3, ...) of every head vector of x in float32, and returns x's dtype.
+@dataclass
+class RotaryTables:
+    """The rotations of one forward pass, laid out for q and k side by side (`vectors_per_head` head vectors per
+    head), built once before the first layer; the tables a bf16/fp16 eager rotation needs are made on first use,
+    once per dtype, not once per layer."""
+
+    rotations: Tensor  # float32 [..., 1, vectors_per_head * head_dim // 2, 2] (rope_tables', broadcast over heads)
+    _interleaved: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def side_by_side(cls, rotations: Tensor, vectors_per_head: int) -> "RotaryTables":
+        """`rotations` from `rope_tables`, repeated for `vectors_per_head` vectors and given a heads axis."""
+        if vectors_per_head > 1:
+            rotations = torch.cat([rotations] * vectors_per_head, dim=-2)
+        return cls(rotations.unsqueeze(-3))
+
+    def interleaved(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(cos, signed sin) per element in `dtype`: c0 c0 c1 c1 ... and -s0 s0 -s1 s1 ..., so that the rotation
+        of the pairs of x is x * cos + swap_pairs(x) * sin."""
+        if dtype not in self._interleaved:
+            cos, sin = self.rotations.unbind(-1)
+            self._interleaved[dtype] = (cos.repeat_interleave(2, dim=-1).to(dtype),
+                                        torch.stack((-sin, sin), dim=-1).flatten(-2).to(dtype))
+        return self._interleaved[dtype]
+
+
+def apply_rope(x: Tensor, rotations: Tensor | RotaryTables) -> Tensor:
+    """Rotates adjacent pairs (dims 0-1, 2-3, ...) of every head vector of x, and returns x's dtype.
 
     x is [..., heads, n * head_dim]: n head vectors side by side (q and k of the fused qkv projection, n = 2, are
-    rotated in one pass). `rotations` (from `rope_tables`) has x's leading shape without heads, then
-    head_dim // 2 and 2 (it broadcasts over heads).
+    rotated in one pass). `rotations`: a `RotaryTables` for that layout (what the model builds once per forward), or
+    the tables of `rope_tables` (x's leading shape without heads, then head_dim // 2 and 2; broadcast over heads).
     """
-    vectors_per_head = x.shape[-1] // (2 * rotations.shape[-2])
-    if vectors_per_head > 1:
-        rotations = torch.cat([rotations] * vectors_per_head, dim=-2)
-    rotations = rotations.unsqueeze(-3)
-    pairs = x.float().unflatten(-1, (-1, 2))
+    if not isinstance(rotations, RotaryTables):
+        rotations = RotaryTables.side_by_side(rotations, x.shape[-1] // (2 * rotations.shape[-2]))
     if torch.compiler.is_compiling():
-        # Inductor does not fuse complex arithmetic; the same rotation written on real pairs compiles well.
+        # Inductor does not fuse complex arithmetic; the same rotation written on real pairs compiles well, in
+        # float32 inside its fused kernel (no float32 copy is written).
+        pairs = x.float().unflatten(-1, (-1, 2))
         even, odd = pairs[..., 0], pairs[..., 1]
-        cos, sin = rotations[..., 0], rotations[..., 1]
+        cos, sin = rotations.rotations[..., 0], rotations.rotations[..., 1]
         rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
         return rotated.flatten(-2).type_as(x)
-    # Eager: one complex multiply is ~3x faster than the real-pair form on CPU, and no slower than rotating in bf16
-    # without the float32 round trip, at half its error (measured, docs/benchmarks.md).
-    rotated = torch.view_as_complex(pairs) * torch.view_as_complex(rotations)
+    if x.dtype in _HALF:
+        # In x's dtype, with no float32 copy of x and back (two dtype copies of the largest activation per layer):
+        # three elementwise passes; addcmul adds in float32 before its one rounding.
+        cos, signed_sin = rotations.interleaved(x.dtype)
+        swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0) for every pair (x0, x1)
+        return torch.mul(x, cos).addcmul_(swapped, signed_sin)
+    # float32: one complex multiply, ~3x faster than the real-pair form on CPU (measured, docs/benchmarks.md), and
+    # the official code's arithmetic bit for bit.
+    pairs = x.float().unflatten(-1, (-1, 2))
+    rotated = torch.view_as_complex(pairs) * torch.view_as_complex(rotations.rotations)
     return torch.view_as_real(rotated).flatten(-2).type_as(x)

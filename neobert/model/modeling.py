@@ -15,7 +15,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from neobert.model import checkpoint
-from neobert.model.attention import AttentionLayout, apply_rope, attend, position_ids_from_cu_seqlens, rope_tables
+from neobert.model.attention import (
+    AttentionLayout,
+    RotaryTables,
+    apply_rope,
+    attend,
+    position_ids_from_cu_seqlens,
+    rope_tables,
+)
 from neobert.model.config import NeoBERTConfig
 
 IGNORE_INDEX = -100
@@ -73,9 +80,27 @@ class GeluMLP(nn.Module):
         return self.w3(F.gelu(self.w12(x)))
 
 
+class RMSNorm(nn.RMSNorm):
+    """`nn.RMSNorm`, the official code's norm: its float32 path is unchanged (bit for bit), and so is the compiled one
+    (Inductor fuses it). In eager bf16/fp16 it is the largest cost after the matmuls and attention, as nn.RMSNorm
+    copies x to float32 and back: here the reduction accumulates the mean square in float32 by itself and x is
+    scaled in its own dtype, two elementwise passes and no dtype copy of x (docs/benchmarks.md)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype not in (torch.bfloat16, torch.float16) or self.weight.dtype != x.dtype \
+                or torch.compiler.is_compiling():
+            return super().forward(x)
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32).square() / x.shape[-1]
+        normed = x * torch.rsqrt(mean_square + eps).to(x.dtype)
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            return normed * self.weight  # autograd needs `normed` for the weight's gradient
+        return normed.mul_(self.weight)
+
+
 def make_norm(config: NeoBERTConfig) -> nn.Module:
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
+        return RMSNorm(config.hidden_size, eps=config.norm_eps)
     return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
 
 
@@ -95,7 +120,7 @@ class EncoderBlock(nn.Module):
         self.ffn_norm = make_norm(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, layout: AttentionLayout, rope: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, layout: AttentionLayout, rope: RotaryTables | None) -> Tensor:
         h = self.attention_norm(x)
         # The hub layout interleaves q, k, v per head: view as [..., heads, 3 * head_dim] and split the last axis.
         qk, v = self.qkv(h).unflatten(-1, (self.num_heads, 3 * self.head_dim)).split(
@@ -233,7 +258,9 @@ class NeoBERT(NeoBERTPreTrained):
         x = self.encoder(input_ids)
         rope = None
         if self.config.position_encoding == "rope":
-            rope = rope_tables(self.config.head_dim, position_ids, self.config.rope_theta)
+            # Built once for every layer: q and k side by side, as the blocks rotate them.
+            rope = RotaryTables.side_by_side(rope_tables(self.config.head_dim, position_ids, self.config.rope_theta),
+                                             vectors_per_head=2)
         else:
             x = x + self.positional_embedding(position_ids)
         x = self.embedding_dropout(x)

@@ -1,0 +1,136 @@
+"""The bf16/fp16 eager path of the model: no dtype round trips per layer, outputs bounded by float32's.
+
+Where matmuls are cheap (bf16 on AMX/avx512_bf16 CPUs, any GPU) the copies of activations to float32 and back in
+the norms and RoPE cost more than they should (issue 27). The number of dtype copies of one forward does not depend
+on the machine, so it is what these tests hold; the speed is in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from neobert.model import NeoBERT, NeoBERTConfig, NeoBERTForMaskedLM
+from neobert.model.attention import RotaryTables, apply_rope, rope_tables
+from neobert.model.modeling import RMSNorm
+
+
+class DtypeCopies(TorchDispatchMode):
+    """Counts the ops that write a tensor of one floating dtype from another (`_to_copy`, `copy_`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
+            source = args[1] if func is torch.ops.aten.copy_.default else args[0]
+            if source.dtype.is_floating_point and out.dtype.is_floating_point and source.dtype != out.dtype:
+                self.count += 1
+                self.elements += out.numel()
+        return out
+
+
+def count_dtype_copies(model, *inputs) -> DtypeCopies:
+    with torch.inference_mode(), DtypeCopies() as copies:
+        model(*inputs)
+    return copies
+
+
+def tiny(layers: int, **overrides) -> NeoBERTConfig:
+    return NeoBERTConfig.from_preset("tiny", vocab_size=1000, max_length=128, num_hidden_layers=layers, **overrides)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_a_bf16_forward_makes_no_dtype_copy_per_layer(packed):
+    torch.manual_seed(0)
+    ids = torch.randint(5, 1000, (2, 32))
+    mask = torch.ones_like(ids)
+    mask[1, 20:] = 0
+    inputs = (ids.reshape(-1), None, None, torch.tensor([0, 30, 64])) if packed else (ids, mask)
+    counts = {}
+    for layers in (2, 6):
+        model = NeoBERT(tiny(layers)).to(torch.bfloat16).eval()
+        counts[layers] = count_dtype_copies(model, *inputs)
+    # The only dtype copies are the RoPE tables (float32, built once per forward) cast once: never per layer, and
+    # never an activation (the old path copied x to float32 and back in every norm and every RoPE: 6 per layer).
+    assert counts[2].count == counts[6].count <= 2
+    head_dim = tiny(6).hidden_size // tiny(6).num_attention_heads
+    assert counts[6].elements <= 2 * ids.numel() * 2 * head_dim  # cos and sin, per token, for q and k
+
+
+def test_a_float32_forward_makes_no_dtype_copy_of_an_activation():
+    ids = torch.randint(5, 1000, (2, 32))
+    copies = count_dtype_copies(NeoBERT(tiny(4)).eval(), ids)
+    assert copies.count == 0  # (the positions, int -> float32, are not a floating copy)
+
+
+def test_bf16_outputs_stay_within_a_bound_of_float32_outputs_of_the_same_weights():
+    torch.manual_seed(0)
+    config = tiny(4)
+    reference = NeoBERTForMaskedLM(config).eval()
+    half = NeoBERTForMaskedLM(config).eval()
+    half.load_state_dict(reference.state_dict())
+    half.to(torch.bfloat16)
+    ids = torch.randint(5, 1000, (4, 64))
+    mask = torch.ones_like(ids)
+    mask[1, 40:] = 0
+    keep = mask.bool()
+    with torch.inference_mode():
+        expected = reference(ids, mask).last_hidden_state[keep]
+        got = half(ids, mask).last_hidden_state.float()[keep]
+    relative = (got - expected).norm() / expected.norm()
+    # Measured: 0.0060, against 0.0056 for the path that upcast every norm and RoPE to float32 (bf16 keeps 8 bits).
+    assert relative < 0.01
+    assert F.cosine_similarity(got, expected, dim=-1).min() > 0.999
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rmsnorm_in_half_precision_equals_float32_up_to_rounding(dtype):
+    torch.manual_seed(0)
+    norm = RMSNorm(48, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 7, 48) * 4
+    expected = norm(x)
+    assert torch.equal(expected, F.rms_norm(x, (48,), norm.weight, 1e-5))  # float32: nn.RMSNorm's own path
+    half = RMSNorm(48, eps=1e-5).to(dtype)
+    half.load_state_dict(norm.state_dict())
+    with torch.inference_mode():
+        got = half(x.to(dtype))
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_rmsnorm_in_bf16_trains():
+    torch.manual_seed(0)
+    norm = RMSNorm(16, eps=1e-5).to(torch.bfloat16)
+    x = torch.randn(4, 16, dtype=torch.bfloat16, requires_grad=True)
+    direction = torch.randn(4, 16)  # not the sum of squares: an RMS-normalised vector's is constant, its gradient 0
+    (norm(x).float() * direction).sum().backward()
+    expected_x = x.detach().float().requires_grad_()
+    reference = RMSNorm(16, eps=1e-5)
+    (F.rms_norm(expected_x, (16,), reference.weight, 1e-5) * direction).sum().backward()
+    torch.testing.assert_close(x.grad.float(), expected_x.grad, rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(norm.weight.grad.float(), reference.weight.grad, rtol=3e-2, atol=3e-2)
+
+
+def test_rope_in_bf16_equals_the_float32_rotation_up_to_rounding():
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 3, 16)  # q and k (head_dim 8) side by side
+    rotations = rope_tables(8, torch.arange(9).expand(2, 9), 10000.0)
+    expected = apply_rope(x, rotations)
+    tables = RotaryTables.side_by_side(rotations, vectors_per_head=2)
+    got = apply_rope(x.to(torch.bfloat16), tables)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2)
+    assert apply_rope(x.to(torch.bfloat16), tables) is not got  # the tables are reused, the result is new
+    assert len(tables._interleaved) == 1  # made once for bf16, reused by every later layer
+    # Rotations preserve each pair's norm.
+    pairs = got.float().unflatten(-1, (-1, 2)).norm(dim=-1)
+    torch.testing.assert_close(pairs, x.unflatten(-1, (-1, 2)).norm(dim=-1), rtol=2e-2, atol=2e-2)

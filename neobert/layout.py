@@ -39,6 +39,7 @@ GLUE_RUN_INFO = "glue_run.json"  # in best/: which run it is and its scores
 GLUE_PREDICTIONS_DIR = "predictions"
 GLUE_SWEEP_JSON, GLUE_SWEEP_MD = "sweep.json", "sweep.md"
 GLUE_TABLE_JSON, GLUE_TABLE_MD = "glue_results.json", "glue_results.md"  # `--task all`
+NER_RUN_INFO = "ner_run.json"  # NER: in <task>/best/ (beside GLUE's best/ layout): the run, its scores, the tags
 STS_ZERO_SHOT_DIR, STS_TUNED_DIR = "sts_zero_shot", "sts_tuned"  # contrastive: the local STS before and after
 MATRYOSHKA_JSON = "matryoshka.json"  # in a contrastive export: the embedding sizes it was trained for
 MTEB_SUMMARY_JSON, MTEB_SUMMARY_MD = "summary.json", "summary.md"

@@ -278,6 +278,32 @@ def run_glue_config(name: str, tmp_path: Path, monkeypatch, fitted: list) -> Non
     assert all(math.isfinite(v) for v in summary["scores"].values()), summary["scores"]
 
 
+# ---------------------------------------------------------------------------------------------- NER
+def run_ner_config(name: str, tmp_path: Path, monkeypatch, fitted: list) -> None:
+    from neobert.config.ner import NerConfig
+    from neobert.jobs.ner import run_task
+
+    shipped = load_config(NerConfig, name)
+    data = tmp_path / "data"
+    data.mkdir()
+    sentences = "".join(f"w{i} O\nalice B-{'person' if shipped.task == 'wnut17' else 'PER'}\n\n" for i in range(16))
+    for split in ("train", "dev"):
+        (data / f"{split}.conll").write_text(sentences)
+    overrides = [
+        "model=preset:tiny", f"data.path={data}", f"output_dir={tmp_path / 'out'}",
+        f"data.max_length={min(shipped.data.max_length, 32)}", f"data.batch_size={min(shipped.data.batch_size, 4)}",
+        f"data.eval_batch_size={min(shipped.data.eval_batch_size, 8)}", f"trainer.max_steps={STEPS}",
+        f"trainer.eval_every_n_steps={STEPS}", "trainer.accelerator=cpu", "trainer.devices=1",
+        f"trainer.precision={shipped_precision(shipped.trainer.precision)}",
+        "logging.progress_bar=false", "logging.log_every_n_steps=1",
+    ]
+    summary = run_task(load_config(NerConfig, name, overrides))
+    assert_fitted(fitted, shipped_precision(shipped.trainer.precision), STEPS, name)
+    [run_dir] = [p for p in (tmp_path / "out" / shipped.task).iterdir() if (p / RESULTS_JSON).is_file()]
+    assert_finite_losses(csv_losses(run_dir), STEPS, name)
+    assert all(math.isfinite(v) for v in summary["scores"].values()), summary["scores"]
+
+
 # ---------------------------------------------------------------------------------------------- contrastive
 def write_contrastive_files(directory: Path, names, examples: int = 8) -> dict[str, Path]:
     """One small local file per data set, with hard negatives where the hub data set has them; no text twice."""
@@ -355,7 +381,7 @@ RUNNERS_BY_NAME = {"demo": run_pretraining_config, "neobert": run_pretraining_co
                    "neobert-4096": run_pretraining_config, "contrastive": run_contrastive_config,
                    "mteb": run_mteb_config}
 RUNNERS_BY_PATTERN = {r"recipes/.+": run_pretraining_config, r"ablations/m\d+": run_pretraining_config,
-                      r"glue/.+": run_glue_config}
+                      r"glue/.+": run_glue_config, r"ner/.+": run_ner_config}
 SLOW: set[str] = set()  # configs whose run takes over ~20 s here (none: the slowest, ablations/m09, ~11 s)
 
 

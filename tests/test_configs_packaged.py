@@ -21,6 +21,7 @@ SCHEMAS = {
     "ablations/budgets/": "neobert.config.ablations:AblationBudgetConfig",
     "recipes/": "neobert.config.pretrain:PretrainConfig",
     "glue/": "neobert.config.glue:GlueConfig",
+    "ner/": "neobert.config.ner:NerConfig",
     "contrastive": "neobert.config.contrastive:ContrastiveConfig",
     "mteb": "neobert.config.mteb:MtebConfig",
 }

@@ -191,6 +191,48 @@ class LoggingConfig:
         require(not unknown, f"{prefix}.loggers", f"unknown {unknown}; known: {list(LOGGERS)}")
 
 
+@dataclass
+class FineTuneTrainerConfig(TrainerConfig):
+    """The trainer section of the fine-tuning jobs (GLUE, NER): epochs with validation every n steps, early
+    stopping, the best checkpoint kept."""
+
+    devices: Any = 1
+    max_epochs: Optional[int] = 10  # the paper: 10 epochs, evaluate every n steps, keep the best
+    eval_every_n_steps: int = 500  # validation every n training steps, across epochs
+    precision: Optional[str] = "32-true"  # "bf16-mixed" on GPUs; null = bf16-mixed on GPU, 32-true on CPU
+    early_stopping_patience: int = 5  # evaluations without improvement before stopping; 0 = off
+
+    def validate(self, prefix: str = "trainer") -> None:
+        super().validate(prefix)
+        require(self.max_epochs is not None and self.max_epochs > 0, f"{prefix}.max_epochs",
+                "must be positive (trainer.max_steps may cap the run further)")
+        require(self.eval_every_n_steps > 0, f"{prefix}.eval_every_n_steps",
+                "must be positive: validation picks the best checkpoint")
+        require(self.early_stopping_patience >= 0, f"{prefix}.early_stopping_patience", "must be >= 0 (0 = off)")
+        require(self.checkpoint_every_n_steps == 0, f"{prefix}.checkpoint_every_n_steps",
+                "is not used by fine-tuning (GLUE, NER), which keeps each run's best checkpoint "
+                "(trainer.eval_every_n_steps)")
+        require(not self.ema.decay, f"{prefix}.ema", "is supported by pretraining only (experiments.pretrain)")
+
+
+@dataclass
+class SweepConfig:
+    """The paper's fine-tuning grid (GLUE, NER: `--sweep`). Every (batch size, lr, weight decay) runs once per
+    seed; the median over seeds ranks it."""
+
+    batch_sizes: List[int] = field(default_factory=lambda: [2, 4, 8, 16, 32])
+    lrs: List[float] = field(default_factory=lambda: [5e-6, 6e-6, 8e-6, 1e-5, 2e-5, 3e-5])
+    weight_decays: List[float] = field(default_factory=lambda: [1e-2, 1e-5])
+    seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
+
+    def validate(self, prefix: str = "sweep") -> None:
+        for name in ("batch_sizes", "lrs", "weight_decays", "seeds"):
+            require(len(getattr(self, name)) > 0, f"{prefix}.{name}", "must list at least one value")
+        require(all(b > 0 for b in self.batch_sizes), f"{prefix}.batch_sizes", "must be positive")
+        require(all(lr > 0 for lr in self.lrs), f"{prefix}.lrs", "must be positive")
+        require(all(wd >= 0 for wd in self.weight_decays), f"{prefix}.weight_decays", "must be >= 0")
+
+
 def check_optimizer_strategy(optimizer: OptimizerConfig, trainer: TrainerConfig) -> None:
     """Muon orthogonalises each hidden matrix whole: a strategy that shards parameters (DeepSpeed ZeRO, FSDP,
     fsdp2) would hand it slices. Refused before any work, naming both keys."""

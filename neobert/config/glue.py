@@ -8,10 +8,10 @@ checkpoint kept. The same for every backbone, so NeoBERT and any Hugging Face en
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Dict, List, Optional
+from typing import ClassVar, Dict, Optional
 
-from neobert.config.common import (LOGGING_KEYS_MOVED, OPTIMIZER_KEYS, LoggingConfig, OptimizerConfig,
-                                   SchedulerConfig, TrainerConfig, check_optimizer_strategy)
+from neobert.config.common import (LOGGING_KEYS_MOVED, OPTIMIZER_KEYS, FineTuneTrainerConfig, LoggingConfig,
+                                   OptimizerConfig, SchedulerConfig, SweepConfig, check_optimizer_strategy)
 from neobert.config.loader import require
 
 
@@ -36,40 +36,11 @@ class GlueDataConfig:
 
 
 @dataclass
-class GlueTrainerConfig(TrainerConfig):
-    devices: Any = 1
-    max_epochs: Optional[int] = 10  # the paper: 10 epochs, evaluate every n steps, keep the best
-    eval_every_n_steps: int = 500  # validation every n training steps, across epochs
-    precision: Optional[str] = "32-true"  # "bf16-mixed" on GPUs; null = bf16-mixed on GPU, 32-true on CPU
-    early_stopping_patience: int = 5  # evaluations without improvement before stopping; 0 = off
-
-    def validate(self, prefix: str = "trainer") -> None:
-        super().validate(prefix)
-        require(self.max_epochs is not None and self.max_epochs > 0, f"{prefix}.max_epochs",
-                "must be positive (trainer.max_steps may cap the run further)")
-        require(self.eval_every_n_steps > 0, f"{prefix}.eval_every_n_steps",
-                "must be positive: validation picks the best checkpoint")
-        require(self.early_stopping_patience >= 0, f"{prefix}.early_stopping_patience", "must be >= 0 (0 = off)")
-        require(self.checkpoint_every_n_steps == 0, f"{prefix}.checkpoint_every_n_steps",
-                "is not used by GLUE fine-tuning, which keeps each run's best checkpoint (trainer.eval_every_n_steps)")
-        require(not self.ema.decay, f"{prefix}.ema", "is supported by pretraining only (experiments.pretrain)")
+class GlueTrainerConfig(FineTuneTrainerConfig):
+    """The fine-tuning trainer section (`neobert.config.common.FineTuneTrainerConfig`) with GLUE's defaults."""
 
 
-@dataclass
-class GlueSweepConfig:
-    """The paper's grid. Every (batch size, lr, weight decay) runs once per seed; the median over seeds ranks it."""
-
-    batch_sizes: List[int] = field(default_factory=lambda: [2, 4, 8, 16, 32])
-    lrs: List[float] = field(default_factory=lambda: [5e-6, 6e-6, 8e-6, 1e-5, 2e-5, 3e-5])
-    weight_decays: List[float] = field(default_factory=lambda: [1e-2, 1e-5])
-    seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
-
-    def validate(self, prefix: str = "sweep") -> None:
-        for name in ("batch_sizes", "lrs", "weight_decays", "seeds"):
-            require(len(getattr(self, name)) > 0, f"{prefix}.{name}", "must list at least one value")
-        require(all(b > 0 for b in self.batch_sizes), f"{prefix}.batch_sizes", "must be positive")
-        require(all(lr > 0 for lr in self.lrs), f"{prefix}.lrs", "must be positive")
-        require(all(wd >= 0 for wd in self.weight_decays), f"{prefix}.weight_decays", "must be >= 0")
+GlueSweepConfig = SweepConfig  # the paper's grid, shared by every fine-tuning job
 
 
 @dataclass

@@ -37,8 +37,10 @@ def is_neobert_dir(path: str | Path) -> bool:
 class Backbone(nn.Module):
     """forward(input_ids, attention_mask, token_type_ids=None) -> last hidden states [B, L, hidden]."""
 
-    def __init__(self, encoder: nn.Module, tokenizer, hidden_size: int, num_layers: int, is_neobert: bool):
+    def __init__(self, encoder: nn.Module, tokenizer, hidden_size: int, num_layers: int, is_neobert: bool,
+                 source: str | None = None):
         super().__init__()
+        self.source = source  # the model directory it was loaded from (None for a preset); heads load from it
         self.encoder = encoder
         self.tokenizer = tokenizer
         self.hidden_size = hidden_size
@@ -80,12 +82,12 @@ def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: s
         encoder = NeoBERT.from_pretrained(path, **neobert_overrides)
         tok = load_tokenizer(tokenizer or (str(path) if has_tokenizer(path) else BERT_BASE_UNCASED),
                              max_length=encoder.config.max_length, config_key=tokenizer_key)
-        return Backbone(encoder, tok, encoder.config.hidden_size, encoder.config.num_hidden_layers, True)
+        return Backbone(encoder, tok, encoder.config.hidden_size, encoder.config.num_hidden_layers, True, str(path))
     encoder = AutoModel.from_pretrained(str(path))
     warn_if_decoder(encoder.config, name_or_path)
     tok = load_tokenizer(tokenizer or str(path), config_key=tokenizer_key)
     cfg = encoder.config
-    return Backbone(encoder, tok, cfg.hidden_size, cfg.num_hidden_layers, False)
+    return Backbone(encoder, tok, cfg.hidden_size, cfg.num_hidden_layers, False, str(path))
 
 
 def is_decoder(config) -> bool:

@@ -11,34 +11,28 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import itertools
 import json
-import math
 import shutil
-import statistics
-import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 import lightning as L
-import torch
-from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from safetensors.torch import save_file
 from torch import nn
 
-from neobert.config import ConfigError, load_config, to_yaml
+from neobert.config import ConfigError, load_config
 from neobert.config.glue import GlueConfig
 from neobert.data.backbone import Backbone, load_backbone, model_needs_hub
-from neobert.data.glue import GLUE_TASKS, HUB_DATASET, GlueTask, get_task
+from neobert.data.glue import GLUE_TASKS, HUB_DATASET, get_task
 from neobert.data.glue_datamodule import GlueDataModule
 from neobert.eval.glue_metrics import main_score_key, table3_markdown
 from neobert.hub import HubUnreachableError, hub_reachable
-from neobert.layout import (GLUE_BEST_CHECKPOINT, GLUE_BEST_DIR, GLUE_PREDICTIONS_DIR, GLUE_RUN_INFO,
-                            GLUE_SWEEP_JSON, GLUE_SWEEP_MD, GLUE_TABLE_JSON, GLUE_TABLE_MD, RESULTS_JSON, RUN_CONFIG,
-                            WEIGHTS_NAME, checkpoint_dir)
+from neobert.jobs.finetune import (fit_keeping_best, load_best_weights, prepare_task_dir, run_grid, summarize_runs,
+                                   write_summary)
+from neobert.layout import (GLUE_BEST_DIR, GLUE_PREDICTIONS_DIR, GLUE_RUN_INFO, GLUE_TABLE_JSON, GLUE_TABLE_MD,
+                            RESULTS_JSON, WEIGHTS_NAME)
 from neobert.lit.glue import GlueClassifier, build_classifier, load_transfer_weights
 from neobert.lit.trainer import build_trainer
-from neobert.model.checkpoint import submodule_state
 from neobert.model.modeling import NeoBERTForSequenceClassification
 
 # MNLI first: RTE, MRPC and STS-B can start from its fine-tuned model (`transfer_from: mnli`).
@@ -73,10 +67,6 @@ def output_root(config: GlueConfig) -> Path:
     return DEFAULT_OUTPUT_ROOT / config.model.strip("/").replace("/", "--").replace(":", "-")
 
 
-def run_name(batch_size: int, lr: float, weight_decay: float, seed: int) -> str:
-    return f"bs{batch_size}_lr{lr:g}_wd{weight_decay:g}_seed{seed}"
-
-
 def transfer_directory(config: GlueConfig) -> Optional[Path]:
     if config.transfer_from is None:
         return None
@@ -98,34 +88,12 @@ def fine_tune(config: GlueConfig, datamodule: GlueDataModule, backbone_source: B
     if source is not None:
         load_transfer_weights(model, source)
     module = GlueClassifier(task, model, config.optimizer, config.scheduler)
-
-    steps_per_epoch = math.ceil(datamodule.steps_per_epoch() / config.trainer.accumulate_grad_batches)
-    total_steps = steps_per_epoch * config.trainer.max_epochs
-    if config.trainer.max_steps > 0:
-        total_steps = min(total_steps, config.trainer.max_steps)
-    # At least one validation, even in a run shorter than the interval.
-    eval_every = max(1, min(config.trainer.eval_every_n_steps, total_steps))
-    checkpoint = ModelCheckpoint(dirpath=checkpoint_dir(run_dir), filename=GLUE_BEST_CHECKPOINT, monitor="val/score",
-                                 mode="max", save_top_k=1, save_weights_only=True, auto_insert_metric_name=False)
-    callbacks: list[L.Callback] = [checkpoint]
-    if config.logging.loggers:  # the monitor needs a logger
-        callbacks.append(LearningRateMonitor("step"))
-    if config.trainer.early_stopping_patience > 0:
-        callbacks.append(EarlyStopping(monitor="val/score", mode="max",
-                                       patience=config.trainer.early_stopping_patience))
-    trainer = build_trainer(dataclasses.replace(config.trainer, eval_every_n_steps=eval_every), config.logging,
-                            run_dir, callbacks=callbacks)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / RUN_CONFIG).write_text(to_yaml(config))
-    start = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule)
-    if not module.best_scores:
-        raise RuntimeError(f"{run_dir}: no validation ran (eval_every_n_steps={eval_every})")
+    trainer, checkpoint, seconds = fit_keeping_best(config, module, datamodule, run_dir)
     result = {
         "task": task.name, "model": config.model, "run": run_dir.name, "batch_size": config.data.batch_size,
         "lr": config.optimizer.lr, "weight_decay": config.optimizer.weight_decay, "seed": config.trainer.seed,
         "transfer_from": config.transfer_from, "best_step": module.best_step, "steps": trainer.global_step,
-        "train_seconds": time.perf_counter() - start, "scores": module.best_scores,
+        "train_seconds": seconds, "scores": module.best_scores,
         "checkpoint": checkpoint.best_model_path,
     }
     (run_dir / RESULTS_JSON).write_text(json.dumps(result, indent=2) + "\n")
@@ -138,8 +106,7 @@ def export_best(result: dict, config: GlueConfig, datamodule: GlueDataModule, ba
     loaded model."""
     task = datamodule.task
     model = build_classifier(copy.deepcopy(backbone_source), task.num_labels, config.classifier_dropout)
-    state = torch.load(result["checkpoint"], map_location="cpu", weights_only=True)["state_dict"]
-    model.load_state_dict(submodule_state(state))
+    load_best_weights(model, result["checkpoint"])
     if directory.exists():
         shutil.rmtree(directory)
     if isinstance(model, NeoBERTForSequenceClassification):
@@ -191,70 +158,18 @@ def run_task(config: GlueConfig, sweep: bool = False) -> dict:
     task = get_task(config.task)
     check_hub_sources(config)
     task_dir = output_root(config) / task.name
-    finished = [name for name in (RESULTS_JSON, GLUE_BEST_DIR) if (task_dir / name).exists()]
-    if finished and not config.overwrite:
-        raise ConfigError(f"invalid config key 'overwrite': {task_dir} already holds a finished run ("
-                          f"{', '.join(finished)}): set overwrite=true to replace it, or choose another output_dir")
-    if finished:
-        shutil.rmtree(task_dir)
+    prepare_task_dir(task_dir, config.overwrite)
     backbone = load_backbone(config.model, tokenizer=config.tokenizer)
     datamodule = GlueDataModule(task, backbone.tokenizer, config.data, seed=config.trainer.seed)
-    if sweep:
-        grid = list(itertools.product(config.sweep.batch_sizes, config.sweep.lrs, config.sweep.weight_decays))
-        seeds = config.sweep.seeds
-    else:
-        grid = [(config.data.batch_size, config.optimizer.lr, config.optimizer.weight_decay)]
-        seeds = [config.trainer.seed]
-    runs, best = [], None
-    for (batch_size, lr, weight_decay), seed in itertools.product(grid, seeds):
-        run_config = copy.deepcopy(config)
-        run_config.data.batch_size, run_config.optimizer.lr = batch_size, lr
-        run_config.optimizer.weight_decay, run_config.trainer.seed = weight_decay, seed
-        result = fine_tune(run_config, datamodule, backbone, task_dir / run_name(batch_size, lr, weight_decay, seed))
-        runs.append(result)
-        if best is None or result["scores"]["score"] > best["scores"]["score"]:
-            best = result
-            best_model = export_best(result, run_config, datamodule, backbone, task_dir / GLUE_BEST_DIR)
-        if not config.keep_run_checkpoints:
-            shutil.rmtree(Path(result["checkpoint"]).parent, ignore_errors=True)
-    summary = summarize_runs(task, runs)
+    runs, best, best_model = run_grid(
+        config, sweep, task_dir, lambda run_config, run_dir: fine_tune(run_config, datamodule, backbone, run_dir),
+        lambda result, run_config, directory: export_best(result, run_config, datamodule, backbone, directory))
+    summary = summarize_runs(task.name, runs)
     summary["best_run"] = best["run"]
-    (task_dir / RESULTS_JSON).write_text(json.dumps(summary, indent=2) + "\n")
-    if sweep:
-        (task_dir / GLUE_SWEEP_JSON).write_text(json.dumps(runs, indent=2) + "\n")
-        (task_dir / GLUE_SWEEP_MD).write_text(sweep_markdown(task, summary))
+    write_summary(task_dir, summary, runs, sweep, main_score_key(task))
     if config.predict:
         write_predictions(config, datamodule, best_model, task_dir / GLUE_PREDICTIONS_DIR)
     return summary
-
-
-def summarize_runs(task: GlueTask, runs: list[dict]) -> dict:
-    """Groups runs by hyperparameters; each group's score is the median over its seeds (every metric, separately);
-    the task's result is the group with the best median main score."""
-    groups: dict[tuple, list[dict]] = {}
-    for run in runs:
-        groups.setdefault((run["batch_size"], run["lr"], run["weight_decay"]), []).append(run)
-    table = []
-    for (batch_size, lr, weight_decay), members in groups.items():
-        medians = {k: statistics.median(r["scores"][k] for r in members) for k in members[0]["scores"]}
-        table.append({"batch_size": batch_size, "lr": lr, "weight_decay": weight_decay,
-                      "seeds": [r["seed"] for r in members], "median": medians,
-                      "per_seed": [r["scores"]["score"] for r in members]})
-    table.sort(key=lambda row: row["median"]["score"], reverse=True)
-    return {"task": task.name, "model": runs[0]["model"], "scores": table[0]["median"],
-            "hyperparameters": {k: table[0][k] for k in ("batch_size", "lr", "weight_decay")},
-            "grid": table, "train_seconds": sum(r["train_seconds"] for r in runs)}
-
-
-def sweep_markdown(task: GlueTask, summary: dict) -> str:
-    key = main_score_key(task)
-    lines = [f"# {task.name}: grid ranked by the median {key} over seeds", "",
-             "| batch | lr | weight decay | median | per seed |", "|---|---|---|---|---|"]
-    for row in summary["grid"]:
-        per_seed = ", ".join(f"{100 * s:.1f}" for s in row["per_seed"])
-        lines.append(f"| {row['batch_size']} | {row['lr']:g} | {row['weight_decay']:g} | "
-                     f"{100 * row['median']['score']:.1f} | {per_seed} |")
-    return "\n".join(lines) + "\n"
 
 
 def run_all(configs: dict[str, GlueConfig], sweep: bool = False) -> dict:

@@ -1,0 +1,156 @@
+"""What every fine-tuning job (GLUE, NER) shares: the paper's grid with seeds (`--sweep`), one run with its best
+checkpoint kept, the best run's export, and the summaries (median over seeds per grid point).
+
+A job supplies its own pieces: `fine_tune(run_config, run_dir) -> result` (a result record holding at least
+`scores` with `score`, `checkpoint`, `batch_size`, `lr`, `weight_decay`, `seed`, `run`, `model`) and
+`export(result, run_config, directory) -> model`; `run_grid` does the rest.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from torch import nn
+
+from neobert.config import ConfigError, to_yaml
+from neobert.layout import (GLUE_BEST_CHECKPOINT, GLUE_BEST_DIR, GLUE_SWEEP_JSON, GLUE_SWEEP_MD, RESULTS_JSON,
+                            RUN_CONFIG, checkpoint_dir)
+from neobert.lit.trainer import build_trainer
+from neobert.model.checkpoint import submodule_state
+
+
+def run_name(batch_size: int, lr: float, weight_decay: float, seed: int) -> str:
+    return f"bs{batch_size}_lr{lr:g}_wd{weight_decay:g}_seed{seed}"
+
+
+def prepare_task_dir(task_dir: Path, overwrite: bool) -> None:
+    """A task directory holding a finished run (results.json, best/) is refused unless `overwrite`, which removes
+    it first: a new result is never mixed with an earlier one's files."""
+    finished = [name for name in (RESULTS_JSON, GLUE_BEST_DIR) if (task_dir / name).exists()]
+    if finished and not overwrite:
+        raise ConfigError(f"invalid config key 'overwrite': {task_dir} already holds a finished run ("
+                          f"{', '.join(finished)}): set overwrite=true to replace it, or choose another output_dir")
+    if finished:
+        shutil.rmtree(task_dir)
+
+
+def grid_configs(config, sweep: bool) -> list:
+    """One config per run: the grid of `config.sweep` (batch size x lr x weight decay) x its seeds, or (no sweep)
+    the config's own point and seed."""
+    if sweep:
+        grid = list(itertools.product(config.sweep.batch_sizes, config.sweep.lrs, config.sweep.weight_decays))
+        seeds = config.sweep.seeds
+    else:
+        grid = [(config.data.batch_size, config.optimizer.lr, config.optimizer.weight_decay)]
+        seeds = [config.trainer.seed]
+    runs = []
+    for (batch_size, lr, weight_decay), seed in itertools.product(grid, seeds):
+        run_config = copy.deepcopy(config)
+        run_config.data.batch_size, run_config.optimizer.lr = batch_size, lr
+        run_config.optimizer.weight_decay, run_config.trainer.seed = weight_decay, seed
+        runs.append(run_config)
+    return runs
+
+
+def config_run_name(config) -> str:
+    return run_name(config.data.batch_size, config.optimizer.lr, config.optimizer.weight_decay, config.trainer.seed)
+
+
+def fit_keeping_best(config, module: L.LightningModule, datamodule, run_dir: Path):
+    """Fits `module` with validation every `trainer.eval_every_n_steps` (at least once, even in a run shorter than
+    the interval), early stopping on `val/score`, and the best weights kept in `run_dir/checkpoints/best.ckpt`.
+    Returns (trainer, the checkpoint callback, training seconds)."""
+    steps_per_epoch = -(-datamodule.steps_per_epoch() // config.trainer.accumulate_grad_batches)
+    total_steps = steps_per_epoch * config.trainer.max_epochs
+    if config.trainer.max_steps > 0:
+        total_steps = min(total_steps, config.trainer.max_steps)
+    eval_every = max(1, min(config.trainer.eval_every_n_steps, total_steps))
+    checkpoint = ModelCheckpoint(dirpath=checkpoint_dir(run_dir), filename=GLUE_BEST_CHECKPOINT, monitor="val/score",
+                                 mode="max", save_top_k=1, save_weights_only=True, auto_insert_metric_name=False)
+    callbacks: list[L.Callback] = [checkpoint]
+    if config.logging.loggers:  # the monitor needs a logger
+        callbacks.append(LearningRateMonitor("step"))
+    if config.trainer.early_stopping_patience > 0:
+        callbacks.append(EarlyStopping(monitor="val/score", mode="max",
+                                       patience=config.trainer.early_stopping_patience))
+    trainer = build_trainer(dataclasses.replace(config.trainer, eval_every_n_steps=eval_every), config.logging,
+                            run_dir, callbacks=callbacks)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RUN_CONFIG).write_text(to_yaml(config))
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=datamodule)
+    seconds = time.perf_counter() - start
+    if not module.best_scores:
+        raise RuntimeError(f"{run_dir}: no validation ran (eval_every_n_steps={eval_every})")
+    return trainer, checkpoint, seconds
+
+
+def load_best_weights(model: nn.Module, checkpoint_path: str | Path) -> nn.Module:
+    """The weights of a run's best Lightning checkpoint (saved from a module holding `model` as `.model`)."""
+    state = torch.load(checkpoint_path, map_location="cpu", weights_only=True)["state_dict"]
+    model.load_state_dict(submodule_state(state))
+    return model
+
+
+def run_grid(config, sweep: bool, task_dir: Path, fine_tune: Callable[[object, Path], dict],
+             export: Callable[[dict, object, Path], nn.Module]) -> tuple[list[dict], dict, nn.Module]:
+    """Every run of `grid_configs` under `task_dir/<run name>/`; the best run so far (by `scores.score`) is
+    exported to `task_dir/best/` as soon as it is found; per-run checkpoints are deleted unless
+    `keep_run_checkpoints`. Returns (every run's result, the best one, the best exported model)."""
+    runs, best, best_model = [], None, None
+    for run_config in grid_configs(config, sweep):
+        result = fine_tune(run_config, task_dir / config_run_name(run_config))
+        runs.append(result)
+        if best is None or result["scores"]["score"] > best["scores"]["score"]:
+            best = result
+            best_model = export(result, run_config, task_dir / GLUE_BEST_DIR)
+        if not config.keep_run_checkpoints:
+            shutil.rmtree(Path(result["checkpoint"]).parent, ignore_errors=True)
+    return runs, best, best_model
+
+
+def summarize_runs(task: str, runs: list[dict]) -> dict:
+    """Groups runs by hyperparameters; each group's score is the median over its seeds (every metric, separately);
+    the task's result is the group with the best median main score."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["batch_size"], run["lr"], run["weight_decay"]), []).append(run)
+    table = []
+    for (batch_size, lr, weight_decay), members in groups.items():
+        medians = {k: statistics.median(r["scores"][k] for r in members) for k in members[0]["scores"]}
+        table.append({"batch_size": batch_size, "lr": lr, "weight_decay": weight_decay,
+                      "seeds": [r["seed"] for r in members], "median": medians,
+                      "per_seed": [r["scores"]["score"] for r in members]})
+    table.sort(key=lambda row: row["median"]["score"], reverse=True)
+    return {"task": task, "model": runs[0]["model"], "scores": table[0]["median"],
+            "hyperparameters": {k: table[0][k] for k in ("batch_size", "lr", "weight_decay")},
+            "grid": table, "train_seconds": sum(r["train_seconds"] for r in runs)}
+
+
+def sweep_markdown(task: str, score_name: str, summary: dict) -> str:
+    lines = [f"# {task}: grid ranked by the median {score_name} over seeds", "",
+             "| batch | lr | weight decay | median | per seed |", "|---|---|---|---|---|"]
+    for row in summary["grid"]:
+        per_seed = ", ".join(f"{100 * s:.1f}" for s in row["per_seed"])
+        lines.append(f"| {row['batch_size']} | {row['lr']:g} | {row['weight_decay']:g} | "
+                     f"{100 * row['median']['score']:.1f} | {per_seed} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(task_dir: Path, summary: dict, runs: list[dict], sweep: bool, score_name: str) -> None:
+    """`task_dir/results.json`, and for a sweep `sweep.json` (every run) and `sweep.md` (the ranked grid)."""
+    (task_dir / RESULTS_JSON).write_text(json.dumps(summary, indent=2) + "\n")
+    if sweep:
+        (task_dir / GLUE_SWEEP_JSON).write_text(json.dumps(runs, indent=2) + "\n")
+        (task_dir / GLUE_SWEEP_MD).write_text(sweep_markdown(summary["task"], score_name, summary))

@@ -104,7 +104,7 @@ def test_tiny_end_to_end_writes_csv_png_markdown(tmp_path):
     out = tmp_path / "bench"
     paths = main(["--models", "neobert,bert-base,neobert-official", "--lengths", "16,32", "--layouts",
                   "full,unpadded", "--output-dir", str(out), "neobert_preset=tiny", "max_tokens=64", "repeats=2",
-                  "batch_sizes=[1,2,4,8]", f"official_code_dir={tmp_path}"])
+                  "batch_sizes=[1,2,4,8]", f"official_code_dir={tmp_path}", "matmul_calls=2"])
     rows = list(csv.DictReader(open(paths["csv"])))
     measured = {(r["model"], r["layout"], r["seq_len"]): r for r in rows if r["tokens_per_s"]}
     for length in ("16", "32"):
@@ -122,25 +122,26 @@ def test_tiny_end_to_end_writes_csv_png_markdown(tmp_path):
     table = paths["markdown"].read_text()
     assert "| neobert / bert-base |" in table and "neobert-official: not available" in table
     assert "% of the matmul rate measured in this run" in table and "Matmul reference (measured" in table
+    assert "standalone before the models" in table
 
 
 def test_compiled_models_are_timed_and_an_emulated_bf16_run_has_no_matmul_reference(monkeypatch):
     from neobert.eval import flops
 
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], batch_sizes=[2], repeats=1,
-                              compile=True, device="cpu")
+                              compile=True, device="cpu", matmul_calls=2)
     [row] = tp.run_throughput(config)
     assert row.tokens_per_s > 0 and row.peak_source.startswith("measured") and 0 < row.mfu
     monkeypatch.setattr(flops, "cpu_has_native_bf16", lambda: False)
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], batch_sizes=[2], repeats=1,
-                              dtype="bfloat16", device="cpu")
+                              dtype="bfloat16", device="cpu", matmul_calls=2)
     [row] = tp.run_throughput(config)
     assert row.tokens_per_s > 0 and row.peak_flops is None and row.mfu is None
 
 
 def test_training_mode_times_a_backward_and_counts_3x_flops():
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], layouts=["full", "padded"],
-                                 batch_sizes=[2], repeats=1, mode="training")
+                              batch_sizes=[2], repeats=1, mode="training", matmul_calls=2)
     rows = tp.run_throughput(config)
     assert [(r.layout, r.batch_size) for r in rows] == [("full", 2), ("padded", 2)]
     inference = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
@@ -172,7 +173,7 @@ def test_bfloat16_on_cpu_casts_inference_weights_and_autocasts_training(mode, mo
 
     monkeypatch.setattr(tp, "build_model", spy)
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], layouts=["padded"],
-                              batch_sizes=[2], repeats=1, mode=mode, dtype="bfloat16", device="cpu")
+                              batch_sizes=[2], repeats=1, mode=mode, dtype="bfloat16", device="cpu", matmul_calls=2)
     [row] = tp.run_throughput(config)
     assert row.dtype == "bfloat16" and row.tokens_per_s > 0
     assert built["neobert"] == (torch.bfloat16 if mode == "inference" else torch.float32)  # mixed: fp32 weights
@@ -198,3 +199,68 @@ def test_bfloat16_on_a_cpu_without_native_bf16_is_warned(tmp_path, caplog, monke
         assert ("emulated" in caplog.text) is warned
     assert not flops.warn_if_bf16_is_emulated("cpu", torch.float32)
     assert not flops.warn_if_bf16_is_emulated("cuda", torch.bfloat16)
+
+
+def test_the_matmul_reference_is_warmed_up_preallocated_interleaved_and_a_median_of_many_calls(monkeypatch):
+    """The method of the CPU's matmul reference (issue 27: single cold calls measured 0.46x a standalone rate)."""
+    events, outputs, instances = [], [], []
+    real_mm = torch.mm
+
+    def mm(a, b, *, out=None):
+        outputs.append(out)
+        events.append(("mm", a.dtype, torch.get_num_threads()))
+        return real_mm(a, b, out=out)
+
+    class Recording(tp.MatmulReference):
+        def __init__(self, device, dtype, calls):
+            super().__init__(device, dtype, shape=(64, 32, 48), calls=calls)  # small: the test is of the method
+            instances.append(self)
+            events.append(("warmed up",))
+
+        def measure(self):
+            events.append(("measure",))
+            return super().measure()
+
+    real_step = tp.time_step
+
+    def step(*args, **kwargs):
+        events.append(("model",))
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "mm", mm)
+    monkeypatch.setattr(tp, "MatmulReference", Recording)
+    monkeypatch.setattr(tp, "time_step", step)
+    monkeypatch.setattr(tp, "warn_if_bf16_is_emulated", lambda device_type, dtype: False)  # any CPU
+    config = ThroughputConfig(models=["neobert", "bert-base"], neobert_preset="tiny", lengths=[16], batch_sizes=[2],
+                              repeats=3, warmup=0, matmul_calls=20, dtype="bfloat16", mode="training", device="cpu",
+                              threads=1)
+    rows = tp.run_throughput(config)
+
+    [reference] = instances
+    mm_calls = [e for e in events if e[0] == "mm"]
+    # In the models' compute dtype (bf16 autocast in training, though the weights are float32) and threads.
+    assert {(dtype, threads) for _, dtype, threads in mm_calls} == {(torch.bfloat16, 1)}
+    assert all(out is reference.out for out in outputs)  # one preallocated output: no allocation is timed
+    assert events[:4] == [("mm", torch.bfloat16, 1)] * 3 + [("warmed up",)]  # warm-up, not counted
+    kinds = [e[0] for e in events[4:] if e[0] != "mm"]
+    # standalone first (no model built yet), then every repetition: both models, then the reference
+    assert kinds == ["measure"] + ["model", "model", "measure"] * 3
+    assert len(mm_calls) == 3 + 20 * 4
+    for row in rows:
+        assert row.peak_flops > 0 and row.reference_standalone > 0 and row.mfu == row.achieved_flops / row.peak_flops
+
+
+def test_the_matmul_reference_reports_the_median_of_all_calls(monkeypatch):
+    ticks = iter(range(10_000))
+    durations = iter([4.0, 1.0, 2.0, 3.0, 100.0] * 2)  # seconds of successive calls: one outlier per measure
+
+    def clock():  # start, end pairs: each call takes the next duration
+        tick = next(ticks)
+        return 0.0 if tick % 2 == 0 else next(durations)
+
+    reference = tp.MatmulReference(torch.device("cpu"), torch.float32, shape=(8, 8, 8), calls=5, warmup=1)
+    monkeypatch.setattr(tp.time, "perf_counter", clock)
+    rates = reference.measure() + reference.measure()
+    import statistics
+
+    assert len(rates) == 10 and statistics.median(rates) == reference.flops / 3.0

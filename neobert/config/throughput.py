@@ -43,6 +43,7 @@ class ThroughputConfig:
     # 4096x768 @ 768x3072 matmul in the run's compute dtype, measured between the timed steps (not where bf16 is
     # emulated: that rate means nothing).
     peak_flops: Optional[float] = None
+    matmul_calls: int = 20  # timed matmuls of that reference after every repetition of the models (the median of all)
     compile: bool = False  # torch.compile every model first (compilation is not timed)
     threads: int = 0  # torch CPU threads; 0 = leave as is
     seed: int = 0
@@ -61,3 +62,4 @@ class ThroughputConfig:
         require(all(b > 0 for b in self.batch_sizes), "batch_sizes", "must be positive integers")
         require(self.repeats >= 1, "repeats", "must be at least 1")
         require(self.search_top >= 1, "search_top", "must be at least 1")
+        require(self.matmul_calls >= 1, "matmul_calls", "must be at least 1")

@@ -220,25 +220,35 @@ MATMUL_REFERENCE_SHAPE = (4096, 768, 3072)
 
 class MatmulReference:
     """What one plain matmul reaches on this device in `dtype`: the ceiling an encoder's FLOP/s is compared with
-    where no peak is published (CPUs). Call `measure()` between the timed model steps, so that the reference
-    shares their conditions (load, clock), and take the median."""
+    where no peak is published (CPUs). Warmed up, then every `measure()` times `calls` matmuls into one preallocated
+    output (a fresh 4096x3072 output per call would time the allocator's page faults, not the matmul: single calls
+    after a model step measured 0.46x a standalone rate). The caller interleaves `measure()` with the timed model
+    steps, in the models' threads and compute dtype, so that the reference shares their conditions (load, clock),
+    and takes the median of all the calls."""
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int] = MATMUL_REFERENCE_SHAPE):
+    def __init__(self, device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int] = MATMUL_REFERENCE_SHAPE,
+                 calls: int = 20, warmup: int = 3):
         m, k, n = shape
         generator = torch.Generator().manual_seed(0)
         self.a = torch.randn(m, k, generator=generator).to(device=device, dtype=dtype)
         self.b = torch.randn(k, n, generator=generator).to(device=device, dtype=dtype)
+        self.out = torch.empty(m, n, device=device, dtype=dtype)
         self.flops = 2 * m * k * n
         self.device = device
-        self.measure()  # warm-up: the first call allocates and picks kernels
+        self.calls = calls
+        for _ in range(warmup):  # the first calls allocate, pick kernels and fault the pages in
+            torch.mm(self.a, self.b, out=self.out)
 
-    def measure(self) -> float:
-        """FLOP/s of one matmul."""
-        _synchronize(self.device)
-        start = time.perf_counter()
-        torch.mm(self.a, self.b)
-        _synchronize(self.device)
-        return self.flops / (time.perf_counter() - start)
+    def measure(self) -> list[float]:
+        """FLOP/s of each of `calls` matmuls."""
+        rates = []
+        for _ in range(self.calls):
+            _synchronize(self.device)
+            start = time.perf_counter()
+            torch.mm(self.a, self.b, out=self.out)
+            _synchronize(self.device)
+            rates.append(self.flops / (time.perf_counter() - start))
+        return rates
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -282,6 +292,7 @@ class ThroughputRow:
     note: str = ""
     peak_flops: float | None = None  # MFU's denominator: a GPU's published peak, or the CPU matmul rate measured
     peak_source: str = ""  # "published" | "measured matmul MxKxN" | ""
+    reference_standalone: float | None = None  # the measured matmul rate alone, before the models (its check)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -317,9 +328,12 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     candidates = config.batch_sizes or [2 ** i for i in range(11)]
     peak = config.peak_flops or peak_flops(device)
     peak_source = "published" if peak else ""
-    reference = None
+    reference = standalone = None
     if peak is None and device.type == "cpu" and not emulated_bf16:
-        reference = MatmulReference(device, dtype)
+        reference = MatmulReference(device, dtype, calls=config.matmul_calls)
+        # The same measurement alone, before any model exists: what the interleaved one is checked against.
+        standalone = statistics.median(reference.measure())
+        progress(f"matmul reference, standalone: {standalone / 1e9:,.1f} GFLOP/s")
         peak_source = "measured matmul " + "x".join(map(str, MATMUL_REFERENCE_SHAPE))
 
     models: dict[str, BenchModel] = {}
@@ -366,10 +380,11 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                 for name, (size, batch) in chosen.items():
                     times[name].append(time_step(models[name], batch, training, device, autocast_dtype))
                 if reference is not None:
-                    reference_rates.append(reference.measure())
+                    reference_rates.extend(reference.measure())
             group_peak = statistics.median(reference_rates) if reference_rates else peak
             if reference_rates:
-                progress(f"{layout} L={length} matmul reference: {group_peak / 1e9:,.1f} GFLOP/s")
+                progress(f"{layout} L={length} matmul reference: {group_peak / 1e9:,.1f} GFLOP/s between the steps "
+                         f"(median of {len(reference_rates)} calls), {group_peak / standalone:.2f}x standalone")
             for name, (size, batch) in chosen.items():
                 bench = models[name]
                 step = statistics.median(times[name])
@@ -380,7 +395,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     name, config.mode, layout, length, size, tokens_per_s, step, fpt, achieved,
                     None if group_peak is None else achieved / group_peak,
                     sum(p.numel() for p in bench.module.parameters()), device.type, str(dtype).removeprefix("torch."),
-                    peak_flops=group_peak, peak_source=peak_source,
+                    peak_flops=group_peak, peak_source=peak_source, reference_standalone=standalone,
                 ))
                 progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")
     return rows

@@ -29,7 +29,8 @@ def write_csv(rows: Sequence[ThroughputRow], path: str | Path) -> Path:
 def read_csv(path: str | Path) -> list[ThroughputRow]:
     """Reads a CSV written by `write_csv` (for the notebook and for re-plotting)."""
     types = {"batch_size": int, "seq_len": int, "params": int, "tokens_per_s": float, "step_s": float,
-             "flops_per_token": float, "achieved_flops": float, "mfu": float, "peak_flops": float}
+             "flops_per_token": float, "achieved_flops": float, "mfu": float, "peak_flops": float,
+             "reference_standalone": float}
     rows = []
     with Path(path).open() as handle:
         for raw in csv.DictReader(handle):
@@ -94,8 +95,14 @@ def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") ->
             section("% of the matmul rate measured in this run" if measured_peak else "MFU %", names, utilisation)
             if measured_peak:
                 rates = ", ".join(f"{n}: {_fmt(r.peak_flops, 1e9, 1)}" for n, r in sorted(peaks.items()))
-                out.extend([f"Matmul reference ({next(iter(peaks.values())).peak_source}, {group[0].dtype}), "
-                            f"GFLOP/s by length: {rates}", ""])
+                first = next(iter(peaks.values()))
+                line = (f"Matmul reference ({first.peak_source}, {group[0].dtype}), GFLOP/s between the timed "
+                        f"steps, by length: {rates}")
+                if first.reference_standalone:
+                    off = [n for n, r in peaks.items() if abs(r.peak_flops / r.reference_standalone - 1) > 0.1]
+                    line += f"; standalone before the models: {_fmt(first.reference_standalone, 1e9, 1)}"
+                    line += f" (**more than 10% apart at {off}: the machine was not steady**)" if off else ""
+                out.extend([line, ""])
         others = [n for n in names if n != reference and any(measured(n, x) and measured(reference, x)
                                                              for x in lengths)]
         if others:

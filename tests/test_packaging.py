@@ -62,8 +62,8 @@ print(config_path("mteb_instructions.json").is_file(), len(packaged_config_names
     assert resources.split()[0] == "True" and int(resources.split()[1]) >= 20
     help_text = run([str(python), "-m", "experiments.pretrain", "--config", "neobert", "--help"], cwd=work, env=env)
     assert "packaged config name" in help_text
-    for cli in ("glue", "contrastive", "mine_negatives", "mteb", "throughput", "pseudo_perplexity", "ablations",
-                "export", "offline_corpus"):
+    for cli in ("glue", "ner", "contrastive", "mine_negatives", "mteb", "throughput", "pseudo_perplexity",
+                "ablations", "export", "offline_corpus"):
         run([str(python), "-m", f"experiments.{cli}", "--help"], cwd=work, env=env)
 
 

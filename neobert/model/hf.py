@@ -1,7 +1,7 @@
 """Hugging Face `transformers` classes for our checkpoints, registered with the Auto classes on import.
 
-After `import neobert`, `AutoConfig`, `AutoModel`, `AutoModelForMaskedLM` and
-`AutoModelForSequenceClassification` and `AutoModelForTokenClassification` load an exported directory (model_type "neobert") without
+After `import neobert`, `AutoConfig`, `AutoModel`, `AutoModelForMaskedLM`, `AutoModelForSequenceClassification`
+and `AutoModelForTokenClassification` load an exported directory (model_type "neobert") without
 `trust_remote_code`. The wrappers hold our plain-PyTorch modules under the hub's names (`model`, `decoder`,
 `dense`, `classifier`), so their state dicts are exactly the hub layout.
 """

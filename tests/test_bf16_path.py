@@ -134,3 +134,24 @@ def test_rope_in_bf16_equals_the_float32_rotation_up_to_rounding():
     # Rotations preserve each pair's norm.
     pairs = got.float().unflatten(-1, (-1, 2)).norm(dim=-1)
     torch.testing.assert_close(pairs, x.unflatten(-1, (-1, 2)).norm(dim=-1), rtol=2e-2, atol=2e-2)
+
+
+def test_the_compiled_bf16_forward_writes_no_float32_activation():
+    """Inductor computes the norms and RoPE in float32 inside fused kernels; a buffer of float32 activations in its
+    code is a float32 round trip through memory (the real-pair RoPE wrote one of q and k in every layer)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    model = NeoBERT(tiny(1)).to(torch.bfloat16).eval()
+    ids = torch.randint(5, 1000, (2, 32))
+    with torch.inference_mode():
+        _, [code] = run_and_get_code(torch.compile(model, dynamic=False), ids)
+    buffers = re.findall(r"empty_strided_cpu\(\(([\d, ]+)\), \([\d, ]+\), torch\.(\w+)\)", code)
+    assert buffers, "no buffer found in Inductor's code: the pattern needs updating"
+    sizes = {dtype: [eval(f"({shape},)") for shape, d in buffers if d == dtype] for _, dtype in buffers}
+    numel = lambda shape: torch.Size(shape).numel()  # noqa: E731
+    largest_float32 = max((numel(shape) for shape in sizes.get("float32", [])), default=0)
+    assert largest_float32 < ids.numel() * tiny(1).hidden_size, sizes["float32"]
+    assert max(numel(shape) for shape in sizes["bfloat16"]) >= ids.numel() * tiny(1).hidden_size

@@ -264,3 +264,32 @@ def test_the_matmul_reference_reports_the_median_of_all_calls(monkeypatch):
     import statistics
 
     assert len(rates) == 10 and statistics.median(rates) == reference.flops / 3.0
+
+
+def test_compile_times_one_static_graph_per_shape_and_never_falls_back_to_eager(monkeypatch):
+    """The batch-size search runs several shapes: dynamo would make the graph dynamic at the second (slower, and not
+    what a fixed-shape deployment runs) and, past its recompile limit, run eager without a word (issue 27)."""
+    graphs, calls = [], []
+    real_compile = torch.compile
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(tuple(tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)))
+        return graph_module.forward
+
+    def compile_spy(module, **kwargs):
+        calls.append(kwargs)
+        return real_compile(module, backend=counting_backend, **kwargs)  # the job's options, a cheap backend
+
+    monkeypatch.setattr(torch, "compile", compile_spy)
+    torch._dynamo.reset()
+    sizes = [1, 2, 3, 4, 5, 6]
+    config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[8, 16], batch_sizes=sizes,
+                              search_top=len(sizes), max_tokens=0, repeats=1, warmup=1, compile=True, device="cpu",
+                              matmul_calls=1)
+    rows = tp.run_throughput(config)
+    assert calls == [{"dynamic": False}]
+    assert all(isinstance(n, int) for shapes in graphs for shape in shapes for n in shape)  # no symbolic size
+    # 12 shapes (6 sizes x 2 lengths), more than dynamo's default recompile limit of 8: every one compiled
+    input_shapes = {shapes[0] for shapes in graphs}
+    assert {(size, length) for size in sizes for length in (8, 16)} <= input_shapes
+    assert len(rows) == 2 and all(r.tokens_per_s > 0 for r in rows)

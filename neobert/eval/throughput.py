@@ -355,51 +355,57 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     unavailable(name, layout, length, f"not available: {err}")
             continue
         if config.compile:
-            models[name].module = torch.compile(models[name].module)
-
-    for layout in config.layouts:
-        for length in lengths:
-            chosen: dict[str, tuple[int, Batch]] = {}
-            for name, bench in models.items():
-                if length > bench.max_length:
-                    unavailable(name, layout, length, f"max length {bench.max_length}", bench)
-                    continue
-                if layout == "unpadded" and not bench.supports_unpadded:
-                    unavailable(name, layout, length, "no unpadded path on this machine", bench)
-                    continue
-                best = _search(bench, layout, length, candidates, config, device, training, autocast_dtype)
-                if best is None:
-                    unavailable(name, layout, length, "no candidate batch size fits", bench)
-                    continue
-                chosen[name] = best
-                progress(f"{layout} L={length} {name}: batch size {best[0]}")
-            # Interleaved, timed repetitions: A, B, C, matmul reference, A, B, C, matmul reference, ...
-            times: dict[str, list[float]] = {name: [] for name in chosen}
-            reference_rates = []
-            for _ in range(config.repeats):
+            # One static graph per batch shape, as a deployment of fixed shapes gets. Left to itself, dynamo makes the
+            # graph dynamic at the search's second batch size (automatic dynamic shapes) and the timed graph is the
+            # dynamic one: 1.21x slower for ours in bf16 (docs/benchmarks.md).
+            models[name].module = torch.compile(models[name].module, dynamic=False)
+    # Each model compiles once per shape it runs (the searched sizes of every layout and length): past dynamo's
+    # recompile limit (8) it would fall back to eager without a word, and time that.
+    shapes = len(config.layouts) * len(lengths) * (len(set(candidates)) if config.compile else 1)
+    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, shapes)):
+        for layout in config.layouts:
+            for length in lengths:
+                chosen: dict[str, tuple[int, Batch]] = {}
+                for name, bench in models.items():
+                    if length > bench.max_length:
+                        unavailable(name, layout, length, f"max length {bench.max_length}", bench)
+                        continue
+                    if layout == "unpadded" and not bench.supports_unpadded:
+                        unavailable(name, layout, length, "no unpadded path on this machine", bench)
+                        continue
+                    best = _search(bench, layout, length, candidates, config, device, training, autocast_dtype)
+                    if best is None:
+                        unavailable(name, layout, length, "no candidate batch size fits", bench)
+                        continue
+                    chosen[name] = best
+                    progress(f"{layout} L={length} {name}: batch size {best[0]}")
+                # Interleaved, timed repetitions: A, B, C, matmul reference, A, B, C, matmul reference, ...
+                times: dict[str, list[float]] = {name: [] for name in chosen}
+                reference_rates = []
+                for _ in range(config.repeats):
+                    for name, (size, batch) in chosen.items():
+                        times[name].append(time_step(models[name], batch, training, device, autocast_dtype))
+                    if reference is not None:
+                        reference_rates.extend(reference.measure())
+                group_peak = statistics.median(reference_rates) if reference_rates else peak
+                if reference_rates:
+                    progress(f"{layout} L={length} matmul reference: {group_peak / 1e9:,.1f} GFLOP/s between the steps "
+                             f"(median of {len(reference_rates)} calls), {group_peak / standalone:.2f}x standalone")
                 for name, (size, batch) in chosen.items():
-                    times[name].append(time_step(models[name], batch, training, device, autocast_dtype))
-                if reference is not None:
-                    reference_rates.extend(reference.measure())
-            group_peak = statistics.median(reference_rates) if reference_rates else peak
-            if reference_rates:
-                progress(f"{layout} L={length} matmul reference: {group_peak / 1e9:,.1f} GFLOP/s between the steps "
-                         f"(median of {len(reference_rates)} calls), {group_peak / standalone:.2f}x standalone")
-            for name, (size, batch) in chosen.items():
-                bench = models[name]
-                step = statistics.median(times[name])
-                tokens_per_s = batch.real_tokens / step
-                fpt = bench.flops_per_token(length, training)
-                achieved = tokens_per_s * fpt
-                rows.append(ThroughputRow(
-                    name, config.mode, layout, length, size, tokens_per_s, step, fpt, achieved,
-                    None if group_peak is None else achieved / group_peak,
-                    sum(p.numel() for p in bench.module.parameters()), device.type, str(dtype).removeprefix("torch."),
-                    peak_flops=group_peak, peak_source=peak_source, reference_standalone=standalone,
-                ))
-                progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")
+                    bench = models[name]
+                    step = statistics.median(times[name])
+                    tokens_per_s = batch.real_tokens / step
+                    fpt = bench.flops_per_token(length, training)
+                    achieved = tokens_per_s * fpt
+                    rows.append(ThroughputRow(
+                        name, config.mode, layout, length, size, tokens_per_s, step, fpt, achieved,
+                        None if group_peak is None else achieved / group_peak,
+                        sum(p.numel() for p in bench.module.parameters()), device.type,
+                        str(dtype).removeprefix("torch."),
+                        peak_flops=group_peak, peak_source=peak_source, reference_standalone=standalone,
+                    ))
+                    progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")
     return rows
-
 
 def _search(bench: BenchModel, layout: str, length: int, candidates: Sequence[int], config: ThroughputConfig,
             device: torch.device, training: bool, autocast_dtype: torch.dtype | None) -> tuple[int, Batch] | None:

@@ -213,19 +213,16 @@ def apply_rope(x: Tensor, rotations: Tensor | RotaryTables) -> Tensor:
     """
     if not isinstance(rotations, RotaryTables):
         rotations = RotaryTables.side_by_side(rotations, x.shape[-1] // (2 * rotations.shape[-2]))
-    if torch.compiler.is_compiling():
-        # Inductor does not fuse complex arithmetic; the same rotation written on real pairs compiles well, in
-        # float32 inside its fused kernel (no float32 copy is written).
-        pairs = x.float().unflatten(-1, (-1, 2))
-        even, odd = pairs[..., 0], pairs[..., 1]
-        cos, sin = rotations.rotations[..., 0], rotations.rotations[..., 1]
-        rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
-        return rotated.flatten(-2).type_as(x)
-    if x.dtype in _HALF:
-        # In x's dtype, with no float32 copy of x and back (two dtype copies of the largest activation per layer):
-        # three elementwise passes; addcmul adds in float32 before its one rounding.
-        cos, signed_sin = rotations.interleaved(x.dtype)
+    compiling = torch.compiler.is_compiling()
+    if compiling or x.dtype in _HALF:
+        # x * cos + swap_pairs(x) * signed sin. Eager bf16/fp16: in x's dtype, three elementwise passes and no float32
+        # copy of x and back (addcmul adds in float32 before its one rounding). Compiled: one fused kernel computing in
+        # float32 (Inductor has no complex code generation; the real-pair `stack` form wrote a float32 copy of q
+        # and k per layer, which this form does not).
+        cos, signed_sin = rotations.interleaved(torch.float32 if compiling else x.dtype)
         swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0) for every pair (x0, x1)
+        if compiling:
+            return (x.float() * cos + swapped.float() * signed_sin).type_as(x)
         return torch.mul(x, cos).addcmul_(swapped, signed_sin)
     # float32: one complex multiply, ~3x faster than the real-pair form on CPU (measured, docs/benchmarks.md), and
     # the official code's arithmetic bit for bit.

@@ -1,31 +1,38 @@
-"""In-process A/B of the eager encoder's two non-matmul changes of issue 15 (docs/benchmarks.md): the `neobert`
-preset, random weights, batch 8 x 512, inference, 2 threads; the variants' forwards interleaved (A, B, C, A, ...)
-so that they share the machine's load, median reported.
+"""In-process A/B of the eager encoder's non-matmul changes (docs/benchmarks.md): the `neobert` preset, random
+weights, batch 8 x 512, inference, 2 threads; the variants' forwards interleaved (A, B, C, A, ...) so that they
+share the machine's load, median reported. Each variant puts back older code for some parts of the model:
 
-* before: q and k rotated by one RoPE call each, SwiGLU out of place (the code before issue 15's work);
-* rope: q and k rotated in one call;
-* rope+swiglu: and SwiGLU in place in the w12 output (the model as it is).
+* before-15: q and k rotated by one RoPE call each, SwiGLU out of place, norms and RoPE through float32 (the code
+  before issue 15's work);
+* before-27: issue 15's code: one RoPE call for q and k, SwiGLU in place; norms and RoPE still copy bf16/fp16
+  activations to float32 and back (identical to `now` in float32);
+* now: the model as it is (in bf16/fp16, RMSNorm accumulates in float32 inside its reduction, RoPE runs in the
+  activations' dtype; issue 27).
 
     python scripts/bench/encoder_ab.py [repeats] [dtype]
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from neobert.model import NeoBERT, NeoBERTConfig
+from neobert.model import attention
 from neobert.model.attention import apply_rope, attend
-from neobert.model.modeling import EncoderBlock, SwiGLU
+from neobert.model.modeling import EncoderBlock, RMSNorm, SwiGLU
 
 
 def block_with_two_rope_calls(self, x, layout, rope):
     q, k, v = self.qkv(self.attention_norm(x)).unflatten(-1, (self.num_heads, 3 * self.head_dim)).chunk(3, dim=-1)
-    q, k = apply_rope(q, rope), apply_rope(k, rope)
+    one_vector = rope.rotations[..., : self.head_dim // 2, :].squeeze(-3)  # the tables of q alone
+    q, k = apply_rope(q, one_vector), apply_rope(k, one_vector)
     x = x + self.dropout(self.wo(attend(q, k, v, layout, 0.0).flatten(-2)))
     return x + self.dropout(self.ffn(self.ffn_norm(x)))
 
@@ -35,33 +42,47 @@ def swiglu_out_of_place(self, x):
     return self.w3(F.silu(gate) * up)
 
 
+@contextlib.contextmanager
+def patched(block=None, swiglu=None, upcast=False):
+    """Older code for the encoder block, SwiGLU, and (upcast) the norms and RoPE's float32 round trip."""
+    saved = EncoderBlock.forward, SwiGLU.forward, RMSNorm.forward, attention._HALF
+    EncoderBlock.forward = block or saved[0]
+    SwiGLU.forward = swiglu or saved[1]
+    if upcast:
+        RMSNorm.forward, attention._HALF = nn.RMSNorm.forward, ()
+    try:
+        yield
+    finally:
+        EncoderBlock.forward, SwiGLU.forward, RMSNorm.forward, attention._HALF = saved
+
+
+VARIANTS = {
+    "before-15": dict(block=block_with_two_rope_calls, swiglu=swiglu_out_of_place, upcast=True),
+    "before-27": dict(upcast=True),
+    "now": {},
+}
+
+
 def main(repeats: int = 4, dtype: str = "float32") -> None:
     torch.set_num_threads(2)
     torch.manual_seed(0)
     model = NeoBERT(NeoBERTConfig.from_preset("neobert")).to(getattr(torch, dtype)).eval()
     ids = torch.randint(5, model.config.vocab_size, (8, 512))
-    variants = {
-        "before": (block_with_two_rope_calls, swiglu_out_of_place),
-        "rope": (EncoderBlock.forward, swiglu_out_of_place),
-        "rope+swiglu": (EncoderBlock.forward, SwiGLU.forward),
-    }
-    originals = (EncoderBlock.forward, SwiGLU.forward)
-    outputs, times = {}, {name: [] for name in variants}
+    outputs, times = {}, {name: [] for name in VARIANTS}
     with torch.inference_mode():
         for round_ in range(repeats + 1):  # round 0 warms up
-            for name, (block_forward, swiglu_forward) in variants.items():
-                EncoderBlock.forward, SwiGLU.forward = block_forward, swiglu_forward
-                start = time.perf_counter()
-                outputs[name] = model(ids).last_hidden_state
-                if round_:
-                    times[name].append(time.perf_counter() - start)
-    EncoderBlock.forward, SwiGLU.forward = originals
-    base = statistics.median(times["before"])
+            for name, patch in VARIANTS.items():
+                with patched(**patch):
+                    start = time.perf_counter()
+                    outputs[name] = model(ids).last_hidden_state
+                    if round_:
+                        times[name].append(time.perf_counter() - start)
+    base = statistics.median(times["before-27"])
     for name, measured in times.items():
         step = statistics.median(measured)
-        difference = (outputs[name].float() - outputs["before"].float()).abs().max()
-        print(f"{name:12s} {8 * 512 / step:7.1f} tokens/s  {base / step:.3f}x before  "
-              f"(max |output - before| {difference:.2e}; runs {', '.join(f'{t:.2f}' for t in measured)} s)")
+        difference = (outputs[name].float() - outputs["before-27"].float()).abs().max()
+        print(f"{name:10s} {8 * 512 / step:7.1f} tokens/s  {base / step:.3f}x before-27  "
+              f"(max |output - before-27| {difference:.2e}; runs {', '.join(f'{t:.2f}' for t in measured)} s)")
 
 
 if __name__ == "__main__":

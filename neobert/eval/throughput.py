@@ -355,9 +355,9 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     unavailable(name, layout, length, f"not available: {err}")
             continue
         if config.compile:
-            # One static graph per batch shape, as a deployment of fixed shapes gets. Left to itself, dynamo makes the
-            # graph dynamic at the search's second batch size (automatic dynamic shapes) and the timed graph is the
-            # dynamic one: 1.21x slower for ours in bf16 (docs/benchmarks.md).
+            # One static graph per batch shape, what a deployment of fixed shapes runs. Left to itself, dynamo makes
+            # the graph dynamic at the search's second batch size (automatic dynamic shapes), so the timed graph
+            # depended on how many sizes the search had tried.
             models[name].module = torch.compile(models[name].module, dynamic=False)
     # Each model compiles once per shape it runs (the searched sizes of every layout and length): past dynamo's
     # recompile limit (8) it would fall back to eager without a word, and time that.

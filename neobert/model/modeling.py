@@ -84,14 +84,17 @@ class RMSNorm(nn.RMSNorm):
     """`nn.RMSNorm`, the official code's norm: its float32 path is unchanged (bit for bit), and so is the compiled one
     (Inductor fuses it). In eager bf16/fp16 it is the largest cost after the matmuls and attention, as nn.RMSNorm
     copies x to float32 and back: here the reduction accumulates the mean square in float32 by itself and x is
-    scaled in its own dtype, two elementwise passes and no dtype copy of x (docs/benchmarks.md)."""
+    scaled in its own dtype, one read and two elementwise passes, no dtype copy of x (docs/benchmarks.md)."""
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dtype not in (torch.bfloat16, torch.float16) or self.weight.dtype != x.dtype \
                 or torch.compiler.is_compiling():
             return super().forward(x)
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
-        mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32).square() / x.shape[-1]
+        # The norm accumulates in float32 inside the reduction and reads x once (asking it for a float32 result would
+        # first copy x to float32); only its result is rounded to x's dtype: a per-token scale off by at most half a
+        # bf16 ulp, as the rounding of the output itself.
+        mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).float().square() / x.shape[-1]
         normed = x * torch.rsqrt(mean_square + eps).to(x.dtype)
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return normed * self.weight  # autograd needs `normed` for the weight's gradient

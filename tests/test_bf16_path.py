@@ -7,32 +7,18 @@ on the machine, so it is what these tests hold; the speed is in docs/benchmarks.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
+from neobert.eval.throughput import dtype_conversions
 from neobert.model import NeoBERT, NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model.attention import RotaryTables, apply_rope, rope_tables
 from neobert.model.modeling import RMSNorm
 
 
-@dataclass
-class DtypeCopies:
-    count: int  # conversions of a tensor to another dtype (`aten::_to_copy`), the ops' own included
-    elements: int  # the elements they wrote
-
-
-def count_dtype_copies(model, *inputs) -> DtypeCopies:
-    """From the profiler's op events, which include what composite ops (nn.RMSNorm's `rms_norm`) do inside: a
-    Python dispatch mode sees `rms_norm` as one op and would miss its float32 round trip."""
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        model(*inputs)
-    copies = [event for event in prof.events() if event.name == "aten::_to_copy"]
-    return DtypeCopies(len(copies), sum(math.prod(event.input_shapes[0]) for event in copies))
+def count_dtype_copies(model, *inputs):
+    return dtype_conversions(lambda: model(*inputs))
 
 
 def tiny(layers: int, **overrides) -> NeoBERTConfig:

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 import torch
 from huggingface_hub import snapshot_download
 from torch import Tensor, nn
+from torch.profiler import ProfilerActivity, profile
 from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, RobertaConfig
 
 from neobert.config.throughput import ThroughputConfig
@@ -249,6 +250,22 @@ class MatmulReference:
             _synchronize(self.device)
             rates.append(self.flops / (time.perf_counter() - start))
         return rates
+
+
+@dataclass
+class DtypeConversions:
+    count: int  # tensors converted to another dtype (`aten::_to_copy` events), composite ops' own included
+    elements: int  # the elements those conversions wrote
+
+
+def dtype_conversions(call: Callable[[], object]) -> DtypeConversions:
+    """The dtype conversions of one `call()` under inference mode, from the profiler's op events, which include what
+    composite ops do inside (nn.RMSNorm's float32 round trip happens inside `rms_norm`: a Python dispatch mode sees
+    one op there). A count that does not depend on the machine: what the bf16 fast path is held to (issue 27)."""
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        call()
+    copies = [event for event in prof.events() if event.name == "aten::_to_copy"]
+    return DtypeConversions(len(copies), sum(math.prod(event.input_shapes[0]) for event in copies))
 
 
 def is_out_of_memory(err: BaseException) -> bool:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from neobert.eval.throughput import dtype_conversions
 from neobert.model import NeoBERT, NeoBERTConfig
 from neobert.model import attention
 from neobert.model.attention import apply_rope, attend
@@ -81,8 +82,11 @@ def main(repeats: int = 4, dtype: str = "float32") -> None:
     for name, measured in times.items():
         step = statistics.median(measured)
         difference = (outputs[name].float() - outputs["before-27"].float()).abs().max()
+        with patched(**VARIANTS[name]):
+            conversions = dtype_conversions(lambda: model(ids))
         print(f"{name:10s} {8 * 512 / step:7.1f} tokens/s  {base / step:.3f}x before-27  "
-              f"(max |output - before-27| {difference:.2e}; runs {', '.join(f'{t:.2f}' for t in measured)} s)")
+              f"(max |output - before-27| {difference:.2e}; dtype conversions {conversions.count}, "
+              f"{conversions.elements / 1e6:.1f}M elements; runs {', '.join(f'{t:.2f}' for t in measured)} s)")
 
 
 if __name__ == "__main__":

@@ -123,7 +123,6 @@ def test_lengths_past_max_length_are_refused_and_the_default_keeps_those_that_fi
 
 def test_the_command_line_writes_results_data_and_plot(tmp_path):
     from experiments.long_context import main
-    from neobert.data.long_context import backbone_max_length
     from neobert.data.backbone import load_backbone
 
     out = tmp_path / "out"
@@ -141,4 +140,4 @@ def test_the_command_line_writes_results_data_and_plot(tmp_path):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     rows = [json.loads(line) for line in (out / "data" / "tiny_needle.jsonl").read_text().splitlines()]
     assert len(rows) == 16 and {r["length"] for r in rows} == {64, 128}
-    assert backbone_max_length(load_backbone("preset:tiny")) == 512
+    assert load_backbone("preset:tiny").max_length == 512

@@ -47,6 +47,19 @@ class Backbone(nn.Module):
         self.num_layers = num_layers
         self.is_neobert = is_neobert
 
+    @property
+    def max_length(self) -> int:
+        """The most tokens (special tokens included) the encoder reads: NeoBERT's `max_length`; for a Hugging Face
+        encoder the smaller of its position table and its tokenizer's `model_max_length`."""
+        config = self.encoder.config
+        if self.is_neobert:
+            return int(config.max_length)
+        limits = [getattr(config, "max_position_embeddings", None), getattr(self.tokenizer, "model_max_length", None)]
+        limits = [int(n) for n in limits if n is not None and 0 < n < 1_000_000]  # tokenizers say 1e30 for "no limit"
+        if not limits:
+            raise ValueError(f"cannot tell the maximum length of {type(self.encoder).__name__}")
+        return min(limits)
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 token_type_ids: Tensor | None = None) -> Tensor:
         """`token_type_ids` (segments of sentence pairs) reach encoders that were pretrained with them;

@@ -165,16 +165,3 @@ def retrieval_splits(examples: Sequence[LongContextExample]) -> dict[str, tuple[
         corpus[example.doc_id] = example.document
         qrels[example.query_id] = {example.doc_id: 1}
     return splits
-
-
-def backbone_max_length(backbone) -> int:
-    """The most tokens (special tokens included) the backbone reads: NeoBERT's `max_length`; for a Hugging Face
-    encoder the smaller of its position table and its tokenizer's `model_max_length`."""
-    config = backbone.encoder.config
-    if backbone.is_neobert:
-        return int(config.max_length)
-    limits = [getattr(config, "max_position_embeddings", None), getattr(backbone.tokenizer, "model_max_length", None)]
-    limits = [int(n) for n in limits if n is not None and 0 < n < 1_000_000]  # tokenizers say 1e30 for "no limit"
-    if not limits:
-        raise ValueError(f"cannot tell the maximum length of {type(backbone.encoder).__name__}")
-    return min(limits)

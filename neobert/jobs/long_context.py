@@ -17,7 +17,7 @@ from neobert.config import config_path
 from neobert.config.long_context import STANDARD_LENGTHS, LongContextConfig
 from neobert.config.loader import require
 from neobert.data.backbone import load_backbone
-from neobert.data.long_context import backbone_max_length, generate, token_counter
+from neobert.data.long_context import generate, token_counter
 from neobert.eval.long_context import MAIN_SCORE, markdown_table, score_long_context
 from neobert.eval.mteb import MtebEncoder, TaskInstructions
 from neobert.eval.plots import plot_long_context
@@ -61,7 +61,7 @@ def run_long_context(config: LongContextConfig, show_progress: bool = True) -> d
     for spec in config.models:
         label, path = model_label(spec)
         backbone = load_backbone(path, tokenizer=config.tokenizer)
-        max_length = backbone_max_length(backbone)
+        max_length = backbone.max_length
         lengths = lengths_for(config, max_length, path)
         count = token_counter(backbone.tokenizer)
         examples = {task: generate(task, lengths, count, config.examples_per_length, config.seed,

@@ -1,7 +1,7 @@
 """torch.compile against eager, in one process (docs/benchmarks.md, issue 27): our `neobert` preset and Hugging Face
 BertModel (random weights), batch 8 x 512, inference, 2 threads, in `dtype`; per model: eager, compiled with one
-static graph (what the throughput job times since issue 27) and compiled with dynamic shapes (what dynamo chose
-after the batch-size search's second size before). Forwards interleaved (A, B, C, ...) after a warm-up that
+static graph (what the throughput job times since issue 27), compiled with dynamic shapes (what dynamo chose
+after the batch-size search's second size before) and compiled with Inductor's freezing. Forwards interleaved (A, B, C, ...) after a warm-up that
 compiles, median reported.
 
     python scripts/bench/compile_ab.py [repeats] [dtype]
@@ -17,6 +17,15 @@ import torch
 from transformers import AutoModel, BertConfig
 
 from neobert.model import NeoBERT, NeoBERTConfig
+
+
+def frozen(compiled):
+    """Inductor's freezing (weights as constants, prepacked for oneDNN on CPU), an inference-only option: set while
+    the first call compiles."""
+    def call(ids):
+        with torch._inductor.config.patch(freezing=True):
+            return compiled(ids)
+    return call
 
 
 def main(repeats: int = 4, dtype: str = "bfloat16") -> None:
@@ -35,6 +44,7 @@ def main(repeats: int = 4, dtype: str = "bfloat16") -> None:
         variants[f"{name} eager"] = forward
         variants[f"{name} compiled, static"] = torch.compile(forward, dynamic=False)
         variants[f"{name} compiled, dynamic"] = torch.compile(forward, dynamic=True)
+        variants[f"{name} compiled, frozen"] = frozen(torch.compile(forward, dynamic=False))
     times = {name: [] for name in variants}
     with torch.inference_mode():
         for round_ in range(repeats + 1):  # round 0 compiles and warms up
@@ -46,7 +56,7 @@ def main(repeats: int = 4, dtype: str = "bfloat16") -> None:
     for name, measured in times.items():
         step = statistics.median(measured)
         eager = statistics.median(times[name.split()[0] + " eager"])
-        print(f"{name:28s} {8 * 512 / step:7.1f} tokens/s  {eager / step:.3f}x eager  "
+        print(f"{name:30s} {8 * 512 / step:7.1f} tokens/s  {eager / step:.3f}x eager  "
               f"(runs {', '.join(f'{t:.2f}' for t in measured)} s)")
 
 

@@ -192,6 +192,28 @@ class LoggingConfig:
 
 
 @dataclass
+class FineTuneDataConfig:
+    """The data section every supervised fine-tuning job shares (GLUE, NER); a job changes defaults or adds keys."""
+
+    path: Optional[str] = None  # local files; None = the task's hub data set (needs the hub)
+    max_length: int = 512  # tokens per example, clipped to what the tokenizer/model accepts
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    group_by_length: bool = True  # length-grouped batches: short examples do not pay for long ones
+    num_workers: int = 0
+    max_train_examples: int = 0  # 0 = all; otherwise a seeded random subset (quick runs)
+    max_eval_examples: int = 0  # 0 = all; otherwise the first N of each validation split
+
+    def validate(self, prefix: str = "data") -> None:
+        require(self.max_length >= 8, f"{prefix}.max_length", "must be at least 8")
+        require(self.batch_size > 0, f"{prefix}.batch_size", "must be positive")
+        require(self.eval_batch_size > 0, f"{prefix}.eval_batch_size", "must be positive")
+        require(self.num_workers >= 0, f"{prefix}.num_workers", "must be >= 0")
+        require(self.max_train_examples >= 0, f"{prefix}.max_train_examples", "must be >= 0 (0 = all)")
+        require(self.max_eval_examples >= 0, f"{prefix}.max_eval_examples", "must be >= 0 (0 = all)")
+
+
+@dataclass
 class FineTuneTrainerConfig(TrainerConfig):
     """The trainer section of the fine-tuning jobs (GLUE, NER): epochs with validation every n steps, early
     stopping, the best checkpoint kept."""

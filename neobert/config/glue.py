@@ -10,29 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Dict, Optional
 
-from neobert.config.common import (LOGGING_KEYS_MOVED, OPTIMIZER_KEYS, FineTuneTrainerConfig, LoggingConfig,
-                                   OptimizerConfig, SchedulerConfig, SweepConfig, check_optimizer_strategy)
+from neobert.config.common import (LOGGING_KEYS_MOVED, OPTIMIZER_KEYS, FineTuneDataConfig, FineTuneTrainerConfig,
+                                   LoggingConfig, OptimizerConfig, SchedulerConfig, SweepConfig,
+                                   check_optimizer_strategy)
 from neobert.config.loader import require
 
 
 @dataclass
-class GlueDataConfig:
+class GlueDataConfig(FineTuneDataConfig):
     path: Optional[str] = None  # local GLUE files (hub parquet or original TSV layout); None = the hub's nyu-mll/glue
     max_length: int = 1024  # the paper's NeoBERT value; clipped to what the tokenizer/model accepts
     batch_size: int = 16
-    eval_batch_size: int = 64
-    group_by_length: bool = True  # length-grouped batches: short sentences do not pay for long ones
-    num_workers: int = 0
-    max_train_examples: int = 0  # 0 = all; otherwise a seeded random subset (quick runs)
-    max_eval_examples: int = 0  # 0 = all; otherwise the first N of each validation split
-
-    def validate(self, prefix: str = "data") -> None:
-        require(self.max_length >= 8, f"{prefix}.max_length", "must be at least 8")
-        require(self.batch_size > 0, f"{prefix}.batch_size", "must be positive")
-        require(self.eval_batch_size > 0, f"{prefix}.eval_batch_size", "must be positive")
-        require(self.num_workers >= 0, f"{prefix}.num_workers", "must be >= 0")
-        require(self.max_train_examples >= 0, f"{prefix}.max_train_examples", "must be >= 0 (0 = all)")
-        require(self.max_eval_examples >= 0, f"{prefix}.max_eval_examples", "must be >= 0 (0 = all)")
 
 
 @dataclass

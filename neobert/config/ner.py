@@ -11,37 +11,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
-from neobert.config.common import (FineTuneTrainerConfig, LoggingConfig, OptimizerConfig, SchedulerConfig,
-                                   SweepConfig, check_optimizer_strategy)
+from neobert.config.common import (FineTuneDataConfig, FineTuneTrainerConfig, LoggingConfig, OptimizerConfig,
+                                   SchedulerConfig, SweepConfig, check_optimizer_strategy)
 from neobert.config.loader import require
 
 SPLITS = ("train", "validation", "test")
 
 
 @dataclass
-class NerDataConfig:
+class NerDataConfig(FineTuneDataConfig):
     # Local CoNLL files: a directory holding train.conll and dev.conll (also .txt/.tsv/.iob, validation.*, test.*);
     # null = the task's hub data set (wnut_17, eriktks/conll2003), which needs the hub.
     path: Optional[str] = None
     # Or one file per split, {train: a.conll, validation: b.conll}; each replaces the file found under `path`.
     files: Dict[str, str] = field(default_factory=dict)
-    max_length: int = 512  # sub-tokens per sentence (clipped to the tokenizer's limit); longer ones are truncated
-    batch_size: int = 32
-    eval_batch_size: int = 64
-    group_by_length: bool = True  # length-grouped batches: short sentences do not pay for long ones
-    num_workers: int = 0
-    max_train_examples: int = 0  # 0 = all; otherwise a seeded random subset (quick runs)
-    max_eval_examples: int = 0  # 0 = all; otherwise the first N sentences of the validation split
 
     def validate(self, prefix: str = "data") -> None:
+        super().validate(prefix)
         unknown = sorted(set(self.files) - set(SPLITS))
         require(not unknown, f"{prefix}.files", f"unknown split(s) {unknown}; the splits are {list(SPLITS)}")
-        require(self.max_length >= 8, f"{prefix}.max_length", "must be at least 8")
-        require(self.batch_size > 0, f"{prefix}.batch_size", "must be positive")
-        require(self.eval_batch_size > 0, f"{prefix}.eval_batch_size", "must be positive")
-        require(self.num_workers >= 0, f"{prefix}.num_workers", "must be >= 0")
-        require(self.max_train_examples >= 0, f"{prefix}.max_train_examples", "must be >= 0 (0 = all)")
-        require(self.max_eval_examples >= 0, f"{prefix}.max_eval_examples", "must be >= 0 (0 = all)")
 
 
 @dataclass

@@ -279,6 +279,25 @@ class TokenizedGlue(Dataset):
         return [len(ids) for ids in self.input_ids]
 
 
+def clipped_max_length(tokenizer, max_length: int) -> int:
+    """`data.max_length`, clipped (and logged) to the tokenizer's `model_max_length` where that is smaller."""
+    limit = min(max_length, getattr(tokenizer, "model_max_length", None) or max_length)
+    if limit < max_length:
+        log.info("data.max_length=%d clipped to the tokenizer's limit %d", max_length, limit)
+    return limit
+
+
+def pad_sequences(sequences: Sequence, value: int, pad_to_multiple_of: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows padded with `value` to the longest rounded up to `pad_to_multiple_of` ([B, width]), and the 1/0 mask of
+    their real positions: the dynamic padding of every fine-tuning collator (GLUE, NER)."""
+    lengths = torch.tensor([len(sequence) for sequence in sequences])
+    width = math.ceil(int(lengths.max()) / pad_to_multiple_of) * pad_to_multiple_of
+    padded = torch.full((len(sequences), width), value, dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        padded[row, : len(sequence)] = torch.as_tensor(sequence)
+    return padded, (torch.arange(width)[None, :] < lengths[:, None]).long()
+
+
 class GlueCollator:
     """Dynamic padding: each batch is padded to its own longest sequence (rounded up to `pad_to_multiple_of`)."""
 
@@ -287,14 +306,8 @@ class GlueCollator:
         self.pad_to_multiple_of = pad_to_multiple_of
 
     def __call__(self, items: list[dict]) -> dict:
-        longest = max(len(item["input_ids"]) for item in items)
-        width = math.ceil(longest / self.pad_to_multiple_of) * self.pad_to_multiple_of
-        input_ids = torch.full((len(items), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(items), width), dtype=torch.long)
-        for row, item in enumerate(items):
-            n = len(item["input_ids"])
-            input_ids[row, :n] = torch.tensor(item["input_ids"])
-            attention_mask[row, :n] = 1
+        input_ids, attention_mask = pad_sequences([item["input_ids"] for item in items], self.pad_token_id,
+                                                  self.pad_to_multiple_of)
         batch = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -302,10 +315,8 @@ class GlueCollator:
             "idx": torch.stack([item["idx"] for item in items]),
         }
         if "token_type_ids" in items[0]:
-            token_type_ids = torch.zeros((len(items), width), dtype=torch.long)
-            for row, item in enumerate(items):
-                token_type_ids[row, : len(item["token_type_ids"])] = torch.tensor(item["token_type_ids"])
-            batch["token_type_ids"] = token_type_ids
+            batch["token_type_ids"], _ = pad_sequences([item["token_type_ids"] for item in items], 0,
+                                                       self.pad_to_multiple_of)
         return batch
 
 

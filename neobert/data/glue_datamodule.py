@@ -11,7 +11,8 @@ import torch
 from torch.utils.data import DataLoader, RandomSampler, Subset
 
 from neobert.config.glue import GlueDataConfig
-from neobert.data.glue import GlueCollator, GlueTask, LengthGroupedSampler, TokenizedGlue, load_glue_split
+from neobert.data.glue import (GlueCollator, GlueTask, LengthGroupedSampler, TokenizedGlue, clipped_max_length,
+                                load_glue_split)
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +25,7 @@ class GlueDataModule(L.LightningDataModule):
         super().__init__()
         self.task, self.tokenizer, self.config = task, tokenizer, config
         self.batch_size, self.seed = config.batch_size, seed
-        limit = getattr(tokenizer, "model_max_length", None) or config.max_length
-        self.max_length = min(config.max_length, limit)
-        if self.max_length < config.max_length:
-            log.info("data.max_length=%d clipped to the tokenizer's limit %d", config.max_length, self.max_length)
+        self.max_length = clipped_max_length(tokenizer, config.max_length)
         self.collator = GlueCollator(tokenizer.pad_token_id)
         self.train: Optional[TokenizedGlue] = None
         self.validation: dict[str, Subset] = {}

@@ -29,7 +29,7 @@ from seqeval.metrics.sequence_labeling import get_entities
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
 
 from neobert.config.ner import NerDataConfig
-from neobert.data.glue import LengthGroupedSampler
+from neobert.data.glue import LengthGroupedSampler, clipped_max_length, pad_sequences
 from neobert.errors import ConfigError, DataError
 from neobert.hub import HubUnreachableError, require_hub
 from neobert.model.modeling import IGNORE_INDEX
@@ -250,16 +250,9 @@ class TokenLabelCollator:
         self.pad_to_multiple_of = pad_to_multiple_of
 
     def __call__(self, items: list[dict]) -> dict:
-        longest = max(len(item["input_ids"]) for item in items)
-        width = math.ceil(longest / self.pad_to_multiple_of) * self.pad_to_multiple_of
-        input_ids = torch.full((len(items), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(items), width), dtype=torch.long)
-        labels = torch.full((len(items), width), IGNORE_INDEX, dtype=torch.long)
-        for row, item in enumerate(items):
-            n = len(item["input_ids"])
-            input_ids[row, :n] = torch.tensor(item["input_ids"])
-            attention_mask[row, :n] = 1
-            labels[row, :n] = torch.tensor(item["labels"])
+        input_ids, attention_mask = pad_sequences([item["input_ids"] for item in items], self.pad_token_id,
+                                                  self.pad_to_multiple_of)
+        labels, _ = pad_sequences([item["labels"] for item in items], IGNORE_INDEX, self.pad_to_multiple_of)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
                 "idx": torch.tensor([item["idx"] for item in items], dtype=torch.long)}
 
@@ -273,10 +266,7 @@ class NerDataModule(L.LightningDataModule):
         super().__init__()
         self.task, self.tokenizer, self.config = task, tokenizer, config
         self.batch_size, self.seed = config.batch_size, seed
-        limit = getattr(tokenizer, "model_max_length", None) or config.max_length
-        self.max_length = min(config.max_length, limit)
-        if self.max_length < config.max_length:
-            log.info("data.max_length=%d clipped to the tokenizer's limit %d", config.max_length, self.max_length)
+        self.max_length = clipped_max_length(tokenizer, config.max_length)
         self.collator = TokenLabelCollator(tokenizer.pad_token_id)
         self.train: Optional[TokenizedNer] = None
         self.validation: Optional[TokenizedNer] = None

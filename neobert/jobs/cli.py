@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import argparse
 import errno
+import logging
 import os
 import re
 import sys
 from typing import Any, Callable, Sequence
+
+import torch
 
 from neobert.errors import UserInputError
 from neobert.hub import HubUnreachableError
@@ -47,6 +50,24 @@ def add_debug_flag(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(DEBUG_FLAG, action="store_true",
                         help=f"show the full traceback of an input error (or set {DEBUG_ENV}=1)")
     return parser
+
+
+def parse_fine_tuning_args(doc: str, tasks: list[str], config_family: str, argv: list[str] | None):
+    """The command line of a fine-tuning job (GLUE, NER): --task, --model, --config, --sweep, --threads, key=value
+    overrides, --debug; sets the torch threads and the log format."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", required=True, choices=tasks)
+    parser.add_argument("--model", help="our export dir, a local Hugging Face dir, a hub name, or preset:tiny")
+    parser.add_argument("--config", help=f"YAML config: a path or a packaged name (default: {config_family}/<task>)")
+    parser.add_argument("--sweep", action="store_true", help="run the grid of `sweep.*` and report the median")
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0 = torch's default)")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    add_debug_flag(parser)
+    args = parser.parse_intermixed_args(argv)  # key=value overrides may follow any flag
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
 
 
 def is_user_error(err: BaseException) -> bool:

@@ -144,7 +144,7 @@ labels = torch.where(torch.rand(2, 16) < 0.3, ids, torch.full_like(ids, -100))
 for _ in range(3):
     engine.backward(engine(ids, labels=labels).loss)
     engine.step()
-strategy = NeoBERTDeepSpeedStrategy()
+strategy = NeoBERTDeepSpeedStrategy(parallel_devices=[torch.device("cpu")])
 strategy.model = engine
 master = master_state_dict(engine.module, strategy)
 bf16 = engine.module.state_dict()
@@ -190,6 +190,40 @@ def test_exports_and_ema_read_deepspeeds_fp32_master_weights(engine_results):
 def test_the_gradient_norm_comes_from_the_engine(engine_results):
     assert engine_results["grads_on_params"] == 0  # ZeRO-2 keeps no .grad on the parameters: nothing to read there
     assert engine_results["engine_norm"] > 0
+
+
+def test_the_end_of_run_export_gathers_the_masters_on_the_gpu_after_lightnings_teardown(monkeypatch):
+    """Issue 33: every DeepSpeed run on an H100 ended in `RuntimeError: No backend type associated with device type
+    cpu` at its export. Lightning's teardown had moved the module to the CPU (lightning 2.6.6 strategies/strategy.py
+    :534-536) and DeepSpeed all-reduces a buffer shaped like the parameter, on the parameter's device (deepspeed
+    0.19.8 utils/tensor_fragment.py:87-95), which NCCL refuses for CPU tensors. CUDA is mocked: the module's `to`
+    records where it is sent, and the gather behaves as NCCL does, refusing unless the module is on the GPU."""
+    import deepspeed.utils
+
+    from neobert.lit.strategies import master_state_dict
+
+    gpu = torch.device("cuda", 0)
+    module = torch.nn.Linear(3, 2).bfloat16()  # where Lightning's teardown left it: on the CPU
+    placed = {"device": torch.device("cpu")}
+    moves = []
+
+    def to(device):
+        moves.append(torch.device(device))
+        placed["device"] = torch.device(device)
+        return module
+
+    def nccl_gather(param):
+        if placed["device"] != gpu:
+            raise RuntimeError("No backend type associated with device type cpu")
+        return torch.full(param.shape, 0.25)  # the fp32 master (on the CPU here: the mock has no GPU tensors)
+
+    monkeypatch.setattr(module, "to", to)
+    monkeypatch.setattr(deepspeed.utils, "safe_get_full_fp32_param", nccl_gather)
+    strategy = NeoBERTDeepSpeedStrategy(parallel_devices=[gpu])
+    state = master_state_dict(module, strategy)
+    assert moves == [gpu, torch.device("cpu")]  # to the strategy's GPU for the gather, then back where it was
+    assert all(value.dtype == torch.float32 and bool((value == 0.25).all()) for value in state.values())
+    assert all(value.device.type == "cpu" for value in state.values())
 
 
 def test_a_checkpoint_rewritten_in_place_has_no_latest_while_it_is_written(tmp_path):

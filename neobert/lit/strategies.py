@@ -101,17 +101,38 @@ def mixed_precision_plugin(precision: str, on_cpu: bool) -> ClippingMixedPrecisi
 def master_state_dict(module: torch.nn.Module, strategy: Strategy | None) -> dict[str, torch.Tensor]:
     """`module.state_dict()` with every parameter at full precision. Under DeepSpeed with bf16 the module's
     parameters are bf16 copies and the fp32 master weights live in the ZeRO optimizer's partitions: they are
-    gathered here (`safe_get_full_fp32_param`, a collective: every rank must call this)."""
+    gathered here (`safe_get_full_fp32_param`, a collective: every rank must call this), on the strategy's device
+    (`module_on_device`), and returned on the device the module was on."""
     state = module.state_dict()
     if not isinstance(strategy, DeepSpeedStrategy):
         return state
     from deepspeed.utils import safe_get_full_fp32_param  # deepspeed: an optional GPU dependency
 
-    for name, param in module.named_parameters():
-        master = safe_get_full_fp32_param(param)
-        if master is not None:  # None: a parameter the optimizer does not hold (frozen)
-            state[name] = master
+    with module_on_device(module, strategy.root_device):
+        for name, param in module.named_parameters():
+            master = safe_get_full_fp32_param(param)
+            if master is not None:  # None: a parameter the optimizer does not hold (frozen)
+                state[name] = master.to(state[name].device)
     return state
+
+
+@contextlib.contextmanager
+def module_on_device(module: torch.nn.Module, device: torch.device):
+    """The module on `device` for the duration, back where it was after. Why: when `trainer.fit` returns, Lightning's
+    teardown has moved the module to the CPU (lightning 2.6.6 `Strategy.teardown`, strategies/strategy.py:534-536,
+    reached from DeepSpeedStrategy through DDPStrategy.teardown), while DeepSpeed's fp32 masters stay on the GPU in
+    the ZeRO optimizer. `safe_get_full_fp32_param` all-reduces a buffer made with `zeros_like(param)` (deepspeed
+    0.19.8 utils/tensor_fragment.py:87-95), so on CPU parameters NCCL raised "No backend type associated with device
+    type cpu" at every DeepSpeed run's end-of-run export (issue 33)."""
+    where = next(module.parameters()).device
+    if where == device:
+        yield module
+        return
+    module.to(device)
+    try:
+        yield module
+    finally:
+        module.to(where)
 
 
 def deepspeed_grad_norm(strategy: Strategy) -> torch.Tensor | float | None:

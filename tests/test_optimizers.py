@@ -55,6 +55,34 @@ def test_the_combined_optimizer_steps_both_groups_and_round_trips_its_state():
     assert torch.equal(momentum, next(iter(optimizer.muon.state.values()))["momentum_buffer"])
 
 
+def test_stable_adamw_never_picks_triton_kernels_for_cpu_parameters(monkeypatch):
+    """Issue 33: on a machine with Triton and CUDA, torch-optimi ran its Triton kernels on CPU parameters and
+    failed. Here Triton is reported present as on such a machine; the Triton kernels must never be reached, also
+    after loading a state written by a GPU run (its groups say triton=True)."""
+    import optimi.utils
+
+    monkeypatch.setattr(optimi.utils, "HAS_TRITON", True)  # what _default_to_triton reads on a GPU machine
+    model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", vocab_size=50, max_length=16))
+    config = OptimizerConfig(name="stable_adamw", lr=1e-3)
+    optimizer = build_optimizer(model, config)
+    ids = torch.randint(5, 50, (2, 8))
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        optimizer.step()
+
+    step()
+    assert [group["triton"] for group in optimizer.param_groups] == [False] * len(optimizer.param_groups)
+    state = optimizer.state_dict()
+    for group in state["param_groups"]:
+        group["triton"] = True  # as a run on the GPU saved it
+    optimizer = build_optimizer(model, config)
+    optimizer.load_state_dict(state)
+    step()
+    assert not any(group["triton"] for group in optimizer.param_groups)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["stable_adamw", "muon"])
 def test_a_run_resumes_exactly_with_each_optimizer(tmp_path, name):

@@ -104,7 +104,8 @@ def test_tiny_end_to_end_writes_csv_png_markdown(tmp_path):
     out = tmp_path / "bench"
     paths = main(["--models", "neobert,bert-base,neobert-official", "--lengths", "16,32", "--layouts",
                   "full,unpadded", "--output-dir", str(out), "neobert_preset=tiny", "max_tokens=64", "repeats=2",
-                  "batch_sizes=[1,2,4,8]", f"official_code_dir={tmp_path}", "matmul_calls=2"])
+                  "batch_sizes=[1,2,4,8]", f"official_code_dir={tmp_path}", "matmul_calls=2",
+                  "device=cpu"])  # the CPU path (token budget, fp32 matmul reference), also on a GPU machine
     rows = list(csv.DictReader(open(paths["csv"])))
     measured = {(r["model"], r["layout"], r["seq_len"]): r for r in rows if r["tokens_per_s"]}
     for length in ("16", "32"):

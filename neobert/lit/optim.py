@@ -105,10 +105,27 @@ def build_optimizer(model: nn.Module, config: OptimizerConfig) -> torch.optim.Op
     groups = parameter_groups(model, config.weight_decay, config.decay_norms_biases_embeddings)
     if config.name == "stable_adamw":
         # decouple_lr=False: AdamW's weight decay (scaled by the lr), so optimizer.weight_decay means the same
-        return StableAdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps,
-                           weight_decay=config.weight_decay)
+        optimizer = StableAdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps,
+                                weight_decay=config.weight_decay, triton=None if on_cuda(groups) else False)
+        optimizer.register_load_state_dict_post_hook(no_triton_off_cuda)
+        return optimizer
     # Adam with coupled L2 decay (the M0 baseline)
     return torch.optim.Adam(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, fused=fusable(groups))
+
+
+def on_cuda(groups: list[dict]) -> bool:
+    return all(param.is_cuda for group in groups for param in group["params"])
+
+
+def no_triton_off_cuda(optimizer: torch.optim.Optimizer) -> None:
+    """torch-optimi 0.3.3 chooses its Triton kernels on the parameters it has gathered at the first step, an empty
+    list then (optimi/stableadamw.py:150-151, `_default_to_triton(params)` before the loop that fills `params`),
+    so whenever Triton is installed it picks them for CPU parameters too, and fails ("Pointer argument ... cannot
+    be accessed from Triton (cpu tensor?)"): a CPU run on a GPU machine. Off CUDA the choice is made here (no
+    Triton), also after a checkpoint written on a GPU restores the groups' `triton` flag."""
+    if not on_cuda(optimizer.param_groups):
+        for group in optimizer.param_groups:
+            group["triton"] = False
 
 
 def muon_split(model: nn.Module) -> tuple[dict[str, nn.Parameter], dict[str, nn.Parameter]]:

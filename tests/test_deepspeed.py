@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from test_pretrain import tiny_config
 
-from neobert.config import load_config
+from neobert.config import ConfigError, load_config
 from neobert.config.pretrain import PretrainConfig
 from neobert.jobs.pretrain import prepare
 from neobert.lit.strategies import (DEEPSPEED_LATEST, DeepSpeedPrecisionOnce, NeoBERTDeepSpeedStrategy,
@@ -62,7 +62,7 @@ def test_the_paper_configs_render_deepspeeds_config_with_our_micro_batch(tmp_pat
     assert config["gradient_accumulation_steps"] == shipped.trainer.accumulate_grad_batches
     assert config["gradient_clipping"] == 1.0
     assert config["zero_optimization"]["stage"] == 2
-    assert config["bf16"] == {"enabled": True}
+    assert config["bf16"] == {"enabled": True, "check_grad_overflow": False}  # no host read per step (issue 33)
     tokens = (config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * 8
               * shipped.data.max_length)
     assert tokens == 2 ** 21  # the paper's 2M tokens per step on 8 GPUs
@@ -73,6 +73,39 @@ def test_the_paper_configs_render_deepspeeds_config_with_our_micro_batch(tmp_pat
     attach(plain, dataloader, 8, 1.0)
     with pytest.raises(AttributeError, match="batch_size"):
         plain._format_config()
+
+
+def test_trainer_deepspeed_tunes_the_rendered_config_and_bf16_reads_no_overflow_flag_every_step(tmp_path):
+    """Issue 33: under DeepSpeed bf16 every step read an overflow flag on the host (a device sync, DeepSpeed
+    0.19.8 runtime/zero/stage_1_and_2.py:3237-3249); trainer.deepspeed turns the check off by default and passes
+    DeepSpeed's bucket and overlap settings through, as DeepSpeed's own config parser then reads them."""
+    from deepspeed.runtime.precision_config import get_bfloat16_config
+
+    _, _, datamodule = prepare(tiny_config(tmp_path))
+    dataloader = datamodule.train_dataloader()
+
+    def rendered(*overrides: str) -> dict:
+        config = load_config(PretrainConfig, "neobert", list(overrides)).trainer
+        strategy = build_strategy(config, config.micro_batch_size)
+        attach(strategy, dataloader, config.accumulate_grad_batches, config.gradient_clip_val)
+        strategy._format_config()
+        return strategy.config
+
+    shipped = rendered()
+    assert shipped["bf16"] == {"enabled": True, "check_grad_overflow": False}
+    assert get_bfloat16_config(shipped).check_grad_overflow is False
+    assert shipped["zero_optimization"]["reduce_bucket_size"] == 200_000_000  # Lightning's default, untouched
+    tuned = rendered("trainer.deepspeed.check_grad_overflow=true", "trainer.deepspeed.reduce_bucket_size=50000000",
+                     "trainer.deepspeed.overlap_comm=false", "trainer.strategy=deepspeed_stage_1")
+    assert get_bfloat16_config(tuned).check_grad_overflow is True
+    zero = tuned["zero_optimization"]
+    assert (zero["stage"], zero["reduce_bucket_size"], zero["overlap_comm"]) == (1, 50_000_000, False)
+    fp16 = rendered("trainer.precision=16-mixed")
+    assert "bf16" not in fp16 and fp16["fp16"]["enabled"]  # fp16 keeps its loss scaling and its overflow check
+    with pytest.raises(ConfigError, match="'trainer.deepspeed.reduce_bucket_size': must be positive"):
+        load_config(PretrainConfig, "neobert", ["trainer.deepspeed.reduce_bucket_size=0"])
+    with pytest.raises(ConfigError, match="trainer.deepspeed.bucket_size"):
+        load_config(PretrainConfig, "neobert", ["trainer.deepspeed.bucket_size=5"])
 
 
 def test_every_deepspeed_name_keeps_lightnings_settings():

@@ -1,15 +1,15 @@
 """Every run's typed schema (one module per job) and the loader that fills them from YAML and `key=value`.
 
-Shared sections: `neobert.config.common` (TrainerConfig, OptimizerConfig, SchedulerConfig, LoggingConfig).
+Shared sections: `neobert.config.common` (TrainerConfig with its DeepSpeedConfig, OptimizerConfig, SchedulerConfig, LoggingConfig).
 Jobs: `pretrain`, `glue`, `contrastive`, `mteb`, `throughput`, `pseudo_perplexity`, `ablations`.
 The YAML files shipped with the package are in `neobert/configs/`.
 """
 
-from neobert.config.common import LoggingConfig, OptimizerConfig, SchedulerConfig, TrainerConfig
+from neobert.config.common import DeepSpeedConfig, LoggingConfig, OptimizerConfig, SchedulerConfig, TrainerConfig
 from neobert.config.loader import (ConfigError, config_path, flag_overrides, load_config, merge_overrides,
                                    packaged_config_names, read_yaml, require, to_yaml)
 
 __all__ = [
     "ConfigError", "config_path", "flag_overrides", "load_config", "merge_overrides", "packaged_config_names",
-    "read_yaml", "require", "to_yaml", "LoggingConfig", "OptimizerConfig", "SchedulerConfig", "TrainerConfig",
+    "read_yaml", "require", "to_yaml", "DeepSpeedConfig", "LoggingConfig", "OptimizerConfig", "SchedulerConfig", "TrainerConfig",
 ]

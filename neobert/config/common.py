@@ -42,6 +42,34 @@ class EmaConfig:
 
 
 @dataclass
+class DeepSpeedConfig:
+    """What DeepSpeed offers to tune, for the DeepSpeed strategies (trainer.strategy=deepspeed_stage_1/2/3...).
+    null = Lightning's default for that strategy (lightning 2.6.6 strategies/deepspeed.py: buckets of 2e8 elements,
+    overlap_comm and contiguous_gradients on). `python -m experiments.pretrain --preflight` prints the rendered
+    DeepSpeed config."""
+
+    # bf16: DeepSpeed 0.19.8 checks every step for inf/NaN gradients and skips the step if any (its bf16 default,
+    # kept from fp16's loss scaling), reading the flag on the host: a device sync per optimizer step
+    # (runtime/zero/stage_1_and_2.py:3237-3249, `overflow_gpu[0].item()`). bf16 has float32's exponent range, and
+    # pretraining watches the loss without a host read (NonFiniteLossError), so the check is off by default.
+    check_grad_overflow: bool = False
+    reduce_bucket_size: Optional[int] = None  # elements per gradient reduction bucket
+    allgather_bucket_size: Optional[int] = None  # elements per parameter all-gather bucket
+    overlap_comm: Optional[bool] = None  # overlap the gradient reduction with the backward
+    contiguous_gradients: Optional[bool] = None  # copy gradients into one buffer as they are produced
+
+    def validate(self, prefix: str = "trainer.deepspeed") -> None:
+        for key in ("reduce_bucket_size", "allgather_bucket_size"):
+            value = getattr(self, key)
+            require(value is None or value > 0, f"{prefix}.{key}", f"must be positive or null, got {value}")
+
+    def strategy_settings(self) -> dict[str, Any]:
+        """The settings given, as Lightning's DeepSpeedStrategy takes them."""
+        keys = ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients")
+        return {key: getattr(self, key) for key in keys if getattr(self, key) is not None}
+
+
+@dataclass
 class TrainerConfig:
     """Lightning's Trainer settings (neobert.lit.trainer.build_trainer)."""
 
@@ -62,6 +90,7 @@ class TrainerConfig:
     keep_checkpoints: int = 3
     seed: int = 0
     ema: EmaConfig = field(default_factory=EmaConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     # Where the time of each step goes (data loading, forward/backward, optimizer, logging, callbacks): Lightning's
     # simple | advanced (cProfile) | pytorch profiler, reported in output_dir/profile*.txt when the run ends.
     profiler: Optional[str] = None
@@ -91,6 +120,7 @@ class TrainerConfig:
         require(self.profiler is None or self.profiler in PROFILERS, f"{prefix}.profiler",
                 f"must be one of {PROFILERS} or null, got {self.profiler!r}")
         self.ema.validate(f"{prefix}.ema")
+        self.deepspeed.validate(f"{prefix}.deepspeed")
         # The EMA keeps a full copy of the weights on every rank, which sharded weights do not give it.
         require(not self.ema.decay or not ("fsdp" in self.strategy or self.strategy.endswith("_3")),
                 f"{prefix}.ema", f"needs the whole weights on every rank; trainer.strategy={self.strategy} shards them")

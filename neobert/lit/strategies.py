@@ -25,6 +25,8 @@ from lightning.pytorch.plugins.precision import DeepSpeedPrecision, MixedPrecisi
 from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
+from neobert.config import DeepSpeedConfig
+
 DEEPSPEED_LATEST = "latest"  # written by DeepSpeed after every rank's files: the mark of a complete checkpoint
 
 
@@ -57,16 +59,22 @@ def is_deepspeed(strategy: str | Strategy) -> bool:
     return isinstance(strategy, DeepSpeedStrategy) or (isinstance(strategy, str) and strategy.startswith("deepspeed"))
 
 
-def deepspeed_strategy(name: str, precision: str, micro_batch_size: int | None = None) -> NeoBERTDeepSpeedStrategy:
-    """Lightning's registered DeepSpeed strategy `name` (deepspeed_stage_2, ..._offload, ...) with its own settings,
-    our precision plugin, and `micro_batch_size` as DeepSpeed's `train_micro_batch_size_per_gpu` (None: Lightning
-    reads it from the DataLoader, which works for DataLoaders that batch)."""
+def deepspeed_strategy(name: str, precision: str, micro_batch_size: int | None = None,
+                       tuning: DeepSpeedConfig | None = None) -> NeoBERTDeepSpeedStrategy:
+    """Lightning's registered DeepSpeed strategy `name` (deepspeed_stage_2, ..._offload, ...) with its own settings
+    and those of `tuning` (trainer.deepspeed) over them, our precision plugin, and `micro_batch_size` as DeepSpeed's
+    `train_micro_batch_size_per_gpu` (None: Lightning reads it from the DataLoader, which works for DataLoaders
+    that batch)."""
     if name not in StrategyRegistry or not issubclass(StrategyRegistry[name]["strategy"], DeepSpeedStrategy):
         raise ValueError(f"{name!r} is not a registered DeepSpeed strategy")
-    settings = dict(StrategyRegistry[name]["init_params"])
+    tuning = tuning or DeepSpeedConfig()
+    settings = {**StrategyRegistry[name]["init_params"], **tuning.strategy_settings()}
     if micro_batch_size is not None:
         settings["logging_batch_size_per_gpu"] = micro_batch_size
-    return NeoBERTDeepSpeedStrategy(precision_plugin=DeepSpeedPrecisionOnce(precision), **settings)
+    strategy = NeoBERTDeepSpeedStrategy(precision_plugin=DeepSpeedPrecisionOnce(precision), **settings)
+    if precision.startswith("bf16"):  # Lightning writes {"enabled": True} only where no "bf16" section exists
+        strategy.config["bf16"] = {"enabled": True, "check_grad_overflow": tuning.check_grad_overflow}
+    return strategy
 
 
 class DataParallelFSDP2Strategy(ModelParallelStrategy):

@@ -44,7 +44,7 @@ def build_strategy(config: TrainerConfig, micro_batch_size: int | None = None) -
     if config.strategy == "fsdp2":
         return fsdp2_strategy()
     if is_deepspeed(config.strategy):
-        return deepspeed_strategy(config.strategy, resolve_precision(config), micro_batch_size)
+        return deepspeed_strategy(config.strategy, resolve_precision(config), micro_batch_size, config.deepspeed)
     return config.strategy
 
 

@@ -14,8 +14,8 @@ from neobert.config.pretrain import MaskingConfig, PretrainDataConfig
 from neobert.data import pretraining
 from neobert.data.corpus import DocumentTokenizer, open_source, pretokenize, text_column, unigram_entropy
 from neobert.data.demo_corpus import demo_documents
-from neobert.data.pretraining import (DATA_STATE_KEY, PretrainingDataModule, PretrainingStream, derived_seed,
-                                      fresh_stream_state)
+from neobert.data.pretraining import (DATA_STATE_KEY, PretrainingDataModule, PretrainingStream, batch_stream_state,
+                                      derived_seed, fresh_stream_state)
 from neobert.data.tokenizer import load_tokenizer
 from neobert.hub import HubUnreachableError
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
@@ -71,11 +71,11 @@ def test_stream_resumes_exactly_from_any_batch(corpus, tokenizer):
         data = _data(corpus, packing=packing)
         straight = _take(PretrainingStream(data, MaskingConfig(), tokenizer, 4), 85)  # crosses blocks (and an epoch)
         for k in (2, 25, 79):
-            state = straight[k][DATA_STATE_KEY]["state"]
+            state = batch_stream_state(straight[k])
             resumed = _take(PretrainingStream(data, MaskingConfig(), tokenizer, 4, start_states={0: state}), 5)
             for a, b in zip(straight[k + 1 :], resumed):
                 assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
-        assert straight[-1][DATA_STATE_KEY]["state"]["epoch"] == (0 if packing == "greedy" else 1)
+        assert straight[-1][DATA_STATE_KEY]["state"].epoch == (0 if packing == "greedy" else 1)
 
 
 def test_streams_split_documents_without_duplication(corpus, tokenizer):
@@ -86,7 +86,7 @@ def test_streams_split_documents_without_duplication(corpus, tokenizer):
             stream = PretrainingStream(data, MaskingConfig(), tokenizer, 1, rank=rank, world_size=2, rotation=worker)
             docs = []
             for batch in _take(stream, 300):
-                if batch[DATA_STATE_KEY]["state"]["epoch"] > 0:
+                if batch[DATA_STATE_KEY]["state"].epoch > 0:
                     break
                 docs.append(tuple(document_ids(batch)))
             seen.append(docs)
@@ -134,7 +134,7 @@ def test_empty_and_undecodable_documents_are_skipped(tmp_path, tokenizer):
     batches = _take(PretrainingStream(data, MaskingConfig(), tokenizer, 1), 2)
     decoded = [tokenizer.decode(b["labels"][0].where(b["labels"][0] != -100, b["input_ids"][0])) for b in batches]
     assert "parsers" in decoded[0] and "lexers" in decoded[1]
-    assert batches[-1][DATA_STATE_KEY]["state"]["skipped"]["undecodable"] == 1
+    assert batch_stream_state(batches[-1])["skipped"]["undecodable"] == 1
 
 
 def test_pretokenized_shards_give_the_same_batches(corpus, tokenizer, tmp_path):

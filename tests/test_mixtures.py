@@ -19,7 +19,7 @@ from test_pretrain import crash_and_resume, tiny_config
 from neobert.config import ConfigError, load_config
 from neobert.config.pretrain import MaskingConfig, PretrainConfig, PretrainDataConfig
 from neobert.data.mixture import mixture_sources
-from neobert.data.pretraining import DATA_STATE_KEY, PretrainingStream, fresh_mixture_state
+from neobert.data.pretraining import DATA_STATE_KEY, PretrainingStream, batch_stream_state, fresh_mixture_state
 from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import DataError
 from neobert.jobs.pretrain import prepare, run_pretraining
@@ -119,7 +119,7 @@ def test_the_mixed_stream_resumes_exactly_from_any_batch(three_sources, tokenize
     tokens = [sum(b[DATA_STATE_KEY]["stats"]["source_tokens"].values()) for b in straight]
     assert all(t > 0 for t in tokens)
     for k in (3, 24, 41):  # across blocks, epochs and gamma's retirement
-        state = straight[k][DATA_STATE_KEY]["state"]
+        state = batch_stream_state(straight[k])
         resumed = PretrainingStream(data, MaskingConfig(), tokenizer, 4, start_states={0: state})
         for a, b in zip(straight[k + 1:k + 8], itertools.islice(iter(resumed), 7)):
             assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from neobert.config import ConfigError, SchedulerConfig, load_config
 from neobert.errors import CheckpointError
 from neobert.config.pretrain import MaskingConfig, PretrainConfig
-from neobert.data.pretraining import DATA_STATE_KEY, PretrainingStream
+from neobert.data.pretraining import DATA_STATE_KEY, PretrainingStream, batch_stream_state
 from neobert.data.schedules import DataSchedule, piecewise_linear
 from neobert.jobs.pretrain import prepare, run_pretraining
 from neobert.lit.optim import lr_factor
@@ -130,7 +130,7 @@ def test_the_stream_follows_the_schedules_and_resumes_mid_ramp(corpus, tokenizer
     assert 0.25 < early < 0.45 and 0.04 < late < 0.14
     for k in (2, 5, 11):  # mid-ramp and mid-masking-ramp
         resumed = _take(_stream(corpus, tokenizer, schedule(), packing=packing,
-                                start_states={0: straight[k][DATA_STATE_KEY]["state"]}), 6)
+                                start_states={0: batch_stream_state(straight[k])}), 6)
         for a, b in zip(straight[k + 1:], resumed):
             assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
 

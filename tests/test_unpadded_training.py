@@ -115,7 +115,7 @@ def test_the_stream_with_packing_none_yields_unpadded_batches(tmp_path, tokenize
         assert u["max_seqlen"] == int(lengths.max()) <= 48  # truncated to data.max_length; no multiple of 8
         stats_p, stats_u = p[DATA_STATE_KEY]["stats"], u[DATA_STATE_KEY]["stats"]
         assert stats_u == stats_p and stats_u["squared_lengths"] == int((lengths**2).sum())
-        assert u[DATA_STATE_KEY]["state"]["batches"] == p[DATA_STATE_KEY]["state"]["batches"]
+        assert u[DATA_STATE_KEY]["state"].batches == p[DATA_STATE_KEY]["state"].batches
     assert saw_padding, "the corpus gave no padded batch: the comparison would prove nothing"
 
 

@@ -7,13 +7,19 @@ uninterrupted one would:
 * Every (rank, dataloader worker) pair reads its own *stream*: ``split_dataset_by_node`` over
   ``world_size x workers`` streams (whole shards when they divide evenly, else every n-th document).
 * A stream reads documents in blocks of ``data.shuffle_buffer`` and shuffles each block with a seed derived
-  from (seed, stream, epoch, block). Its state is small: the source's own ``state_dict`` at the start of the
-  current block, how many documents of the block were used, the packing carry-over and bucket queues.
+  from (seed, stream, epoch, block). Its state: the source's own ``state_dict`` at the start of the current
+  block, how many documents of the block were used, the packing carry-over (every token id of the packer's
+  waiting and open rows) and bucket queues.
 * Each batch carries the state of its stream *after* it (``batch["data_state"]``); the LightningModule
   hands it to the DataModule in ``training_step``, and the DataModule's ``state_dict`` (saved in every
   Lightning checkpoint) holds the latest state of every stream that fed a trained batch. Prefetched but
   untrained batches therefore never count. On resume each worker restarts its stream from that state, and
   workers are rotated so that the round-robin order of the DataLoader continues where it stopped.
+* In the batch that state is an `EncodedStreamState`: pickled once in the worker into one object that nothing
+  on the way walks (with packing the state holds every token id of the packer's rows, and Lightning would
+  otherwise visit each at every batch's transfer to the device), beside the few numbers read per batch. It is
+  decoded into the plain state only for a checkpoint (`PretrainingDataModule.state_dict`) or a restart
+  (`batch_stream_state` reads a batch's).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import copy
 import hashlib
 import logging
 import os
+import pickle
 import random
 from pathlib import Path
 from typing import Iterator
@@ -136,6 +143,35 @@ def held_out_digests(data, count: int) -> frozenset[bytes]:
 
 
 # ---------------------------------------------------------------------------------------------- the stream
+class EncodedStreamState:
+    """A stream's state after one of its batches, as the batch carries it (`batch[DATA_STATE_KEY]["state"]`): the
+    whole state pickled once, in the DataLoader worker, and beside it the few numbers read at every batch (the
+    position, for error messages; a mixture's documents and tokens drawn per source, for train/share/<source>).
+
+    With packing the state holds the packer's open rows, token id by token id (~10^5 Python objects with best fit
+    at 32 x 1,024): as plain lists they were walked at every batch by Lightning's transfer to the device
+    (`apply_to_collection`), the DataLoader's `default_convert` and `pin_memory`, and unpickled object by object
+    from the worker: 60-90 ms of host time per batch in Lightning's transfer alone (2-core EPYC). This object is a leaf to all of them (neither a mapping, a
+    sequence nor a dataclass; `bytes` would not do: it is a sequence, walked byte by byte).
+    """
+
+    def __init__(self, state: dict):
+        self.pickled = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        self.batches, self.epoch, self.block, self.taken = (state[k] for k in ("batches", "epoch", "block", "taken"))
+        mixture = state.get("mixture") or {}
+        self.drawn = {key: list(mixture.get(key, ())) for key in ("documents", "tokens")}  # per source
+
+    def decode(self) -> dict:
+        """The plain state (a new copy at every call)."""
+        return pickle.loads(self.pickled)
+
+
+def batch_stream_state(batch: dict) -> dict:
+    """The plain state of the stream after `batch` (a `PretrainingStream` batch), as a checkpoint saves it and
+    `PretrainingStream(start_states=...)` restarts from it."""
+    return batch[DATA_STATE_KEY]["state"].decode()
+
+
 def fresh_stream_state() -> dict:
     return {**fresh_source_state(), "batches": 0, "draws": 0, "queues": None, "builder": None, "mixture": None}
 
@@ -244,10 +280,10 @@ class PretrainingStream(IterableDataset):
                                               for s, now, before in zip(self.sources, tokens, drawn)}
                     drawn = list(tokens)
                 state["batches"] += 1
-                state["builder"] = None  # builder.state() below is already a copy: do not deep-copy it twice
-                snapshot = copy.deepcopy(state)
-                state["builder"] = snapshot["builder"] = builder.state()
-                batch[DATA_STATE_KEY] = {"stream": stream, "state": snapshot, "stats": stats}
+                # Pickled now: a snapshot (no deep copy needed), and one leaf for everything the batch goes through.
+                # The builder's state as of this batch (the stream state's own entry is the one it started from).
+                encoded = EncodedStreamState({**state, "builder": builder.state()})
+                batch[DATA_STATE_KEY] = {"stream": stream, "state": encoded, "stats": stats}
                 yield batch
 
     def source(self, stream: int, epoch: int, index: int = 0):
@@ -379,7 +415,8 @@ class PretrainingDataModule(L.LightningDataModule):
         self.sources = mixture_sources(data)  # resolved once (temperature sampling measures the sources' sizes)
         self.micro_batch_size, self.trainer_config = micro_batch_size, trainer
         self.rank, self.world_size = 0, 1
-        self.stream_states: dict[int, dict] = {}  # global stream id -> state after its latest trained batch
+        # global stream id -> its state after its latest trained batch, decoded only for a checkpoint or a restart
+        self.stream_states: dict[int, EncodedStreamState] = {}
         self.trained_batches = 0  # on this rank
         self.validation_batches: list[dict] = []
 
@@ -431,10 +468,9 @@ class PretrainingDataModule(L.LightningDataModule):
         positions), {"documents": {name: n}, "tokens": {name: n}}."""
         sources = self.sources if self.data.sources else []
         totals = {key: {source.name: 0 for source in sources} for key in ("documents", "tokens")}
-        for state in self.stream_states.values():
-            mixture = state.get("mixture") or {}
+        for state in self.stream_states.values():  # the counts kept beside each encoded state: nothing decoded
             for key, by_source in totals.items():
-                for source, count in zip(sources, mixture.get(key, ())):
+                for source, count in zip(sources, state.drawn[key]):
                     by_source[source.name] += count
         return totals
 
@@ -444,8 +480,9 @@ class PretrainingDataModule(L.LightningDataModule):
         if self.trainer_config is not None:
             schedule = DataSchedule.from_config(self.trainer_config, self.masking, self.data.max_length,
                                                 self.world_size, first_step=self.first_step)
+        start_states = {stream: state.decode() for stream, state in self.stream_states.items()}
         return PretrainingStream(self.data, self.masking, self.tokenizer, self.micro_batch_size, self.rank,
-                                 self.world_size, self.stream_states, rotation=self.trained_batches % workers,
+                                 self.world_size, start_states, rotation=self.trained_batches % workers,
                                  skip_docs=self.data.validation_docs, schedule=schedule)
 
     def train_dataloader(self) -> DataLoader:
@@ -469,7 +506,7 @@ class PretrainingDataModule(L.LightningDataModule):
             per_rank = [None] * torch.distributed.get_world_size()
             torch.distributed.all_gather_object(
                 per_rank, {"streams": self.stream_states, "trained_batches": self.trained_batches})
-        streams = {k: v for part in per_rank for k, v in part["streams"].items()}
+        streams = {k: v.decode() for part in per_rank for k, v in part["streams"].items()}  # plain, as ever
         return {"streams": streams, "trained_batches": [p["trained_batches"] for p in per_rank],
                 "num_streams": self.world_size * max(1, self.data.num_workers), "phase": self.phase,
                 "sources": [source_identity(s.data) for s in self.sources]}
@@ -488,12 +525,12 @@ class PretrainingDataModule(L.LightningDataModule):
         if state.get("phase", "") != self.phase:  # the checkpoint ends the phase before: a new phase starts
             saved = [tuple(identity) for identity in state.get("sources", [])]
             now = [source_identity(s.data) for s in self.sources]
-            self.stream_states = {k: carried_state(v, saved, now) for k, v in streams.items()}
+            self.stream_states = {k: EncodedStreamState(carried_state(v, saved, now)) for k, v in streams.items()}
             self.trained_batches = 0  # the streams count this phase's batches from 0 (DataSchedule.first_step)
             log.info("phase %r: the data position of every source it shares with the phase before carries over "
                      "(%d of %d sources)", self.phase, len(set(saved) & set(now)), len(now))
             return
-        self.stream_states = streams
+        self.stream_states = {k: EncodedStreamState(v) for k, v in streams.items()}
         self.trained_batches = state["trained_batches"][self.rank]
 
 

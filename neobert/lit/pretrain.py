@@ -29,13 +29,13 @@ class NonFiniteLossError(RuntimeError):
 
 
 def describe_data_position(data_state: dict | None) -> str:
-    """Where a training batch came from, from the data state it carries (`batch[DATA_STATE_KEY]`)."""
+    """Where a training batch came from, from the data state it carries (`batch[DATA_STATE_KEY]`): the position kept
+    beside its encoded stream state (`neobert.data.pretraining.EncodedStreamState`), nothing decoded."""
     if data_state is None:
         return "the batch carries no data position"
     state = data_state["state"]
-    return (f"the batch came from data stream {data_state['stream']} (the stream's batch {state['batches']}, "
-            f"ending at epoch {state['epoch']}, shuffle block {state['block']}, document {state['taken']} of the "
-            f"block)")
+    return (f"the batch came from data stream {data_state['stream']} (the stream's batch {state.batches}, "
+            f"ending at epoch {state.epoch}, shuffle block {state.block}, document {state.taken} of the block)")
 
 
 def fsdp2_mixed_precision(precision: str) -> MixedPrecisionPolicy:

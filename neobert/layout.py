@@ -47,6 +47,9 @@ BEIR_CORPUS, BEIR_QUERIES, BEIR_QRELS_DIR = "corpus.jsonl", "queries.jsonl", "qr
 LONG_CONTEXT_JSON, LONG_CONTEXT_MD, LONG_CONTEXT_PLOT = "long_context.json", "long_context.md", "long_context.png"
 LONG_CONTEXT_DATA_DIR = "data"  # experiments.long_context: the generated tasks, <task>.jsonl per task
 THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT = "throughput.csv", "throughput.md", "throughput.png"
+# experiments.gpu_check: the report, and the run directories of its training loops inside its output_dir
+GPU_CHECK_MD, GPU_CHECK_JSON = "gpu_check.md", "gpu_check.json"
+GPU_CHECK_RECIPE_RUN, GPU_CHECK_PLAIN_RUN = "recipe", "plain"
 PPPL_DOCUMENTS_CSV, PPPL_BUCKETS_JSON = "documents.csv", "buckets.json"
 PPPL_MD, PPPL_PLOT = "pseudo_perplexity.md", "pseudo_perplexity.png"
 # The ablation ladder: corpora/<name>.jsonl (demo, offline), corpora/heldout.jsonl (the documents every step is

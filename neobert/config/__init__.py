@@ -1,7 +1,8 @@
 """Every run's typed schema (one module per job) and the loader that fills them from YAML and `key=value`.
 
 Shared sections: `neobert.config.common` (TrainerConfig with its DeepSpeedConfig, OptimizerConfig, SchedulerConfig, LoggingConfig).
-Jobs: `pretrain`, `glue`, `contrastive`, `mteb`, `throughput`, `pseudo_perplexity`, `ablations`.
+Jobs: `pretrain`, `glue`, `contrastive`, `mteb`, `throughput`, `pseudo_perplexity`, `ablations`, `gpu_check`
+(a pretraining recipe's check on a GPU node).
 The YAML files shipped with the package are in `neobert/configs/`.
 """
 

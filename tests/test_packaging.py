@@ -63,7 +63,7 @@ print(config_path("mteb_instructions.json").is_file(), len(packaged_config_names
     help_text = run([str(python), "-m", "experiments.pretrain", "--config", "neobert", "--help"], cwd=work, env=env)
     assert "packaged config name" in help_text
     for cli in ("glue", "ner", "contrastive", "mine_negatives", "mteb", "throughput", "pseudo_perplexity",
-                "ablations", "export", "offline_corpus"):
+                "ablations", "export", "offline_corpus", "gpu_check"):
         run([str(python), "-m", f"experiments.{cli}", "--help"], cwd=work, env=env)
 
 

@@ -67,7 +67,9 @@ class ModelUnavailable(RuntimeError):
     """The model cannot be built on this machine (e.g. the official code cannot be imported)."""
 
 
-def _neobert_forward(module: nn.Module, batch: "Batch") -> Tensor:
+def neobert_forward(module: nn.Module, batch: "Batch") -> Tensor:
+    """One forward of our encoder on a benchmark batch (packed varlen when it has cu_seqlens): the throughput
+    benchmark's and the GPU check's model-alone step."""
     if batch.cu_seqlens is not None:  # our packed varlen path: pad tokens are never computed
         return module(batch.input_ids, cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen).last_hidden_state
     return module(batch.input_ids, batch.attention_mask).last_hidden_state
@@ -101,7 +103,7 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
         config = NeoBERTConfig.from_preset(neobert_preset)
         module = NeoBERT(config)
         bench = BenchModel(name, module, config.num_hidden_layers, config.hidden_size, config.max_length,
-                           config.vocab_size, config.pad_token_id, True, _neobert_forward)
+                           config.vocab_size, config.pad_token_id, True, neobert_forward)
     elif name == "neobert-official":
         bench = _build_official(official_code_dir)
     else:

@@ -51,7 +51,7 @@ from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import CheckpointError
 from neobert.eval.flops import mfu, peak_flops
 from neobert.eval.plots import read_curves
-from neobert.eval.throughput import Batch, BenchModel, _neobert_forward, make_batch, time_step
+from neobert.eval.throughput import Batch, BenchModel, make_batch, neobert_forward, time_step
 from neobert.jobs.cli import one_line
 from neobert.jobs.preflight import GiB, Preflight, memory_section
 from neobert.jobs.pretrain import load_pretrain_config, prepare, run_pretraining
@@ -277,7 +277,7 @@ def measure_ceiling(plan: Plan) -> tuple[float, float | None]:
     torch.manual_seed(recipe.trainer.seed)
     bench = BenchModel("neobert", NeoBERT(model_config), model_config.num_hidden_layers, model_config.hidden_size,
                        model_config.max_length, model_config.vocab_size, model_config.pad_token_id, True,
-                       _neobert_forward)
+                       neobert_forward)
     bench.module.to(device=device, dtype=WEIGHT_DTYPES.get(plan.precision, torch.float32))
     if recipe.model.compile:
         bench.module = torch.compile(bench.module, dynamic=False)

@@ -20,6 +20,7 @@ MASKING_STRATEGIES = ("all_mask", "bert")
 PACKING_MODES = ("none", "greedy", "best_fit")
 # data.packing was a boolean before best-fit packing: true meant today's greedy packing.
 PACKING_BOOLEANS = {"true": "greedy", "false": "none"}
+STATIC_SHAPES = ("auto", "true", "false")
 
 
 @dataclass
@@ -69,6 +70,15 @@ class PretrainDataConfig:
     # "best_fit" (documents kept whole, each into the open row it fits best; only longer-than-a-row ones split).
     packing: str = "none"
     packing_open_rows: int = 64  # best_fit: rows kept open to receive documents
+    # Packed batches of one shape (neobert.data.masking.StaticShapes), so that a compiled model traces one graph:
+    # micro_batch_size x max_length tokens, each row's [PAD] tail its own document (label -100), cu_seqlens of a
+    # fixed length (zero-length documents after the real ones), max_seqlen = max_length, masked_index of a fixed
+    # length. Without it every packed batch has its own shapes and torch.compile recompiles. "auto": on with
+    # model.compile (resolved by validate). Packed batches only (data.packing greedy or best_fit).
+    static_shapes: str = "auto"
+    # The documents a static micro-batch may hold, per row on average, [PAD] tails included (cu_seqlens has rows x
+    # this + 1 entries); a batch with more stops the run with an error naming this key. 0 = max(8, max_length // 32).
+    static_documents_per_row: int = 0
     # packing none: train on the batch's documents laid end to end with cu_seqlens (varlen attention, no [PAD], no
     # cross-document attention; the same documents, masks and loss as the padded batch) instead of padded: on GPU
     # FlashAttention's varlen kernel, which masked SDPA cannot use; 1.03-1.08x tokens/s on the CPU demo, more with
@@ -111,6 +121,11 @@ class MaskingConfig:
     rate_schedule: List[List[float]] = field(default_factory=list)
     strategy: str = "all_mask"  # "all_mask": 100% [MASK] (NeoBERT); "bert": 80% [MASK] / 10% random / 10% kept
     pad_to_multiple_of: int = 8
+
+    @property
+    def highest_rate(self) -> float:
+        """The highest rate of the run, schedule included (what a static batch's masked_index must hold)."""
+        return max([self.rate] + [point[1] for point in self.rate_schedule])
 
 
 @dataclass
@@ -210,7 +225,8 @@ class PhaseConfig:
 PHASE_KEYS = ("data.sources", "data.source", "data.hub_config", "data.split", "data.text_column",
               "data.text_sample_by", "data.mixture_temperature",
               "data.source_weights", "data.max_length", "data.packing",
-              "data.packing_open_rows", "data.unpad", "data.length_buckets", "data.bucket_probabilities",
+              "data.packing_open_rows", "data.static_shapes", "data.static_documents_per_row", "data.unpad",
+              "data.length_buckets", "data.bucket_probabilities",
               "data.bucket_queue_docs", "data.shuffle_buffer", "data.validation_docs", "data.validation_batches",
               "masking.", "optimizer.lr", "optimizer.weight_decay", "scheduler.", "trainer.micro_batch_size",
               "trainer.accumulate_grad_batches", "trainer.eval_every_n_steps", "trainer.checkpoint_every_n_steps",
@@ -272,6 +288,13 @@ class PretrainConfig:
         require(data.packing in PACKING_MODES, "data.packing", f"must be one of {PACKING_MODES}")
         require(data.packing_open_rows >= 1, "data.packing_open_rows", "must be >= 1")
         require(isinstance(data.unpad, bool), "data.unpad", f"must be true or false, got {data.unpad!r}")
+        static = str(data.static_shapes).lower()
+        require(static in STATIC_SHAPES, "data.static_shapes", f"must be one of {STATIC_SHAPES}, got "
+                f"{data.static_shapes!r}")
+        # auto follows model.compile, which no phase may change: resolved once, here, whatever a phase's packing.
+        data.static_shapes = str(self.model.compile).lower() if static == "auto" else static
+        require(data.static_documents_per_row >= 0, "data.static_documents_per_row",
+                "must be >= 0 (0 = max(8, data.max_length // 32))")
         require(masking.pad_to_multiple_of >= 1, "masking.pad_to_multiple_of", "must be >= 1")
         require(data.max_length >= 8, "data.max_length", "must be at least 8")
         require(data.shuffle_buffer >= 1, "data.shuffle_buffer", "must be >= 1 (1 = no shuffling)")

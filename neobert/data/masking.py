@@ -9,15 +9,65 @@ positions and -100 elsewhere, so the loss is computed on masked positions only.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+from neobert.errors import DataError
 
 IGNORE_INDEX = -100
 
 
+@dataclass(frozen=True)
+class StaticShapes:
+    """The one shape of every packed batch under data.static_shapes, so that a compiled model traces one graph for
+    the whole run (without it each packed batch has its own token count, number of documents, longest document and
+    number of masked positions, and torch.compile recompiles). The tokens and masks are those of the unpadded
+    packed batch; only where they sit changes:
+
+    * input_ids and labels are [rows, length]: packed row r from the start of row r, then [PAD] with label -100 (and
+      rows beyond the batch's all [PAD]);
+    * cu_seqlens has `documents` + 1 entries: each row's documents, then its [PAD] tail as a document of its own (so
+      [PAD] attends to no real token and no real token to [PAD]), then zero-length documents (the last offset
+      repeated) up to the fixed count; max_seqlen is `length`;
+    * masked_index has `masked` entries: the masked positions, then a position whose label is -100, repeated (the
+      loss ignores it; an accuracy must count the entries whose label is not -100, not the entries).
+    """
+
+    rows: int
+    length: int
+    documents: int
+    masked: int
+
+    @classmethod
+    def for_packed_rows(cls, rows: int, length: int, documents_per_row: int, highest_rate: float) -> "StaticShapes":
+        """`documents_per_row` (data.static_documents_per_row): 0 = max(8, length // 32), documents of 32 tokens
+        on average (the demo corpus's average 120 tokens give 8.6 per row of 1,024). `masked`: the mean number of
+        masked positions of rows x length maskable tokens at the run's highest masking rate plus six standard
+        deviations (binomial): exceeded about once in 10^9 batches, and then the last ones are unmasked."""
+        tokens = rows * length
+        per_row = documents_per_row or max(8, length // 32)
+        spread = 6 * math.sqrt(tokens * highest_rate * (1 - highest_rate))
+        return cls(rows, length, rows * per_row, min(tokens, math.ceil(tokens * highest_rate + spread)))
+
+
+def static_shapes_for(data, masking, micro_batch_size: int) -> StaticShapes | None:
+    """The static shape of a run's packed batches (its data and masking sections), or None: off, or not packed."""
+    if data.packing == "none" or str(data.static_shapes).lower() != "true":
+        return None
+    return StaticShapes.for_packed_rows(micro_batch_size, data.max_length, data.static_documents_per_row,
+                                        masking.highest_rate)
+
+
 class MLMMasker:
+    """`static`: the one shape every packed batch is laid out in (`StaticShapes`, data.static_shapes); None = each
+    packed batch as small as its rows, with no [PAD]."""
+
     def __init__(self, mask_token_id: int, pad_token_id: int, special_token_ids, vocab_size: int,
-                 rate: float = 0.2, strategy: str = "all_mask", pad_to_multiple_of: int = 8):
+                 rate: float = 0.2, strategy: str = "all_mask", pad_to_multiple_of: int = 8,
+                 static: StaticShapes | None = None):
         if strategy not in ("all_mask", "bert"):
             raise ValueError(f"masking strategy must be 'all_mask' or 'bert', got {strategy!r}")
         if not 0.0 < rate < 1.0:
@@ -28,17 +78,25 @@ class MLMMasker:
         self.rate = rate
         self.strategy = strategy
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.static = static
         # Random replacements (bert strategy) are drawn from the ordinary tokens only.
         ordinary = torch.ones(vocab_size, dtype=torch.bool)
         ordinary[self.special_token_ids[self.special_token_ids < vocab_size]] = False
         self.random_token_ids = ordinary.nonzero().squeeze(1)
 
     @classmethod
-    def from_tokenizer(cls, tokenizer, rate: float = 0.2, strategy: str = "all_mask", pad_to_multiple_of: int = 8):
+    def from_tokenizer(cls, tokenizer, rate: float = 0.2, strategy: str = "all_mask", pad_to_multiple_of: int = 8,
+                       static: StaticShapes | None = None):
         if tokenizer.mask_token_id is None or tokenizer.pad_token_id is None:
             raise ValueError("MLM pretraining needs a tokenizer with a [MASK] and a [PAD] token")
         return cls(tokenizer.mask_token_id, tokenizer.pad_token_id, tokenizer.all_special_ids, len(tokenizer),
-                   rate, strategy, pad_to_multiple_of)
+                   rate, strategy, pad_to_multiple_of, static)
+
+    @classmethod
+    def for_pretraining(cls, tokenizer, masking, data, micro_batch_size: int) -> "MLMMasker":
+        """The masker of a pretraining run's masking and data sections (data.static_shapes: `static_shapes_for`)."""
+        return cls.from_tokenizer(tokenizer, masking.rate, masking.strategy, masking.pad_to_multiple_of,
+                                  static_shapes_for(data, masking, micro_batch_size))
 
     def maskable(self, input_ids: Tensor) -> Tensor:
         return ~torch.isin(input_ids, self.special_token_ids)
@@ -97,10 +155,12 @@ class MLMMasker:
                        rate: float | None = None) -> dict:
         """Rows, each a list of document segments laid end to end -> a packed batch.
 
-        No [PAD] anywhere: `cu_seqlens` (int32, over the flattened ids) marks every segment, so no document
-        attends to another and positions restart per document; there is no attention_mask. Rows of one length
-        (greedy packing) give input_ids of shape [rows, length]; rows of different lengths (best fit) are laid
-        end to end in one row, [1, tokens], rather than padded.
+        `cu_seqlens` (int32, over the flattened ids) marks every segment, so no document attends to another and
+        positions restart per document; there is no attention_mask. Without `static`, no [PAD] anywhere: rows of
+        one length (greedy packing) give input_ids of shape [rows, length]; rows of different lengths (best fit)
+        are laid end to end in one row, [1, tokens], rather than padded. With `static` (data.static_shapes) every
+        batch has its one shape, [PAD] after each row as a document of its own (`StaticShapes`); the masks are
+        drawn as without it, so both hold the same tokens, masks and loss.
         """
         lengths = [len(segment) for row in rows for segment in row]
         flat = [token for row in rows for segment in row for token in segment]
@@ -111,8 +171,51 @@ class MLMMasker:
         cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         cu_seqlens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
         inputs, labels = self.mask(input_ids, generator, rate)
+        if self.static is not None:
+            return self._static_packed(rows, inputs, labels)
         return {"input_ids": inputs, "labels": labels, "cu_seqlens": cu_seqlens, "max_seqlen": max(lengths),
                 "masked_index": masked_index(labels)}
+
+    def _static_packed(self, rows: list[list[list[int]]], inputs: Tensor, labels: Tensor) -> dict:
+        """The packed batch of `rows` (its masked `inputs` and `labels`, end to end) in `self.static`'s shape."""
+        static = self.static
+        row_tokens = [sum(len(segment) for segment in row) for row in rows]
+        if len(rows) > static.rows or max(row_tokens) > static.length:
+            raise ValueError(f"a static packed batch holds at most {static.rows} rows of {static.length} tokens, got "
+                             f"{len(rows)} rows of up to {max(row_tokens)}")
+        ends = []  # of the documents in the [rows, length] grid: each row's segments, then its [PAD] tail if any
+        for row in range(static.rows):
+            end = row * static.length
+            for segment in rows[row] if row < len(rows) else ():
+                end += len(segment)
+                ends.append(end)
+            if end < (row + 1) * static.length:
+                ends.append((row + 1) * static.length)
+        if len(ends) > static.documents:
+            per_row = static.documents // static.rows
+            raise DataError(f"a packed micro-batch holds {len(ends)} documents ([PAD] tails included), more than "
+                            f"data.static_documents_per_row={per_row} allows in {static.rows} rows (under "
+                            f"data.static_shapes cu_seqlens has a fixed length): set data.static_documents_per_row "
+                            f"to {math.ceil(len(ends) / static.rows)} or more (resume=true goes on from the last "
+                            f"checkpoint)")
+        place = torch.cat([torch.arange(tokens) + row * static.length for row, tokens in enumerate(row_tokens)])
+        grid_inputs = torch.full((static.rows * static.length,), self.pad_token_id, dtype=torch.long)
+        grid_labels = torch.full_like(grid_inputs, IGNORE_INDEX)
+        grid_inputs[place], grid_labels[place] = inputs.reshape(-1), labels.reshape(-1)
+        index = masked_index(grid_labels)
+        if index.numel() > static.masked:  # about once in 10^9 batches: the last ones get their token back, unmasked
+            extra = index[static.masked :]
+            grid_inputs[extra], grid_labels[extra] = grid_labels[extra], IGNORE_INDEX
+            index = index[: static.masked]
+        if index.numel() < static.masked:  # filled with a position the loss ignores (there is one: masked < tokens)
+            ignored = (grid_labels == IGNORE_INDEX).nonzero()[0]
+            index = torch.cat([index, ignored.expand(static.masked - index.numel())])
+        cu_seqlens = torch.full((static.documents + 1,), static.rows * static.length, dtype=torch.int32)
+        cu_seqlens[0] = 0
+        cu_seqlens[1 : len(ends) + 1] = torch.tensor(ends, dtype=torch.int32)
+        return {"input_ids": grid_inputs.view(static.rows, static.length),
+                "labels": grid_labels.view(static.rows, static.length), "cu_seqlens": cu_seqlens,
+                "max_seqlen": static.length, "masked_index": index}
 
 
 def masked_index(labels: Tensor) -> Tensor:

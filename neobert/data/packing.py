@@ -1,7 +1,9 @@
 """Sequence packing: tokenized documents laid end to end into rows of at most `max_length` tokens.
 
 A packed batch carries `cu_seqlens`, so no document attends to another, and holds no [PAD] token at all (the
-official NeoBERT code put [PAD] inside packed batches, its issue #7). Two ways to fill the rows:
+official NeoBERT code put [PAD] inside packed batches, its issue #7), except under data.static_shapes: there every
+batch is [micro-batch, max_length] for a compiled model, [PAD] after each row as a document of its own that nothing
+real attends to, labelled -100 (`neobert.data.masking.StaticShapes`). Two ways to fill the rows:
 
 * `GreedyPacker`: documents in arrival order, every row filled exactly; a document that does not fit the rest of
   a row is cut there and continues in the next one. No capacity is lost, but most documents are cut in two.

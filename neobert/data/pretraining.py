@@ -236,7 +236,7 @@ class PretrainingStream(IterableDataset):
         self.rotation, self.skip_docs = rotation, skip_docs
         self.sources = mixture_sources(data)  # data.source as a mixture of one, or data.sources
         self._held_out: dict[int, frozenset[bytes]] = {}  # per source: digests of its skip_docs held-out documents
-        self.masker = MLMMasker.from_tokenizer(tokenizer, masking.rate, masking.strategy, masking.pad_to_multiple_of)
+        self.masker = MLMMasker.for_pretraining(tokenizer, masking, data, self.schedule.micro_batch_size)
         self.special_ids = set(tokenizer.all_special_ids)
         self.tokenizers = [DocumentTokenizer(tokenizer, text_column(source.data)) for source in self.sources]
         self.workers = max(1, data.num_workers)
@@ -538,7 +538,7 @@ def validation_batches(data, masking, tokenizer, micro_batch_size: int) -> list[
     """The first `data.validation_docs` documents (held out of training), masked once with a fixed seed at the
     fixed `masking.rate` (whatever the training schedule), so every validation loss is computed on the same
     inputs."""
-    masker = MLMMasker.from_tokenizer(tokenizer, masking.rate, masking.strategy, masking.pad_to_multiple_of)
+    masker = MLMMasker.for_pretraining(tokenizer, masking, data, micro_batch_size)
     builder = BatchBuilder(masker, data.max_length, data.packing, set(tokenizer.all_special_ids),
                            data.packing_open_rows)
     tokenize, skipped = DocumentTokenizer(tokenizer, text_column(data)), {}

@@ -9,7 +9,9 @@ layer rebuilds a mask), and every layer calls :func:`attend` with it.
   and described by ``cu_seqlens``; no document attends to another. Kernels, fastest first: flash-attn's
   varlen kernel (if installed), PyTorch's ``varlen_attn`` (CUDA, half precision), xFormers' block-diagonal
   attention (if installed), and everywhere else a correct fallback that scatters the documents into a padded
-  batch, runs SDPA with a key-padding mask and gathers them back.
+  batch, runs SDPA with a key-padding mask and gathers them back. Zero-length documents (the repeated last offset
+  that keeps a static packed batch's cu_seqlens one length) are allowed: varlen kernels take them as empty
+  sequences; in the fallback their grid rows are wholly masked (SDPA gives 0 there, not NaN), never gathered.
 """
 
 from __future__ import annotations

@@ -300,8 +300,9 @@ class NeoBERT(NeoBERTPreTrained):
                     f"got {cu_seqlens[0]}..{cu_seqlens[-1]}"
                 )
             lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-            if bool((lengths <= 0).any()):
-                raise ValueError("cu_seqlens describes an empty document (lengths must be positive)")
+            # Zero-length documents are allowed: a static packed batch repeats the last offset to keep one length.
+            if bool((lengths < 0).any()):
+                raise ValueError("cu_seqlens must not decrease (document lengths must be >= 0)")
             longest = int(lengths.max())
         elif cu_seqlens is None:
             if input_ids.dim() != 2:
@@ -345,7 +346,8 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
         """labels: token ids at masked positions, -100 elsewhere. `masked_only` projects to the vocabulary
         only at the masked positions (labels != -100), which skips ~80% of the largest matmul. `masked_index`
         (flat indices of the masked positions, from the collator) does the same without finding them on the
-        device: no host read, and a shape known in advance; the logits come in its order."""
+        device: no host read, and a shape known in advance; the logits come in its order. Entries labelled -100 (the
+        filler of a static packed batch's masked_index, `neobert.data.masking.StaticShapes`) count for nothing."""
         hidden = self.model(input_ids, attention_mask, **encoder_kwargs).last_hidden_state
         if labels is not None:
             if labels.shape != input_ids.shape:
@@ -358,7 +360,9 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
                 raise ValueError("masked_index needs labels: they are the targets at those positions")
             targets = labels.reshape(-1).index_select(0, masked_index)
             logits = self.decoder(hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_index))
-            loss = F.cross_entropy(logits.float(), targets) if masked_index.numel() else logits.sum() * 0.0
+            # The mean over the targets that are not -100; 0 when there are none (an empty index, or filler only).
+            scored = (targets != IGNORE_INDEX).sum().clamp(min=1)
+            loss = F.cross_entropy(logits.float(), targets, reduction="sum") / scored
             return MaskedLMOutput(logits, loss, hidden, masked_index=masked_index)
         if masked_only:
             if labels is None:

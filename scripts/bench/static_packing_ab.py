@@ -1,0 +1,91 @@
+"""The training step (forward + backward through `MLMPretrainingModule`, no optimizer) on best-fit packed batches,
+eager against torch.compile, in one process (issue 33, data.static_shapes): eager on the unpadded batches (the
+default without compile), eager on the static batches (what the padding costs), compiled (Inductor) on the static
+batches (one graph) and compiled on the unpadded ones (what compile did before: a recompile, then a dynamic graph).
+The batches are the real stream's (the demo corpus, micro-batch x max_length, best fit); variants interleaved (A, B,
+C, D per round) after a warm-up round that compiles; the median over the rounds, and the graphs each compiled.
+
+    python scripts/bench/static_packing_ab.py [preset] [rounds] [micro_batch] [max_length]
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch._inductor.compile_fx import compile_fx
+
+from neobert.config.pretrain import MaskingConfig, PretrainConfig, PretrainDataConfig
+from neobert.data.demo_corpus import demo_documents
+from neobert.data.pretraining import DATA_STATE_KEY, PretrainingStream
+from neobert.data.tokenizer import load_tokenizer
+from neobert.lit.pretrain import MLMPretrainingModule
+from neobert.model import NeoBERTConfig
+
+BATCHES = 20  # distinct batches, cycled over the rounds
+
+
+def stream_batches(corpus: Path, tokenizer, static_shapes: str, micro_batch: int, max_length: int) -> list[dict]:
+    data = PretrainDataConfig(source=str(corpus), max_length=max_length, shuffle_buffer=200, num_workers=0,
+                              packing="best_fit", static_shapes=static_shapes)
+    batches = list(itertools.islice(iter(PretrainingStream(data, MaskingConfig(), tokenizer, micro_batch)), BATCHES))
+    for batch in batches:
+        batch.pop(DATA_STATE_KEY)
+    return batches
+
+
+def main(preset: str = "mini", rounds: int = 10, micro_batch: int = 8, max_length: int = 128) -> None:
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    tokenizer = load_tokenizer()
+    corpus = Path(tempfile.mkdtemp()) / "demo.jsonl"
+    corpus.write_text("".join(json.dumps(doc) + "\n" for doc in demo_documents()))
+    batches = {"unpadded": stream_batches(corpus, tokenizer, "false", micro_batch, max_length),
+               "static": stream_batches(corpus, tokenizer, "true", micro_batch, max_length)}
+    config = NeoBERTConfig.from_preset(preset, vocab_size=len(tokenizer), max_length=max_length,
+                                       attention_backend="varlen")
+    eager = MLMPretrainingModule(PretrainConfig(), config, tokenizer).train()
+    graphs: dict[str, int] = {}
+
+    def compiled(name: str) -> MLMPretrainingModule:
+        def counting_inductor(graph_module, example_inputs):
+            graphs[name] = graphs.get(name, 0) + 1
+            return compile_fx(graph_module, example_inputs)
+
+        module = copy.deepcopy(eager)
+        module.model.compile(backend=counting_inductor)
+        return module
+
+    variants = {"eager, unpadded": (eager, "unpadded"), "eager, static": (eager, "static"),
+                "compiled, static": (compiled("compiled, static"), "static"),
+                "compiled, unpadded": (compiled("compiled, unpadded"), "unpadded")}
+    times = {name: [] for name in variants}
+    real_tokens = statistics.mean(batch["input_ids"].numel() for batch in batches["unpadded"])
+    for round_ in range(rounds + 1):  # round 0 compiles and warms up
+        for name, (module, kind) in variants.items():
+            start = time.perf_counter()
+            for batch in batches[kind]:
+                module.model.zero_grad(set_to_none=True)
+                module(batch).loss.backward()
+            if round_:
+                times[name].append((time.perf_counter() - start) / BATCHES)
+        print(f"round {round_} done", file=sys.stderr, flush=True)
+    eager_step = statistics.median(times["eager, unpadded"])
+    print(f"{preset}, {micro_batch} x {max_length} best fit, {real_tokens:.0f} real tokens per batch on average, "
+          f"{rounds} rounds of {BATCHES} batches, torch {torch.__version__}, 2 threads")
+    for name, measured in times.items():
+        step = statistics.median(measured)
+        print(f"{name:20s} {1000 * step:8.1f} ms/step  {real_tokens / step:8.0f} real tokens/s  "
+              f"{eager_step / step:.3f}x eager unpadded  {statistics.median(times['eager, static']) / step:.3f}x "
+              f"eager static  graphs {graphs.get(name, '-')}")
+
+
+if __name__ == "__main__":
+    main(*(a if i == 0 else int(a) for i, a in enumerate(sys.argv[1:])))

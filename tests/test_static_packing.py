@@ -172,6 +172,16 @@ def test_a_batch_with_more_documents_than_the_bound_fails_naming_the_key(tokeniz
         _masker(tokenizer, StaticShapes(rows=2, length=16, documents=4, masked=32)).collate_packed(rows)
 
 
+def test_a_batch_of_more_rows_than_the_static_shape_keeps_its_own(tokenizer):
+    """Validation's last batch holds every row still open (up to data.packing_open_rows more than a micro-batch)."""
+    rows = [[[101, 2000 + row, 102]] for row in range(5)]
+    static = _masker(tokenizer, StaticShapes(rows=4, length=16, documents=8, masked=32)).collate_packed(
+        rows, torch.Generator().manual_seed(0))
+    plain = _masker(tokenizer, None).collate_packed(rows, torch.Generator().manual_seed(0))
+    assert static.keys() == plain.keys() and static["max_seqlen"] == plain["max_seqlen"] == 3
+    assert all(torch.equal(static[key], plain[key]) for key in TENSORS)
+
+
 def test_masked_positions_beyond_the_fixed_count_are_unmasked(tokenizer):
     rows = [[[101] + list(range(2000, 2030)) + [102]]]
     plain = _masker(tokenizer, None).collate_packed(rows, torch.Generator().manual_seed(1))

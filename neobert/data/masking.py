@@ -160,7 +160,8 @@ class MLMMasker:
         one length (greedy packing) give input_ids of shape [rows, length]; rows of different lengths (best fit)
         are laid end to end in one row, [1, tokens], rather than padded. With `static` (data.static_shapes) every
         batch has its one shape, [PAD] after each row as a document of its own (`StaticShapes`); the masks are
-        drawn as without it, so both hold the same tokens, masks and loss.
+        drawn as without it, so both hold the same tokens, masks and loss. A batch of more rows than that shape
+        (the flushed rest of a finite set of documents: validation's last batch, with every open row) keeps its own.
         """
         lengths = [len(segment) for row in rows for segment in row]
         flat = [token for row in rows for segment in row for token in segment]
@@ -171,7 +172,7 @@ class MLMMasker:
         cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
         cu_seqlens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
         inputs, labels = self.mask(input_ids, generator, rate)
-        if self.static is not None:
+        if self.static is not None and len(rows) <= self.static.rows:
             return self._static_packed(rows, inputs, labels)
         return {"input_ids": inputs, "labels": labels, "cu_seqlens": cu_seqlens, "max_seqlen": max(lengths),
                 "masked_index": masked_index(labels)}
@@ -180,9 +181,9 @@ class MLMMasker:
         """The packed batch of `rows` (its masked `inputs` and `labels`, end to end) in `self.static`'s shape."""
         static = self.static
         row_tokens = [sum(len(segment) for segment in row) for row in rows]
-        if len(rows) > static.rows or max(row_tokens) > static.length:
-            raise ValueError(f"a static packed batch holds at most {static.rows} rows of {static.length} tokens, got "
-                             f"{len(rows)} rows of up to {max(row_tokens)}")
+        if max(row_tokens) > static.length:
+            raise ValueError(f"a static packed batch holds rows of at most {static.length} tokens, got one of "
+                             f"{max(row_tokens)}")
         ends = []  # of the documents in the [rows, length] grid: each row's segments, then its [PAD] tail if any
         for row in range(static.rows):
             end = row * static.length

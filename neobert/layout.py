@@ -30,6 +30,7 @@ RESULTS_JSON = "results.json"
 
 # What each job writes under its output_dir, besides the run-directory names above.
 LOSS_PLOT = "loss.png"  # pretraining
+PHASE_PLAN = "phases.json"  # a phased pretraining run: the plan it holds, every phase resolved (jobs/phases.py)
 PROFILE_NAME = "profile"  # trainer.profiler's report: profile.txt (Lightning adds the stage and rank to the name)
 AVERAGING_JSON = "averaging.json"  # in an export averaged over checkpoints: which ones (experiments.export)
 EMA_EXPORT_DIR = "ema"  # export/ema/: the EMA of the weights (trainer.ema), beside the trained weights in export/

@@ -185,7 +185,7 @@ def shrink_phases(config: PretrainConfig, tmp_path: Path, steps: int) -> None:
     """A phased recipe at the size of the run: `steps` per phase, its lengths, micro-batches and buckets shrunk
     as the whole config's, hub sources made local; every other override kept as shipped."""
     for phase in config.phases:
-        phase.steps, phase.tokens = steps, 0
+        phase.steps, phase.tokens = steps, None
         overrides = dict(phase.overrides)
         for key in ("data.max_length", "model.overrides.max_length"):
             if key in overrides:

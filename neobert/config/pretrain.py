@@ -211,9 +211,9 @@ class PhaseConfig:
     """One phase of a phased recipe (`phases:`): its length, and what it changes from the phase before it."""
 
     name: str = ""  # the export goes to output_dir/export/<name>; `--phase NAME` restarts here
-    steps: int = 0  # the phase's optimizer steps; or
-    tokens: int = 0  # its tokens (steps = tokens / (batch x data.max_length), rounded up). Neither: the last phase
-    # runs to trainer.max_steps
+    steps: Optional[int] = None  # the phase's optimizer steps (> 0); or
+    tokens: Optional[int] = None  # its tokens (> 0; steps = tokens / (batch x data.max_length), rounded up).
+    # Neither (left out): the last phase runs to trainer.max_steps
     # Dotted keys of this config and their values for this phase and the ones after it (until changed again), e.g.
     # {data.max_length: 4096, model.overrides.rope_theta: 160000, scheduler.phase: decay}. PHASE_KEYS lists what
     # may change: the weights and the optimizer state carry over, so the architecture and vocabulary may not.

@@ -170,9 +170,10 @@ def usable_documents(values, pretokenized: bool, skipped: dict) -> list:
     return usable
 
 
-def check_column(batch: dict, column: str) -> None:
+def check_column(batch: dict, column: str, key: str = "data.text_column") -> None:
+    """`key`: the config key of the column (a source of a mixture: `data.sources[i].text_column`)."""
     if column not in batch:
-        raise ConfigError(f"data.text_column={column!r} is not a column of the data; columns: {sorted(batch)}")
+        raise ConfigError(f"{key}={column!r} is not a column of the data; columns: {sorted(batch)}")
 
 
 def check_has_documents(data, held_out: int = 0, batch_size: int = 64) -> None:
@@ -183,7 +184,7 @@ def check_has_documents(data, held_out: int = 0, batch_size: int = 64) -> None:
         return
     column, skipped, row, usable = text_column(data), {}, 0, 0
     for block in read_blocks(open_source(data), batch_size, data):
-        check_column(block, column)
+        check_column(block, column, source_key(data).rsplit(".", 1)[0] + ".text_column")
         for value in block[column]:
             if usable_documents([value], column == TOKENS_COLUMN, skipped):
                 if row >= held_out:

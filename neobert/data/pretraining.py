@@ -159,7 +159,8 @@ class EncodedStreamState:
         self.pickled = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
         self.batches, self.epoch, self.block, self.taken = (state[k] for k in ("batches", "epoch", "block", "taken"))
         mixture = state.get("mixture") or {}
-        self.drawn = {key: list(mixture.get(key, ())) for key in ("documents", "tokens")}  # per source
+        # per source; TOKENS_BEFORE: the tokens drawn in the phases before (carried_state)
+        self.drawn = {key: list(mixture.get(key, ())) for key in ("documents", "tokens", TOKENS_BEFORE)}
 
     def decode(self) -> dict:
         """The plain state (a new copy at every call)."""
@@ -182,12 +183,16 @@ def source_identity(data) -> tuple:
 
 
 SOURCE_POSITION_KEYS = ("epoch", "source", "block", "taken", "skipped")
+# In a mixture's state from the second phase on: per source, the tokens drawn from it in the phases before.
+TOKENS_BEFORE = "tokens_before"
 
 
 def carried_state(state: dict, saved: list[tuple], now: list[tuple]) -> dict:
     """A stream's state for a new phase: the position in every source the phases share, by identity; a new stream
     otherwise (no pending documents, batches counted from 0, new sources from their start, and the documents and
-    tokens drawn counted from 0: train/share/<source> is the phase's own, against the phase's own targets)."""
+    tokens drawn counted from 0: train/share/<source> is the phase's own, against the phase's own targets). The
+    tokens drawn from each shared source so far are kept beside, in TOKENS_BEFORE: train/tokens/<source> counts
+    on across phases."""
     mixture = state.get("mixture")
     positions = ({saved[0]: {k: state[k] for k in SOURCE_POSITION_KEYS}} if len(saved) == 1 and mixture is None
                  else {identity: position for identity, position in zip(saved, (mixture or {}).get("sources", []))})
@@ -200,6 +205,10 @@ def carried_state(state: dict, saved: list[tuple], now: list[tuple]) -> dict:
     for i, identity in enumerate(now):
         if identity in positions:
             mix["sources"][i] = copy.deepcopy(positions[identity])
+    mixture = mixture or {}
+    earlier = mixture.get(TOKENS_BEFORE) or [0] * len(saved)
+    drawn = {identity: before + tokens for identity, before, tokens in zip(saved, earlier, mixture.get("tokens", []))}
+    mix[TOKENS_BEFORE] = [drawn.get(identity, 0) for identity in now]
     fresh["mixture"] = mix
     return fresh
 
@@ -464,14 +473,17 @@ class PretrainingDataModule(L.LightningDataModule):
         return batches[self.rank : per_rank * self.world_size : self.world_size]
 
     def source_counts(self) -> dict[str, dict[str, int]]:
-        """Per source of a mixture: the documents and tokens drawn so far by this rank's streams (their trained
-        positions), {"documents": {name: n}, "tokens": {name: n}}."""
+        """Per source of a mixture: the documents drawn in this phase and the tokens drawn so far (in the phases
+        before too, of the sources it shares with them) by this rank's streams (their trained positions),
+        {"documents": {name: n}, "tokens": {name: n}}."""
         sources = self.sources if self.data.sources else []
         totals = {key: {source.name: 0 for source in sources} for key in ("documents", "tokens")}
         for state in self.stream_states.values():  # the counts kept beside each encoded state: nothing decoded
             for key, by_source in totals.items():
                 for source, count in zip(sources, state.drawn[key]):
                     by_source[source.name] += count
+            for source, count in zip(sources, state.drawn[TOKENS_BEFORE]):
+                totals["tokens"][source.name] += count
         return totals
 
     def train_stream(self) -> PretrainingStream:

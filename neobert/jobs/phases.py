@@ -10,6 +10,12 @@ one before (`neobert.data.pretraining.carried_state`). A phase ends with its own
 last). Running the command again resumes wherever it stopped: mid-phase, at a boundary, or re-exporting a phase
 whose export a crash interrupted. `--phase NAME` reruns from the start of phase NAME, from the previous phase's
 final checkpoint, into `output_dir/from-<NAME>/` (a new decay off a finished pretraining phase, say).
+
+Before the first step, every phase still to run is checked as a whole run would be (`prepare`: its config, its
+data sources, its model and lengths), the phase named in the error; and a run directory holds one plan
+(`phases.json`, `plan_record`): `resume=false` into a directory with checkpoints is refused as a single run's is,
+and a plan that differs from the one recorded there (a phase's length, any key of a phase's resolved config) is
+refused naming what changed.
 """
 
 from __future__ import annotations
@@ -24,15 +30,17 @@ from pathlib import Path
 from typing import Sequence
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from neobert.config import ConfigError
 from neobert.config.pretrain import PHASE_KEYS, PretrainConfig
-from neobert.errors import CheckpointError
-from neobert.jobs.pretrain import run_pretraining
-from neobert.layout import EXPORT_DIR, checkpoint_dir
-from neobert.lit.checkpoints import verify_checkpoint
+from neobert.errors import CheckpointError, UserInputError
+from neobert.hub import HubUnreachableError
+from neobert.jobs.pretrain import prepare, run_pretraining
+from neobert.layout import EXPORT_DIR, PHASE_PLAN, checkpoint_dir, write_atomically
+from neobert.lit.checkpoints import refuse_existing_checkpoints, verify_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -115,23 +123,33 @@ def plan_phases(config: PretrainConfig) -> list[PhaseRun]:
                               f"names the export directory), got {phase.name!r}")
         if phase.name in names[:index]:
             raise ConfigError(f"invalid config key '{key}.name': {phase.name!r} names two phases")
-        if phase.steps < 0 or phase.tokens < 0 or (phase.steps and phase.tokens):
-            raise ConfigError(f"invalid config key '{key}.steps': give steps or tokens (>= 0), not both")
+        if phase.steps is not None and phase.tokens is not None:
+            raise ConfigError(f"invalid config key '{key}.tokens': give steps or tokens, not both "
+                              f"(steps={phase.steps} is set)")
+        for field in ("steps", "tokens"):
+            value = getattr(phase, field)
+            if value is not None and value <= 0:
+                raise ConfigError(f"invalid config key '{key}.{field}': must be positive, got {value}" + (
+                    " (leave it out only in the last phase, which then runs to trainer.max_steps)" if value == 0
+                    else ""))
         resolved = phase_config(config, index)
         last = index == len(config.phases) - 1
-        if phase.steps:
+        if phase.steps is not None:
             length = phase.steps
-        elif phase.tokens:
+        elif phase.tokens is not None:
             length = math.ceil(phase.tokens / (resolved.trainer.batch_size * resolved.data.max_length))
         elif last:
             length = config.trainer.max_steps - start
+            if length <= 0:
+                raise ConfigError(f"invalid config key '{key}.steps': no step is left for phase {phase.name!r}: the "
+                                  f"phases before it end at step {start} = trainer.max_steps")
         else:
             raise ConfigError(f"invalid config key '{key}.steps': only the last phase may leave its length out "
                               f"(it runs to trainer.max_steps)")
         end = start + length
-        if length <= 0 or end > config.trainer.max_steps:
+        if end > config.trainer.max_steps:
             raise ConfigError(f"invalid config key '{key}.steps': the phases up to {phase.name!r} end at step {end}, "
-                              f"beyond trainer.max_steps={config.trainer.max_steps} (or the phase is empty)")
+                              f"beyond trainer.max_steps={config.trainer.max_steps}")
         resolved.trainer.max_steps = end
         resolved.export_dir = str(Path(config.export_dir or output / EXPORT_DIR) / phase.name)
         resolved.resume = config.resume if index == 0 else True  # later phases continue the recipe's own run
@@ -181,6 +199,14 @@ def run_phases(config: PretrainConfig, from_phase: str | None = None,
     runs = plan_phases(config)
     if from_phase is not None:
         runs = _branch(config, runs, from_phase)
+    output = Path(runs[0].config.output_dir)  # output_dir, or output_dir/from-<name>
+    if not config.resume:  # as a single run: a new run must not mix its checkpoints with an earlier run's
+        refuse_existing_checkpoints(output)
+    plan = plan_record(runs)
+    refuse_another_plan(output, plan, branch=from_phase is not None)
+    check_phases(runs)
+    if rank_zero_only.rank == 0 and _read_plan(output) != plan:
+        write_atomically(output / PHASE_PLAN, [json.dumps(plan, indent=1) + "\n"])
     exports = []
     for run in runs:
         if run.done():
@@ -195,6 +221,91 @@ def run_phases(config: PretrainConfig, from_phase: str | None = None,
                                               "end_step": run.end_step}) + "\n")
         exports.append(Path(run.config.export_dir))
     return exports
+
+
+def check_phases(runs: list[PhaseRun]) -> None:
+    """Every phase still to run checked before the first step, as a run checks itself before its own (`prepare`:
+    the config, the data sources' files and columns, the model and its lengths): an error names the phase, instead
+    of surfacing when that phase starts, after the phases before it trained."""
+    for run in runs:
+        if run.done():
+            continue
+        try:
+            prepare(run.config, run)
+        except (UserInputError, HubUnreachableError) as err:
+            raise type(err)(f"phase {run.name!r}: {err}") from err
+
+
+# What a plan is not: where and on what it runs, how it is logged and evaluated, and what the phases set for
+# themselves (their trainer.max_steps: the plan's steps).
+PLAN_IGNORED = ("resume", "output_dir", "export_dir", "trainer.max_steps", "trainer.accelerator", "trainer.devices",
+                "trainer.num_nodes", "logging.", "glue_callback.", "mteb_callback.")
+
+
+def plan_record(runs: list[PhaseRun]) -> dict:
+    """The plan of a phased run, as `phases.json` records it: every phase's name, steps and resolved config (each
+    field of the schema, a dict or list as one value), less PLAN_IGNORED."""
+    phases = []
+    for run in runs:
+        flat = {key: value for key, value in _fields(run.config).items() if not key.startswith(PLAN_IGNORED)}
+        phases.append({"name": run.name, "start_step": run.start_step, "end_step": run.end_step, "config": flat})
+    return json.loads(json.dumps({"phases": phases}, default=str))
+
+
+def _fields(obj, prefix: str = "") -> dict:
+    if dataclasses.is_dataclass(obj):
+        return {key: value for field in dataclasses.fields(obj)
+                for key, value in _fields(getattr(obj, field.name), f"{prefix}{field.name}.").items()}
+    return {prefix[:-1]: json.loads(json.dumps(obj, default=lambda o: dataclasses.asdict(o)
+                                              if dataclasses.is_dataclass(o) else str(o)))}
+
+
+def _read_plan(output: Path) -> dict | None:
+    try:
+        return json.loads((output / PHASE_PLAN).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def refuse_another_plan(output: Path, plan: dict, branch: bool = False) -> None:
+    """A run directory holds one plan: once it holds checkpoints, a plan other than the one it recorded (a phase's
+    length, a key of a phase's resolved config) is a ConfigError naming what changed. A key only one of the two
+    plans knows (a schema of another release) is no change."""
+    recorded = _read_plan(output)
+    if recorded is None or not any(checkpoint_dir(output).glob("*.ckpt")):
+        return
+    changes = plan_changes(recorded, plan)
+    if changes:
+        shown = "; ".join(changes[:6]) + (f"; and {len(changes) - 6} more" if len(changes) > 6 else "")
+        elsewhere = f"move {output} away to branch again" if branch else "choose another output_dir"
+        raise ConfigError(f"output_dir={str(output)!r} holds a phased run of another plan ({output / PHASE_PLAN}): "
+                          f"{shown}. A run directory holds one plan: run it with the plan it holds to continue it, "
+                          f"or {elsewhere}")
+
+
+def plan_changes(there: dict, here: dict) -> list[str]:
+    """What differs between two plans (`plan_record`), one phrase per change."""
+    old, new = there.get("phases", []), here["phases"]
+    if [p.get("name") for p in old] != [p["name"] for p in new]:
+        return [f"phases {[p.get('name') for p in old]} there, {[p['name'] for p in new]} here"]
+    changes, keys = [], {}
+    for a, b in zip(old, new):
+        if (a.get("start_step"), a.get("end_step")) != (b["start_step"], b["end_step"]):
+            changes.append(f"phase {b['name']!r} steps {a.get('start_step')}-{a.get('end_step')} there, "
+                           f"{b['start_step']}-{b['end_step']} here")
+        for key, value in b["config"].items():
+            if key in a.get("config", {}) and a["config"][key] != value:
+                shown = (key, _shown(a["config"][key]), _shown(value))
+                keys.setdefault(shown, []).append(b["name"])
+    for (key, was, now), names in keys.items():
+        where = f"phase {names[0]!r}" if len(names) == 1 else "phases " + ", ".join(repr(n) for n in names)
+        changes.append(f"{key} {was} there, {now} here ({where})")
+    return changes
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _branch(config: PretrainConfig, runs: list[PhaseRun], name: str) -> list[PhaseRun]:

@@ -151,6 +151,16 @@ class MLMPretrainingModule(L.LightningModule):
             self._step = self._empty_step()
         return output.loss
 
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        # The logged step is the optimizer step. Lightning logs at its own count of steps taken
+        # (epoch_loop._batches_that_stepped); restored from a checkpoint saved after its step had completed (a
+        # phase's final checkpoint) at a step that validates, it spends its first loop iteration skipping that
+        # validation and counts it as a step: every such phase boundary skipped a logged step, and the last phase
+        # logged past trainer.max_steps (Lightning 2.6).
+        loop = self.trainer.fit_loop.epoch_loop
+        if loop._batches_that_stepped != self.trainer.global_step:
+            loop._batches_that_stepped = self.trainer.global_step
+
     @staticmethod
     def _empty_step() -> dict:
         return {"loss": 0.0, "correct": 0, "masked": 0, "tokens": 0, "sequences": 0, "capacity": 0, "mask_rate": None}

@@ -9,7 +9,7 @@ only what they change.
 A config is named by a path or by the name of one shipped with the package (`neobert/configs/`): `neobert`,
 `glue/rte`, `ablations/m05` (the `.yaml` may be left out). A key that moved is listed in the schema's
 `RENAMED_KEYS` (old dotted key -> new one): for one release the old key still works, with a warning that names
-the new key.
+the new key. An override sets one item of a list by its index: `data.sources.0.weight=0`, `phases[1].steps=2`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from neobert.errors import ConfigError
@@ -95,7 +95,7 @@ def _build(config: DictConfig, schema: type, path: str | Path | None, overrides:
             if bad:
                 raise ConfigError(f"overrides must look like key=value, got {bad}")
             dotlist = [_rename_override(o, renamed) for o in overrides]
-            config = OmegaConf.merge(config, OmegaConf.from_dotlist(dotlist))
+            config = _apply_overrides(config, dotlist, source)
         result = OmegaConf.to_object(config)
     except (ConfigKeyError, ConfigAttributeError) as err:
         key = getattr(err, "full_key", None) or ""
@@ -113,6 +113,75 @@ def _build(config: DictConfig, schema: type, path: str | Path | None, overrides:
     if hasattr(result, "validate"):
         result.validate()
     return result
+
+
+def _apply_overrides(config: DictConfig, dotlist: list[str], source: str) -> DictConfig:
+    """The `key=value` overrides applied in order: merged as OmegaConf's dotlist, except those whose key goes
+    through a list (`data.sources.0.weight=0`, `phases[1].steps=2`), which set that item's key (OmegaConf's dotlist
+    would make the list a mapping {'0': ...} and fail to merge it: "Cannot merge incompatible container types")."""
+    pending: list[str] = []
+    for override in dotlist:
+        key, _, value = override.partition("=")
+        parts = LIST_INDEX.sub(r".\1", key.strip()).split(".")
+        if not _goes_through_a_list(config, parts):
+            pending.append(override)
+            continue
+        if pending:  # earlier overrides first: one may have replaced the list
+            config, pending = OmegaConf.merge(config, OmegaConf.from_dotlist(pending)), []
+        _set_through_lists(config, parts, key.strip(), OmegaConf.to_container(OmegaConf.from_dotlist(
+            [f"value={value}"]))["value"], source)
+    return OmegaConf.merge(config, OmegaConf.from_dotlist(pending)) if pending else config
+
+
+LIST_INDEX = re.compile(r"\[(\d+)\]")  # phases[1].steps, the form the error messages write, is phases.1.steps
+
+
+def _goes_through_a_list(config: DictConfig, parts: list[str]) -> bool:
+    """Whether a dotted key (split) names something inside a list of the config (a free-form dict's keys are
+    its own: never)."""
+    node = config
+    for part in parts[:-1]:
+        if not isinstance(node, DictConfig) or OmegaConf.get_type(node) is dict or part not in node:
+            return False
+        node = node._get_node(part)
+        if isinstance(node, ListConfig):
+            return True
+    return False
+
+
+def _set_through_lists(config: DictConfig, parts: list[str], key: str, value: Any, source: str) -> None:
+    """Sets the key `parts` of `config`, indexing its lists by number; in a free-form dict (a phase's
+    `overrides`) the rest of the key is one key, dotted as the YAML writes it. `key`: as the user wrote it."""
+    node, walked = config, ""
+    for i, part in enumerate(parts):
+        if isinstance(node, DictConfig) and OmegaConf.get_type(node) is dict:
+            with open_dict(node):
+                node[".".join(parts[i:])] = value
+            return
+        if isinstance(node, ListConfig):
+            size = len(node)
+            if size == 0:
+                raise ConfigError(f"{source}: invalid config key {key!r}: {walked} is empty: set the whole list "
+                                  f"({walked}=[...])")
+            indices = "index 0" if size == 1 else f"indices 0 to {size - 1}"
+            if not part.isdigit():
+                example = ".".join([walked, "0", *parts[i + 1:]])
+                raise ConfigError(f"{source}: invalid config key {key!r}: {walked} is a list: give an item's index "
+                                  f"({indices.split(' ', 1)[1]}), e.g. {example!r}")
+            if int(part) >= size:
+                raise ConfigError(f"{source}: invalid config key {key!r}: {walked} has {size} "
+                                  f"item{'s' if size > 1 else ''} ({indices})")
+        walked = f"{walked}.{part}" if walked else part
+        try:
+            if i == len(parts) - 1:
+                OmegaConf.update(node, part, value, merge=True)
+            else:
+                node = node._get_node(int(part)) if isinstance(node, ListConfig) else node[part]
+        except (ConfigKeyError, ConfigAttributeError) as err:
+            raise ConfigError(f"{source}: unknown config key {key!r}{_did_you_mean(config, walked)}") from err
+        except OmegaConfBaseException as err:
+            message = str(getattr(err, "msg", None) or err).strip().splitlines()[0]
+            raise ConfigError(f"{source}: invalid config key {key!r}: {message}") from err
 
 
 def _section_of_type(schema: DictConfig, type_name: str, prefix: str = "") -> str | None:

@@ -27,14 +27,36 @@ def pairs(items, form: str) -> dict[str, str]:
     return named
 
 
+def positive_int(text: str) -> int:
+    if not text.lstrip("-").isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def length(text: str) -> int:
+    if not text.lstrip("-").isdigit() or int(text) < 8:  # data.max_length's floor: [CLS], [SEP] and a few tokens
+        raise argparse.ArgumentTypeError(f"must be an integer of at least 8, got {text!r}")
+    return int(text)
+
+
+def rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value < 1:  # masking.rate's range
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1), got {text!r}")
+    return value
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="+", metavar="LABEL=EXPORT_DIR")
     parser.add_argument("--source", action="append", required=True, metavar="NAME=CORPUS",
                         help="a local corpus whose first --documents documents the runs held out")
-    parser.add_argument("--documents", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--mask-rate", type=float, default=0.2)
+    parser.add_argument("--documents", type=positive_int, default=32)
+    parser.add_argument("--max-length", type=length, default=128)
+    parser.add_argument("--mask-rate", type=rate, default=0.2)
     parser.add_argument("--output-dir", required=True)
     add_debug_flag(parser)
     args = parser.parse_args(argv)

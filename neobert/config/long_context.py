@@ -11,6 +11,9 @@ from neobert.config.loader import require
 LONG_CONTEXT_TASKS = ("passkey", "needle")
 # LongEmbed's lengths up to 4,096 (it goes on to 32,768); the default keeps those that fit each model.
 STANDARD_LENGTHS = (256, 512, 1024, 2048, 4096)
+# The distinct hidden sentences of each task (neobert.data.long_context: 25 first x 20 last names; 25 cities x 4
+# facts), so the most documents (= queries) one length can have.
+MAX_EXAMPLES_PER_LENGTH = {"passkey": 500, "needle": 100}
 
 
 @dataclass
@@ -42,6 +45,11 @@ class LongContextConfig:
         require(self.lengths is None or (bool(self.lengths) and all(n > 0 for n in self.lengths)), "lengths",
                 f"must be positive token counts or null, got {self.lengths}")
         require(self.examples_per_length >= 2, "examples_per_length", "must be at least 2 (the candidates)")
+        for task in sorted(set(self.tasks), key=MAX_EXAMPLES_PER_LENGTH.get):
+            most = MAX_EXAMPLES_PER_LENGTH[task]
+            require(self.examples_per_length <= most, "examples_per_length",
+                    f"the {task} task has {most} distinct hidden sentences, so at most {most} documents per length; "
+                    f"got {self.examples_per_length}")
         require(0 <= self.length_tolerance, "length_tolerance", "must be >= 0")
         require(self.batch_size > 0, "batch_size", "must be positive")
         require(self.dtype in (None, "float32", "bfloat16"), "dtype",

@@ -7,6 +7,7 @@ sets. `PretrainConfig.validate` checks what the types cannot, before any work st
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -315,7 +316,8 @@ class PretrainConfig:
 
     @staticmethod
     def _validate_sources(data: PretrainDataConfig) -> None:
-        require(data.mixture_temperature >= 0, "data.mixture_temperature", "must be >= 0 (0 = the weights alone)")
+        require(0 <= data.mixture_temperature < math.inf, "data.mixture_temperature",
+                f"must be a finite number >= 0 (0 = the weights alone), got {data.mixture_temperature}")
         if not data.sources:
             require(bool(data.source), "data.source", "must name a hub dataset or local files (or set data.sources)")
             require(not data.source_weights, "data.source_weights",

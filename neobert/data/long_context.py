@@ -101,6 +101,20 @@ def _hidden_sentences(task: str, count: int, rng: random.Random) -> list[tuple[s
             for city, (fact, question, answers) in rng.sample(pairs, count)]
 
 
+def _generator(task: str, length: int, seed: int) -> random.Random:
+    """The seeded generator of one task and length: its hidden sentences first, then where each goes."""
+    return random.Random(f"{seed}-{task}-{length}")
+
+
+def hidden_sentence_tokens(task: str, lengths: Sequence[int], count: Callable[[str], int],
+                           examples_per_length: int = 100, seed: int = 0) -> dict[int, int]:
+    """The tokens (`count`'s) of the longest hidden sentence `generate` draws at each length: a length must be at
+    least that (a document holds its sentence whole)."""
+    return {length: max(count(hidden) for hidden, _ in
+                        _hidden_sentences(task, examples_per_length, _generator(task, length, seed)))
+            for length in lengths}
+
+
 def _build(words: list[str], start: int, n: int, hidden: str, depth: float) -> tuple[str, float]:
     """`n` filler words from `start` (wrapping around) with `hidden` at the sentence boundary at or before
     `depth` of them."""
@@ -142,7 +156,7 @@ def generate(task: str, lengths: Sequence[int], count: Callable[[str], int], exa
     sentence_starts = [i for i, word in enumerate(words) if i == 0 or words[i - 1].endswith((".", "?", "!"))]
     examples = []
     for length in lengths:
-        rng = random.Random(f"{seed}-{task}-{length}")
+        rng = _generator(task, length, seed)
         for index, (hidden, query) in enumerate(_hidden_sentences(task, examples_per_length, rng)):
             start = rng.choice(sentence_starts)  # a document starts at a sentence of the filler
             depth = rng.random()

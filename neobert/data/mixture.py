@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,12 +50,22 @@ def mixture_sources(data: PretrainDataConfig) -> list[MixtureSource]:
     weights = [data.source_weights.get(s.name, s.weight) for s in data.sources]
     if data.mixture_temperature > 0:
         sizes = [source_size(source, i) for i, source in enumerate(data.sources)]
-        weights = [w * size**data.mixture_temperature for w, size in zip(weights, sizes)]
+        weights = temperature_weights(weights, sizes, data.mixture_temperature)
         log.info("mixture: temperature %g over sizes %s -> probabilities %s", data.mixture_temperature,
                  dict(zip((s.name for s in data.sources), sizes)),
                  {s.name: round(w / sum(weights), 4) for s, w in zip(data.sources, weights)})
     total = sum(weights)
     return [MixtureSource(s.name, w / total, s.max_epochs, view) for s, w, view in zip(data.sources, weights, views)]
+
+
+def temperature_weights(weights: list[float], sizes: list[float], tau: float) -> list[float]:
+    """weight_i x size_i^tau, scaled by one factor so the largest is 1: computed as logarithms, since size^tau
+    is past a float for large tau (1,000 bytes^110 > 1e308; the product used to be an OverflowError). The
+    probabilities are the same: only the ratios count. A weight or size of 0 stays 0."""
+    logs = [math.log(w) + tau * math.log(size) if w > 0 and size > 0 else -math.inf
+            for w, size in zip(weights, sizes)]
+    top = max(logs)
+    return [math.exp(value - top) if top > -math.inf else 0.0 for value in logs]
 
 
 def source_size(source, index: int) -> float:

@@ -17,7 +17,7 @@ from neobert.config import config_path
 from neobert.config.long_context import STANDARD_LENGTHS, LongContextConfig
 from neobert.config.loader import require
 from neobert.data.backbone import load_backbone
-from neobert.data.long_context import generate, token_counter
+from neobert.data.long_context import generate, hidden_sentence_tokens, token_counter
 from neobert.eval.long_context import MAIN_SCORE, markdown_table, score_long_context
 from neobert.eval.mteb import MtebEncoder, TaskInstructions
 from neobert.eval.plots import plot_long_context
@@ -53,6 +53,17 @@ def lengths_for(config: LongContextConfig, max_length: int, model: str) -> list[
     return sorted(set(config.lengths))
 
 
+def refuse_short_lengths(config: LongContextConfig, lengths: list[int], count, model: str) -> None:
+    """Every length must hold each task's hidden sentence whole (in the model's own tokens), before any work."""
+    for task in config.tasks:
+        needed = hidden_sentence_tokens(task, lengths, count, config.examples_per_length, config.seed)
+        short = [n for n in lengths if needed[n] > n]
+        if short:
+            require(False, "lengths", f"{short} cannot hold the {task} task's hidden sentence (up to "
+                                      f"{max(needed[n] for n in short)} tokens of {model}'s tokenizer): choose "
+                                      f"longer lengths (LongEmbed's start at {STANDARD_LENGTHS[0]})")
+
+
 def run_long_context(config: LongContextConfig, show_progress: bool = True) -> dict[str, Any]:
     instructions = TaskInstructions.load(None if config.instructions.lower() == "none"
                                          else config_path(config.instructions))
@@ -64,6 +75,7 @@ def run_long_context(config: LongContextConfig, show_progress: bool = True) -> d
         max_length = backbone.max_length
         lengths = lengths_for(config, max_length, path)
         count = token_counter(backbone.tokenizer)
+        refuse_short_lengths(config, lengths, count, path)
         examples = {task: generate(task, lengths, count, config.examples_per_length, config.seed,
                                    config.length_tolerance)
                     for task in config.tasks}

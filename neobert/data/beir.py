@@ -43,6 +43,9 @@ def beir_splits(directory: str | Path) -> list[str]:
 def choose_split(directory: str | Path, split: Optional[str] = None, key: str = "beir_split") -> str:
     """`split` when given (its qrels file must exist), else the only split of the directory."""
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise DataError(f"BEIR directory {str(directory)!r} is a file, not a directory (a BEIR directory holds "
+                        f"{BEIR_CORPUS}, {BEIR_QUERIES} and {BEIR_QRELS_DIR}/<split>.tsv)")
     if not directory.is_dir():
         raise DataError(f"BEIR directory {str(directory)!r} does not exist (expected {BEIR_CORPUS}, {BEIR_QUERIES} "
                         f"and {BEIR_QRELS_DIR}/<split>.tsv in it)")
@@ -53,6 +56,9 @@ def choose_split(directory: str | Path, split: Optional[str] = None, key: str = 
         if len(splits) > 1:
             raise DataError(f"{directory / BEIR_QRELS_DIR} holds the splits {splits}: choose one with `{key}`")
         return splits[0]
+    if Path(split).name != split or split.endswith(".tsv") or split in ("", ".", ".."):
+        raise DataError(f"`{key}`={split!r} is not a split name: a split is the name of a qrels file of "
+                        f"{directory / BEIR_QRELS_DIR} without .tsv (splits there: {splits})")
     if split not in splits:
         raise DataError(f"{directory / BEIR_QRELS_DIR / (split + '.tsv')} does not exist (`{key}`={split!r}; "
                         f"splits there: {splits})")

@@ -17,7 +17,7 @@ from neobert.config.contrastive import ContrastiveConfig
 from neobert.data.backbone import Backbone, load_backbone
 from neobert.data.contrastive import ContrastiveDataModule
 from neobert.layout import EXPORT_DIR, RESULTS_JSON, STS_TUNED_DIR, STS_ZERO_SHOT_DIR
-from neobert.lit.checkpoints import (refuse_existing_checkpoints, resume_checkpoint,
+from neobert.lit.checkpoints import (refuse_another_optimizer, refuse_existing_checkpoints, resume_checkpoint,
                                      step_checkpoint_callback)
 from neobert.lit.contrastive import ContrastiveModule
 from neobert.lit.trainer import build_trainer
@@ -33,6 +33,8 @@ def run_contrastive(config: ContrastiveConfig) -> dict:
     if not config.resume:
         refuse_existing_checkpoints(output_dir)
     ckpt_path = resume_checkpoint(output_dir) if config.resume else None
+    if ckpt_path is not None:
+        refuse_another_optimizer(ckpt_path, config.optimizer.name, "choose another output_dir to start over")
     backbone = load_backbone(config.model, tokenizer=config.tokenizer)
     datamodule = ContrastiveDataModule(config.data, backbone.tokenizer)
     datamodule.setup("fit")  # reads (or fails to reach) every data set before the model work starts

@@ -25,8 +25,9 @@ from neobert.eval.plots import final_value, plot_curves
 from neobert.layout import CONFIG_NAME, EMA_EXPORT_DIR, EXPORT_DIR, LOGS_DIR, LOSS_PLOT, TENSORBOARD_DIR, WEIGHTS_NAME
 from neobert.layout import metrics_csvs
 from neobert.lit.checkpoints import (CHECKPOINT_KEY, model_state_dict, newest_readable_checkpoint,
-                                     read_lightning_checkpoint, refuse_existing_checkpoints, resume_checkpoint,
-                                     step_checkpoint_callback, verified_checkpoint, verify_checkpoint)
+                                     read_lightning_checkpoint, refuse_another_optimizer, refuse_existing_checkpoints,
+                                     resume_checkpoint, step_checkpoint_callback, verified_checkpoint,
+                                     verify_checkpoint)
 from neobert.lit.ema import ExponentialMovingAverage
 from neobert.lit.glue_callback import GlueEvalCallback
 from neobert.lit.mteb_callback import MtebEvalCallback
@@ -78,6 +79,8 @@ def build_model_config(config: PretrainConfig, tokenizer) -> NeoBERTConfig:
     try:
         model_config = NeoBERTConfig.from_preset(config.model.preset, **overrides)
     except (ValueError, TypeError) as err:
+        if getattr(err, "field", None) in overrides:  # a ModelFieldError: name the override
+            raise ConfigError(f"invalid config key 'model.overrides.{err.field}': {err.reason}") from err
         raise ConfigError(f"invalid config key 'model': {err}") from err
     if model_config.vocab_size < len(tokenizer):
         raise ConfigError(f"invalid config key 'model.overrides.vocab_size': {model_config.vocab_size} is smaller "
@@ -178,6 +181,8 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
         init_weights(module.model, config.init_from)
     if ckpt_path is not None:
         refuse_another_model(ckpt_path, model_config)  # before the Trainer creates this run's log directories
+        refuse_another_optimizer(ckpt_path, config.optimizer.name, f"start a new run in another output_dir with "
+                                 f"init_from={ckpt_path} (its weights, a new {config.optimizer.name} optimizer)")
     trainer = build_trainer(config.trainer, config.logging, config.output_dir,
                             callbacks=build_callbacks(config) + list(extra_callbacks),
                             micro_batch_size=config.trainer.micro_batch_size,

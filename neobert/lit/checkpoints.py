@@ -32,6 +32,8 @@ from neobert.model.checkpoint import submodule_state
 log = logging.getLogger(__name__)
 
 CHECKPOINT_KEY = "neobert"
+# The optimizer.name of a checkpoint of a job other than pretraining (whose CHECKPOINT_KEY holds the run config).
+OPTIMIZER_NAME_KEY = "neobert_optimizer"
 # The EMA of the weights (trainer.ema, neobert.lit.ema): the same keys and shapes as the checkpoint's state_dict.
 EMA_STATE_KEY = "ema_state_dict"
 # A checkpoint being written: `.<name>.<random>.tmp` beside it (never `*.ckpt`, so never taken for a checkpoint).
@@ -358,6 +360,25 @@ def refuse_existing_checkpoints(output_dir: str | Path) -> None:
     if checkpoints.is_dir() and any(checkpoints.glob("*.ckpt")):
         raise ConfigError(f"output_dir={str(output_dir)!r} already holds checkpoints: set resume=true to "
                           f"continue that run, or choose another output_dir")
+
+
+def saved_optimizer_name(checkpoint: dict) -> str | None:
+    """The optimizer.name a checkpoint was trained with: its run config's (pretraining, under CHECKPOINT_KEY), or
+    OPTIMIZER_NAME_KEY's (the other jobs); None when it does not say (written before either existed)."""
+    config = (checkpoint.get(CHECKPOINT_KEY) or {}).get("config") or {}
+    return (config.get("optimizer") or {}).get("name") or checkpoint.get(OPTIMIZER_NAME_KEY)
+
+
+def refuse_another_optimizer(checkpoint: str | Path, name: str, start_over: str) -> None:
+    """A checkpoint to continue (resume, a phase, branch_from) must have been trained with this run's optimizer:
+    another one cannot load its state (AdamW's into Muon: `KeyError: 'muon'`; into StableAdamW: `KeyError:
+    'triton'`). A ConfigError naming optimizer.name, before the Trainer makes any log directory; `start_over`:
+    how else to use the checkpoint ("choose another output_dir ...")."""
+    saved = saved_optimizer_name(verified_checkpoint(checkpoint))
+    if saved is not None and saved != name:
+        raise ConfigError(f"invalid config key 'optimizer.name': {checkpoint} was trained with optimizer.name="
+                          f"{saved!r}, this run asks for {name!r} (an optimizer cannot continue another one's "
+                          f"state): resume it with optimizer.name={saved}, or {start_over}")
 
 
 def resume_checkpoint(output_dir: str | Path) -> Path | None:

@@ -20,6 +20,7 @@ from neobert.config import OptimizerConfig, SchedulerConfig, TrainerConfig
 from neobert.config.contrastive import ContrastiveLossConfig
 from neobert.data.backbone import Backbone
 from neobert.layout import MATRYOSHKA_JSON
+from neobert.lit.checkpoints import OPTIMIZER_NAME_KEY
 from neobert.lit.optim import configure_optimizers
 from neobert.lit.rng import RngState
 from neobert.model.modeling import pool_embeddings
@@ -165,6 +166,9 @@ class ContrastiveModule(L.LightningModule):
     # ------------------------------------------------------------------ optimisation
     def configure_optimizers(self):
         return configure_optimizers(self.backbone, self.optimizer_config, self.scheduler_config, self.max_steps)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint[OPTIMIZER_NAME_KEY] = self.optimizer_config.name  # a resume with another one is refused
 
     def export(self, directory: str | Path) -> Path:
         """Writes the encoder in our hub layout plus the sentence-transformers files (one directory serves both:

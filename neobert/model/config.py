@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,14 @@ POSITION_ENCODINGS = ("rope", "learned")
 ACTIVATIONS = ("swiglu", "gelu")
 NORMS = ("rmsnorm", "layernorm")
 ATTENTION_BACKENDS = ("sdpa", "varlen")
+
+
+class ModelFieldError(ValueError):
+    """A NeoBERTConfig field with a value it cannot take: `field` names it (a job's config names its own key)."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"NeoBERTConfig.{field} {reason}")
+        self.field, self.reason = field, reason
 
 
 @dataclass
@@ -80,6 +89,11 @@ class NeoBERTConfig:
                 raise ValueError(f"NeoBERTConfig.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.norm_eps <= 0:
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+        theta = self.rope_theta
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
+            # the base of RoPE's frequencies theta^(-2i/d): 0 or below gives inf or NaN angles, a NaN loss
+            raise ModelFieldError("rope_theta", f"must be a positive number (the RoPE base, e.g. 10000.0), got "
+                                                f"{theta!r}")
 
     # ------------------------------------------------------------------ presets
     @classmethod

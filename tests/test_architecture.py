@@ -1,7 +1,8 @@
 """The package's layers only look down, with no cycles, and every function-local import has a reason.
 
-Layers, lowest first: base (`neobert.errors`, `neobert.hub`, `neobert.layout`, `neobert.config`) <- `model` <- `data` <- `eval`
-<- `lit` <- `jobs`; `experiments/` sits on top and parses arguments only. See docs/architecture.md.
+Layers, lowest first: base (`neobert.errors`, `neobert.hub`, `neobert.layout`, `neobert.outputs`, `neobert.config`)
+<- `model` <- `data` <- `eval` <- `lit` <- `jobs`; `experiments/` sits on top and parses arguments only. See
+docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "neobert"
-LAYERS = {"errors": 0, "hub": 0, "layout": 0, "config": 0, "model": 1, "data": 2, "eval": 3, "lit": 4, "jobs": 5}
+LAYERS = {"errors": 0, "hub": 0, "layout": 0, "outputs": 0, "config": 0, "model": 1, "data": 2, "eval": 3, "lit": 4, "jobs": 5}
 # Heavy or optional dependencies that package code may import inside a function (each with a reason beside it).
 LAZY_ALLOWED = ("flash_attn", "xformers", "deepspeed", "mteb", "matplotlib", "sentence_transformers",
                 "lightning.pytorch.utilities.deepspeed", "neobert.eval.mteb")

@@ -13,14 +13,17 @@ from typing import Sequence
 import torch
 
 from neobert.data.tokenizer import load_tokenizer
-from neobert.errors import CheckpointError, UserInputError
+from neobert.errors import CheckpointError
 from neobert.layout import AVERAGING_JSON, checkpoint_dir
 from neobert.lit.checkpoints import (CHECKPOINT_KEY, EMA_STATE_KEY, model_state_dict, read_lightning_checkpoint,
                                      step_checkpoints)
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM, convert_official_state_dict
 from neobert.model.checkpoint import load_state_dict_strict, submodule_state
+from neobert.outputs import EXPORT, claim_output_dir, replace_directory, staging_dir
 
 WEIGHT_SETS = ("raw", "ema")
+EXPORT_EXISTS = ("export directory {directory} is not empty (it holds {held}): pass --overwrite to replace it as a "
+                 "whole")
 
 
 def export_from_checkpoint(checkpoint_path: str | Path, export_dir: str | Path, *, weights: str = "raw",
@@ -29,17 +32,16 @@ def export_from_checkpoint(checkpoint_path: str | Path, export_dir: str | Path, 
     checkpoint's EMA (trainer.ema) instead of the trained weights; `average` (checkpoint paths, see
     `select_checkpoints`) exports the mean of their weight sets, recorded in `averaging.json`. A non-empty
     `export_dir` is refused unless `overwrite`, which replaces it as a whole once the new export is complete (the
-    files of two exports are never mixed: a stale averaging.json would misstate the weights)."""
+    files of two exports are never mixed: a stale averaging.json would misstate the weights); a directory holding
+    the checkpoints it reads, any checkpoint or files that are not an export's is never written
+    (`neobert.outputs.claim_output_dir`)."""
     if weights not in WEIGHT_SETS:
         raise CheckpointError(f"unknown weight set {weights!r}: choose one of {WEIGHT_SETS}")
     export_dir = Path(export_dir)
-    if export_dir.is_dir() and any(export_dir.iterdir()) and not overwrite:
-        held = sorted(p.name for p in export_dir.iterdir())
-        raise UserInputError(f"export directory {export_dir} is not empty (it holds {', '.join(held[:4])}"
-                             f"{', ...' if len(held) > 4 else ''}): pass --overwrite to replace it as a whole")
-    if export_dir.exists() and not export_dir.is_dir():
-        raise UserInputError(f"export directory {export_dir} is a file")
     sources = [Path(p) for p in average] or [Path(checkpoint_path)]
+    claim_output_dir(export_dir, EXPORT, where=f"export directory {export_dir}", noun="export directory",
+                     earlier=EXPORT_EXISTS, overwrite=overwrite, flag="--overwrite",
+                     inputs=[(str(path), path) for path in dict.fromkeys(sources + [Path(checkpoint_path)])])
     checkpoints = [read_lightning_checkpoint(path) for path in sources]
     extra = checkpoints[0].get(CHECKPOINT_KEY)
     if extra is None:
@@ -54,26 +56,17 @@ def export_from_checkpoint(checkpoint_path: str | Path, export_dir: str | Path, 
     load_state_dict_strict(model, state, ", ".join(str(p) for p in sources))
     max_length = extra.get("config", {}).get("data", {}).get("max_length")
     tokenizer = load_tokenizer(extra["tokenizer"], max_length=max_length, config_key="data.tokenizer")
-    staged = export_dir.with_name(export_dir.name + ".tmp")  # written whole, then put in place
-    shutil.rmtree(staged, ignore_errors=True)
-    model.save_pretrained(staged, tokenizer=tokenizer)
-    if average:
-        record = {"weights": weights, "checkpoints": [{"path": str(path), "step": checkpoint.get("global_step")}
-                                                      for path, checkpoint in zip(sources, checkpoints)]}
-        (staged / AVERAGING_JSON).write_text(json.dumps(record, indent=2) + "\n")
-    replace_directory(staged, export_dir)
+    staged = staging_dir(export_dir)  # written whole, then put in place
+    try:
+        model.save_pretrained(staged, tokenizer=tokenizer)
+        if average:
+            record = {"weights": weights, "checkpoints": [{"path": str(path), "step": checkpoint.get("global_step")}
+                                                          for path, checkpoint in zip(sources, checkpoints)]}
+            (staged / AVERAGING_JSON).write_text(json.dumps(record, indent=2) + "\n")
+        replace_directory(staged, export_dir)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     return export_dir
-
-
-def replace_directory(new: Path, target: Path) -> None:
-    """`new` takes `target`'s place: two renames, so `target` is always either the old directory or the new one,
-    never a mix (a kill between them leaves the old one beside as <target>.old)."""
-    old = target.with_name(target.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        os.replace(target, old)
-    os.replace(new, target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def weight_set(checkpoint: dict, source: str, weights: str = "raw") -> dict[str, torch.Tensor]:

@@ -33,7 +33,6 @@ import json
 import math
 import os
 import re
-import shutil
 import statistics
 import traceback
 from dataclasses import dataclass, field
@@ -61,6 +60,7 @@ from neobert.lit.checkpoints import newest_readable_checkpoint, verify_checkpoin
 from neobert.lit.strategies import is_deepspeed
 from neobert.lit.trainer import resolve_precision
 from neobert.model import NeoBERT, NeoBERTForMaskedLM
+from neobert.outputs import GPU_CHECK, claim_output_dir, clear_output_dir
 
 OK, FAILED, SKIPPED, BELOW_TARGET = "ok", "FAILED", "skipped", "BELOW TARGET"
 CEILING, RECIPE_LOOP, PLAIN_LOOP, RESUME, EXPORT = ("model alone (ceiling)", "loop, recipe's strategy",
@@ -204,14 +204,12 @@ def is_global_zero() -> bool:
 
 
 def clear_earlier_check(output_dir: Path, overwrite: bool) -> None:
-    earlier = [output_dir / name for name in (GPU_CHECK_RECIPE_RUN, GPU_CHECK_PLAIN_RUN, GPU_CHECK_MD, GPU_CHECK_JSON)
-               if (output_dir / name).exists()]
-    if earlier and not overwrite:
-        raise ConfigError(f"invalid config key 'output_dir': {output_dir} holds an earlier check "
-                          f"({', '.join(p.name for p in earlier)}): choose another output_dir, or set overwrite=true "
-                          f"to replace it")
-    for path in earlier:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    """An earlier check's report and runs are refused unless `overwrite`, which removes them (and nothing else)."""
+    claim_output_dir(output_dir, GPU_CHECK, where=f"invalid config key 'output_dir': {output_dir}", noun="output_dir",
+                     earlier="invalid config key 'output_dir': {directory} holds an earlier check ({held}): choose "
+                             "another output_dir, or set overwrite=true to replace it",
+                     overwrite=overwrite, flag="overwrite=true")
+    clear_output_dir(output_dir, GPU_CHECK)
 
 
 def attempt(row: StageRow, work: Callable[[], None]) -> None:

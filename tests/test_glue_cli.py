@@ -239,7 +239,8 @@ def test_a_rerun_into_a_finished_task_is_refused_unless_overwrite(tmp_path, caps
     args = ["--task", "rte", "--model", "preset:tiny", *tiny_args(tmp_path, "transfer_from=null")]
     main(args)
     task_dir = tmp_path / "out" / "rte"
-    (task_dir / "stale.txt").write_text("a file of the first run")
+    (task_dir / "sweep.md").write_text("a file of the first run")  # (an earlier sweep's table: the suite's own)
+    (task_dir / "notes.md").write_text("the user's")  # not the suite's: overwrite=true leaves it (issue 36)
     results = (task_dir / "results.json").read_text()
     # refused, as pretraining refuses an output_dir with checkpoints: it used to replace best/ and results.json
     assert run_cli(main, args) == 2
@@ -247,4 +248,5 @@ def test_a_rerun_into_a_finished_task_is_refused_unless_overwrite(tmp_path, caps
             f"overwrite=true to replace it, or choose another output_dir") in capsys.readouterr().err
     assert (task_dir / "results.json").read_text() == results
     main(args + ["overwrite=true"])  # replaced as a whole: nothing of the first run is left
-    assert not (task_dir / "stale.txt").exists() and (task_dir / "best" / "model.safetensors").is_file()
+    assert not (task_dir / "sweep.md").exists() and (task_dir / "best" / "model.safetensors").is_file()
+    assert (task_dir / "notes.md").read_text() == "the user's"

@@ -44,7 +44,7 @@ class GlueConfig:
     predict: bool = False  # write test-split predictions of the best model (GLUE submission TSVs)
     keep_run_checkpoints: bool = False  # the per-run best checkpoints; the task's best model is always kept
     # A task whose output_dir/<task>/ holds a finished run (results.json, best/) is refused unless this is set; it
-    # then removes that task's directory first (a new result is never mixed with an earlier one's files).
+    # then removes what the suite wrote there first, nothing else (a new result is never mixed with an earlier one's).
     overwrite: bool = False
     data: GlueDataConfig = field(default_factory=GlueDataConfig)
     optimizer: OptimizerConfig = field(

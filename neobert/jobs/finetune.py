@@ -16,7 +16,7 @@ import shutil
 import statistics
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import lightning as L
 import torch
@@ -28,21 +28,29 @@ from neobert.layout import (GLUE_BEST_CHECKPOINT, GLUE_BEST_DIR, GLUE_SWEEP_JSON
                             RUN_CONFIG, checkpoint_dir)
 from neobert.lit.trainer import build_trainer
 from neobert.model.checkpoint import submodule_state
+from neobert.outputs import FINETUNE_TASK, claim_output_dir, clear_output_dir
 
 
 def run_name(batch_size: int, lr: float, weight_decay: float, seed: int) -> str:
     return f"bs{batch_size}_lr{lr:g}_wd{weight_decay:g}_seed{seed}"
 
 
-def prepare_task_dir(task_dir: Path, overwrite: bool) -> None:
+FINISHED_RUN = ("invalid config key 'overwrite': {directory} already holds a finished run ({held}): set "
+                "overwrite=true to replace it, or choose another output_dir")
+
+
+def prepare_task_dir(task_dir: Path, overwrite: bool, inputs: Sequence[tuple[str, str | Path | None]] = ()) -> None:
     """A task directory holding a finished run (results.json, best/) is refused unless `overwrite`, which removes
-    it first: a new result is never mixed with an earlier one's files."""
+    what the suite wrote there first (results, best/, the runs; never anything else): a new result is never mixed
+    with an earlier one's files. A task directory holding one of the run's `inputs` (its data, the model it starts
+    from) is refused whatever `overwrite` says (`neobert.outputs.claim_output_dir`)."""
+    claim_output_dir(task_dir, FINETUNE_TASK, where=f"invalid config key 'output_dir': the task directory {task_dir}",
+                     noun="output_dir", overwrite=True, flag="overwrite=true", inputs=inputs)
     finished = [name for name in (RESULTS_JSON, GLUE_BEST_DIR) if (task_dir / name).exists()]
     if finished and not overwrite:
-        raise ConfigError(f"invalid config key 'overwrite': {task_dir} already holds a finished run ("
-                          f"{', '.join(finished)}): set overwrite=true to replace it, or choose another output_dir")
+        raise ConfigError(FINISHED_RUN.format(directory=task_dir, held=", ".join(finished)))
     if finished:
-        shutil.rmtree(task_dir)
+        clear_output_dir(task_dir, FINETUNE_TASK)
 
 
 def grid_configs(config, sweep: bool) -> list:

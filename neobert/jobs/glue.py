@@ -23,7 +23,7 @@ from torch import nn
 from neobert.config import ConfigError, load_config
 from neobert.config.glue import GlueConfig
 from neobert.data.backbone import Backbone, load_backbone, model_needs_hub
-from neobert.data.glue import GLUE_TASKS, HUB_DATASET, get_task
+from neobert.data.glue import GLUE_TASKS, HUB_DATASET, get_task, task_directory
 from neobert.data.glue_datamodule import GlueDataModule
 from neobert.eval.glue_metrics import main_score_key, table3_markdown
 from neobert.hub import HubUnreachableError, hub_reachable
@@ -152,13 +152,25 @@ def check_hub_sources(config: GlueConfig) -> None:
             f"(/data/glue/{config.task}/train.tsv, dev.tsv, ...); model: a local directory or --model preset:tiny.")
 
 
+def run_inputs(config: GlueConfig, task) -> list[tuple[str, str | Path | None]]:
+    """What a run reads (its task directory must not hold any of it): the task's data files, the model, its
+    tokenizer and the model it transfers from."""
+    inputs = [(f"data.path={config.data.path!r}", config.data.path), (f"model={config.model!r}", config.model),
+              (f"tokenizer={config.tokenizer!r}", config.tokenizer)]
+    if config.data.path is not None and Path(config.data.path).is_dir():
+        data = task_directory(task, Path(config.data.path))
+        inputs.append((f"{data} (the {task.name} files of data.path={config.data.path!r})", data))
+    transfer = transfer_directory(config)
+    return inputs + ([(f"transfer_from={config.transfer_from!r} ({transfer})", transfer)] if transfer else [])
+
+
 def run_task(config: GlueConfig, sweep: bool = False) -> dict:
     """Fine-tunes one task: a single run with the config's hyperparameters, or (sweep=True) the grid with
     several seeds, ranked by the median over seeds. Keeps the best run's model in `<output_dir>/<task>/best/`."""
     task = get_task(config.task)
     check_hub_sources(config)
     task_dir = output_root(config) / task.name
-    prepare_task_dir(task_dir, config.overwrite)
+    prepare_task_dir(task_dir, config.overwrite, run_inputs(config, task))
     backbone = load_backbone(config.model, tokenizer=config.tokenizer)
     datamodule = GlueDataModule(task, backbone.tokenizer, config.data, seed=config.trainer.seed)
     runs, best, best_model = run_grid(

@@ -113,13 +113,20 @@ def export_best(result: dict, config: NerConfig, datamodule: NerDataModule, back
     return model
 
 
+def run_inputs(config: NerConfig) -> list[tuple[str, str | None]]:
+    """What a run reads (its task directory must not hold any of it): the data, the model and its tokenizer."""
+    return [(f"data.path={config.data.path!r}", config.data.path), (f"model={config.model!r}", config.model),
+            (f"tokenizer={config.tokenizer!r}", config.tokenizer),
+            *((f"data.files.{split}={path!r}", path) for split, path in config.data.files.items())]
+
+
 def run_task(config: NerConfig, sweep: bool = False) -> dict:
     """Fine-tunes one task: a single run with the config's hyperparameters, or (sweep=True) the grid with its
     seeds, ranked by the median entity F1 over seeds. Keeps the best run's model in `<output_dir>/<task>/best/`."""
     task = get_ner_task(config.task)
     check_hub_sources(config, task)
     task_dir = output_root(config) / task.name
-    prepare_task_dir(task_dir, config.overwrite)
+    prepare_task_dir(task_dir, config.overwrite, run_inputs(config))
     backbone = load_backbone(config.model, tokenizer=config.tokenizer)
     datamodule = NerDataModule(task, backbone.tokenizer, config.data, seed=config.trainer.seed)
     runs, best, _ = run_grid(

@@ -5,7 +5,8 @@ vocabulary padded to a multiple of 64, saved in the Hugging Face layout `data.to
     python -m experiments.train_tokenizer runs/tok --config recipes/cpu-phases --vocab-size 8192
     python -m experiments.pretrain --config recipes/cpu-phases data.tokenizer=runs/tok
 
-The model's vocab_size follows the tokenizer. An existing tokenizer directory is kept.
+The model's vocab_size follows the tokenizer. An existing tokenizer directory is refused unless --overwrite, which
+replaces it as a whole; a directory holding anything but a tokenizer (an export, your files) is never written.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import logging
 import sys
 from pathlib import Path
 
-from neobert.data.tokenizer import TOKENIZER_KINDS, train_tokenizer
+from neobert.data.tokenizer import (MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, TOKENIZER_KINDS, check_tokenizer_request,
+                                    train_tokenizer)
 from neobert.jobs.cli import add_debug_flag, run_cli
 from neobert.jobs.pretrain import load_pretrain_config
 
@@ -25,14 +27,21 @@ def main(argv=None) -> Path:
     parser.add_argument("output", help="the tokenizer directory to write")
     parser.add_argument("--config", default=None, help="a pretraining config whose data it learns from (default: demo)")
     parser.add_argument("--kind", choices=TOKENIZER_KINDS, default="wordpiece")
-    parser.add_argument("--vocab-size", type=int, default=30_528)
-    parser.add_argument("--max-docs", type=int, default=100_000, help="documents read, over all sources")
+    parser.add_argument("--vocab-size", type=int, default=30_528,
+                        help=f"at least {MIN_VOCAB_SIZE['wordpiece']} (wordpiece; and its alphabet: the data's "
+                             f"characters) or {MIN_VOCAB_SIZE['bpe']} (bpe), at most {MAX_VOCAB_SIZE:,}")
+    parser.add_argument("--max-docs", type=int, default=100_000, help="documents read, over all sources (>= 1)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing tokenizer in the output directory (refused otherwise)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the pretraining config")
     add_debug_flag(parser)
     args = parser.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    keys = ("--vocab-size", "--max-docs")
+    check_tokenizer_request(args.kind, args.vocab_size, args.max_docs, keys)  # before any data is read or written
     config = load_pretrain_config(args.config, args.overrides)
-    directory = train_tokenizer(config.data, args.output, args.kind, args.vocab_size, args.max_docs)
+    directory = train_tokenizer(config.data, args.output, args.kind, args.vocab_size, args.max_docs,
+                                overwrite=args.overwrite, keys=keys)
     print(f"tokenizer: {directory}; set data.tokenizer={directory}")
     return directory
 

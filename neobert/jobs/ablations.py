@@ -27,7 +27,7 @@ from neobert.jobs.ablation_ladder import (STEPS, StepResult, config_diff, load_b
 from neobert.jobs.pretrain import run_pretraining
 from neobert.layout import (ABLATION_CORPORA_DIR, ABLATION_HELDOUT, ABLATION_RESULTS_MD, ABLATION_RUN_ROW,
                             ABLATION_TOKENIZERS_DIR, EXPORT_DIR, RESULTS_JSON, WEIGHTS_NAME, ablation_figure,
-                            metrics_csvs, write_atomically)
+                            has_tokenizer, metrics_csvs, write_atomically)
 
 
 def run_ablations(steps: str, budget: str, budget_overrides: Sequence[str] = (), output_dir: str | None = None,
@@ -141,8 +141,10 @@ def run_step(step: str, seed: int, budget: AblationBudgetConfig, corpora: dict[s
                             f"the same offline corpus): this step repeats its parent")
     if config.data.tokenizer not in BERT_BASE_UNCASED_ALIASES and not Path(config.data.tokenizer).is_dir() \
             and not hub_reachable():
-        bpe = train_tokenizer(config.data, output_dir / ABLATION_TOKENIZERS_DIR / f"bpe-{budget.bpe_vocab_size}",
-                              "bpe", budget.bpe_vocab_size, pad_to_multiple_of=1)  # the budget's size exactly
+        bpe = output_dir / ABLATION_TOKENIZERS_DIR / f"bpe-{budget.bpe_vocab_size}"
+        if not has_tokenizer(bpe):  # trained once, then shared by every step and seed
+            train_tokenizer(config.data, bpe, "bpe", budget.bpe_vocab_size, pad_to_multiple_of=1,  # the budget's size
+                            keys=("bpe_vocab_size", "max_docs"))
         result.notes.append(f"{config.data.tokenizer} is out of reach (hub unreachable): a byte-level BPE "
                             f"tokenizer ({budget.bpe_vocab_size} tokens) was trained with `tokenizers` on the "
                             f"step's corpus instead; its MLM losses are over other units, not comparable")

@@ -36,6 +36,7 @@ from neobert.lit.strategies import master_state_dict
 from neobert.lit.trainer import build_trainer
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model.checkpoint import load_state_dict_strict, read_weights, submodule_state
+from neobert.outputs import EXPORT, claim_output_dir, clear_output_dir, is_within
 
 log = logging.getLogger(__name__)
 DEMO_CONFIG = "demo"  # the embedded default: `python -m experiments.pretrain` with no --config
@@ -130,6 +131,32 @@ def refuse_another_model(checkpoint: Path, model_config: NeoBERTConfig) -> None:
                               f"or give this run another output_dir")
 
 
+EXPORT_NOT_OWNED = ("invalid config key 'export_dir': {directory} holds an export this run did not write ({held}): "
+                    "choose another export_dir, or remove it (a run replaces only its own export: one inside its "
+                    "output_dir, or the export_dir of the checkpoint it continues)")
+
+
+def claim_export_dir(config: PretrainConfig, ckpt_path: Path | None) -> None:
+    """The end-of-run export replaces only this run's own export (neobert.outputs.claim_output_dir): one inside its
+    output_dir, or the export_dir its own checkpoint was written with (a resumed run). Another run's export, files
+    that are not an export's, checkpoints or this run's inputs there are refused before any training work."""
+    output_dir = Path(config.output_dir)
+    export_dir = Path(config.export_dir or output_dir / EXPORT_DIR)
+    if is_within(output_dir, export_dir):
+        raise ConfigError(f"invalid config key 'export_dir': {export_dir} holds this run's "
+                          f"output_dir={str(output_dir)!r}: the export goes into a directory of its own (by default "
+                          f"output_dir/{EXPORT_DIR})")
+    own = is_within(export_dir, output_dir)
+    if not own and ckpt_path is not None and is_within(ckpt_path, output_dir) and export_dir.is_dir():
+        saved = ((verified_checkpoint(ckpt_path).get(CHECKPOINT_KEY) or {}).get("config") or {}).get("export_dir")
+        own = saved is not None and Path(saved).resolve() == export_dir.resolve()
+    claim_output_dir(export_dir, EXPORT, where=f"invalid config key 'export_dir': {export_dir}", noun="export_dir",
+                     earlier=EXPORT_NOT_OWNED, overwrite=own,
+                     inputs=[(f"{key}={value!r}", value) for key, value in (
+                         ("init_from", config.init_from), ("branch_from", config.branch_from),
+                         ("data.tokenizer", config.data.tokenizer))])
+
+
 def branch_step(config: PretrainConfig) -> int:
     """The optimizer step of the `branch_from` checkpoint, where the branch starts (its decay, in phase=decay)."""
     if not Path(config.branch_from).exists():
@@ -183,6 +210,7 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
         refuse_another_model(ckpt_path, model_config)  # before the Trainer creates this run's log directories
         refuse_another_optimizer(ckpt_path, config.optimizer.name, f"start a new run in another output_dir with "
                                  f"init_from={ckpt_path} (its weights, a new {config.optimizer.name} optimizer)")
+    claim_export_dir(config, ckpt_path)  # before any training work: the export replaces only its own
     trainer = build_trainer(config.trainer, config.logging, config.output_dir,
                             callbacks=build_callbacks(config) + list(extra_callbacks),
                             micro_batch_size=config.trainer.micro_batch_size,
@@ -210,6 +238,8 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
         trainer.save_checkpoint(phase.final_checkpoint)  # where the next phase starts; never rotated away
 
     export_dir = Path(config.export_dir or Path(config.output_dir) / EXPORT_DIR)
+    if trainer.is_global_zero:
+        clear_output_dir(export_dir, EXPORT)  # claimed at the start: no stale averaging.json, ema/, ...
     export_module(module, export_dir, trainer.is_global_zero)
     ema = next((c for c in trainer.callbacks if isinstance(c, ExponentialMovingAverage)), None)
     if ema is not None and ema.weights is not None and trainer.is_global_zero:

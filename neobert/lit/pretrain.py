@@ -109,10 +109,13 @@ class MLMPretrainingModule(L.LightningModule):
     def _accuracy_counts(output, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | int]:
         """(correct, masked) predictions: a device tensor, and the count as a device tensor or, where the masked
         positions were selected, a Python int (their number is the selection's shape, known on the host: a tensor
-        made of it would be a host-to-device copy every micro-batch). Nothing is read back."""
+        made of it would be a host-to-device copy every micro-batch). Nothing is read back. A static packed batch's
+        masked_index is padded to a fixed length with a position labelled -100 (neobert.data.masking.StaticShapes):
+        only the targets that are not -100 count."""
         if output.masked_index is not None:
             targets = labels.reshape(-1).index_select(0, output.masked_index)
-            return (output.logits.argmax(-1) == targets).sum(), targets.numel()
+            scored = targets != -100
+            return ((output.logits.argmax(-1) == targets) & scored).sum(), scored.sum()
         if output.masked_positions is not None:
             targets = labels[output.masked_positions]
             return (output.logits.argmax(-1) == targets).sum(), targets.numel()
@@ -128,14 +131,17 @@ class MLMPretrainingModule(L.LightningModule):
         accumulate = self.trainer.accumulate_grad_batches
         self._track_finite(loss, batch_idx % accumulate + 1, data_state)
         correct, masked = self._accuracy_counts(output, batch["labels"])
-        tokens = batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].numel()
+        stats = (data_state or {}).get("stats")
+        if stats is not None:  # the real tokens, counted on the host where the batch was built ([PAD] not counted)
+            tokens = stats["tokens"]
+        else:
+            tokens = batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].numel()
         step = self._step
         step["loss"] = step["loss"] + loss
         step["correct"] = step["correct"] + correct
         step["masked"] = step["masked"] + masked
         step["tokens"] = step["tokens"] + tokens
         self._interval_tokens = self._interval_tokens + tokens
-        stats = (data_state or {}).get("stats")
         if stats is not None:  # what the data schedule and the packer did (neobert.data.pretraining.BatchBuilder)
             step["sequences"] += stats["rows"]
             step["capacity"] += stats["rows"] * self.config.data.max_length

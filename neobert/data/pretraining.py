@@ -151,8 +151,9 @@ class EncodedStreamState:
     With packing the state holds the packer's open rows, token id by token id (~10^5 Python objects with best fit
     at 32 x 1,024): as plain lists they were walked at every batch by Lightning's transfer to the device
     (`apply_to_collection`), the DataLoader's `default_convert` and `pin_memory`, and unpickled object by object
-    from the worker: 60-90 ms of host time per batch in Lightning's transfer alone (2-core EPYC). This object is a leaf to all of them (neither a mapping, a
-    sequence nor a dataclass; `bytes` would not do: it is a sequence, walked byte by byte).
+    from the worker: 60-90 ms of host time per batch in Lightning's transfer alone (2-core EPYC). This object is a
+    leaf to all of them (neither a mapping, a sequence nor a dataclass; `bytes` would not do: it is a sequence,
+    walked byte by byte).
     """
 
     def __init__(self, state: dict):

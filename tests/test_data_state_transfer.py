@@ -11,20 +11,15 @@ from collections.abc import Mapping, Sequence
 import pytest
 import torch
 from lightning.pytorch.utilities import move_data_to_device
+from test_data_pretraining import tokenizer  # noqa: F401 - the shared fixture
 
 from neobert.config.pretrain import MaskingConfig, PretrainDataConfig
 from neobert.data.demo_corpus import demo_documents
 from neobert.data.pretraining import DATA_STATE_KEY, PretrainingDataModule, PretrainingStream, batch_stream_state
-from neobert.data.tokenizer import load_tokenizer
 
 MICRO_BATCH = 8
 MAX_LENGTH = 512
 OPEN_ROWS = 64  # data.packing_open_rows' default: 64 open rows of ~500 token ids each ride the stream state
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer()
 
 
 @pytest.fixture(scope="module")

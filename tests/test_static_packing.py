@@ -6,11 +6,11 @@ nothing but the shapes: the same tokens, masks, loss, accuracy and gradients as 
 from __future__ import annotations
 
 import itertools
-import json
 
 import pytest
 import torch
 import torch._dynamo
+from test_data_pretraining import corpus, tokenizer  # noqa: F401 - the shared fixtures
 from torch._dynamo.testing import CompileCounter
 
 from neobert.config import ConfigError
@@ -19,7 +19,6 @@ from neobert.data.demo_corpus import demo_documents
 from neobert.data.masking import IGNORE_INDEX, MLMMasker, StaticShapes, static_shapes_for
 from neobert.data.packing import BestFitPacker
 from neobert.data.pretraining import PretrainingStream
-from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import DataError
 from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.model import NeoBERTConfig
@@ -28,16 +27,6 @@ ROWS, LENGTH = 4, 128  # best fit leaves rows of 128 tokens short, so unpadded b
 TENSORS = ("input_ids", "labels", "cu_seqlens", "masked_index")
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
-    path.write_text("".join(json.dumps(doc) + "\n" for doc in demo_documents()[:300]))
-    return path
 
 
 def packed_batches(corpus, tokenizer, static_shapes: str, count: int = 20) -> list[dict]:

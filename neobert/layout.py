@@ -16,6 +16,7 @@ from typing import Iterable
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_FILES = ("tokenizer_config.json", "vocab.txt", "tokenizer.json")
+SENTENCE_BERT_CONFIG = "sentence_bert_config.json"  # a sentence-transformers directory: its max_seq_length
 
 # A run directory.
 CHECKPOINT_DIR = "checkpoints"

@@ -19,7 +19,10 @@ class MtebConfig:
     # JSON {"query": {task: text}, "document": {task: text}}: a path or a packaged file; "none" = no instructions.
     instructions: str = "mteb_instructions.json"
     batch_size: int = 64
-    max_length: Optional[int] = 512
+    # Tokens per text; null = the model's own limit: sentence-transformers' max_seq_length (sentence_bert_config.json),
+    # else NeoBERT's max_length, else the smaller of the position table and the tokenizer's model_max_length. The
+    # summary says which limit was used and where it came from.
+    max_length: Optional[int] = None
     max_examples: Optional[int] = None  # cap on the examples of local tasks (quick checks)
     beir_split: Optional[str] = None  # beir:<dir> tasks: the qrels split (qrels/<split>.tsv); null = the only one
     device: Optional[str] = None  # default: cuda if available

@@ -37,7 +37,8 @@ from neobert.data.beir import read_beir
 from neobert.eval.flops import warn_if_bf16_is_emulated
 from neobert.data.contrastive import prepend_instruction, read_local_examples, read_sts_pairs
 from neobert.hub import require_hub
-from neobert.layout import MATRYOSHKA_JSON, MTEB_SUMMARY_JSON, MTEB_SUMMARY_MD, RESULTS_JSON
+from neobert.layout import (MATRYOSHKA_JSON, MTEB_SUMMARY_JSON, MTEB_SUMMARY_MD, RESULTS_JSON,
+                            SENTENCE_BERT_CONFIG)
 from neobert.model.modeling import pool_embeddings
 
 log = logging.getLogger(__name__)
@@ -91,16 +92,76 @@ class TaskInstructions:
 # ----------------------------------------------------------------------------------------------- encoding
 
 
+@dataclass(frozen=True)
+class LengthLimit:
+    """The tokens each text is truncated to, and where that number comes from (shown in the summary)."""
+
+    tokens: int
+    source: str
+    model_tokens: Optional[int] = None  # for a limit set in the config: the model's own, where it has one
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "source": self.source}
+
+
+_NO_LIMIT = 1_000_000  # tokenizers without a limit say 1e30
+
+
+def model_length_limit(backbone: Backbone) -> LengthLimit:
+    """The model's own truncation length, what its authors evaluate it with: a sentence-transformers directory's
+    `max_seq_length` (sentence_bert_config.json: 256 for all-MiniLM-L6-v2, whose position table holds 512),
+    else NeoBERT's `max_length` (config.json), else the smaller of a Hugging Face encoder's position table
+    (`max_position_embeddings`) and its tokenizer's `model_max_length` (when the tokenizer names one: RoBERTa's
+    table holds 514 rows for 512 tokens). A `max_seq_length` beyond what the model can read is cut to that, saying
+    so. (A Hugging Face config's own `max_length` is a generation default, not an input limit, and is not read.)"""
+    config = backbone.encoder.config
+    if backbone.is_neobert:
+        readable = LengthLimit(int(config.max_length), "the NeoBERT config's max_length")
+    else:
+        candidates = [LengthLimit(int(n), source) for n, source in (
+            (getattr(config, "max_position_embeddings", None), "the model config's max_position_embeddings"),
+            (getattr(backbone.tokenizer, "model_max_length", None), "the tokenizer's model_max_length"))
+            if n is not None and 0 < n < _NO_LIMIT]
+        readable = min(candidates, key=lambda limit: limit.tokens) if candidates else None
+    st_config = Path(backbone.source) / SENTENCE_BERT_CONFIG if backbone.source else None
+    st_length = (json.loads(st_config.read_text()).get("max_seq_length")
+                 if st_config is not None and st_config.is_file() else None)
+    if st_length:
+        st = LengthLimit(int(st_length), f"sentence-transformers' max_seq_length ({SENTENCE_BERT_CONFIG})")
+        if readable is None or st.tokens <= readable.tokens:
+            return st
+        return LengthLimit(readable.tokens, f"{readable.source} ({SENTENCE_BERT_CONFIG} says {st.tokens}, more "
+                                            f"than the model reads)")
+    if readable is None:
+        raise ConfigError(f"cannot tell how many tokens {type(backbone.encoder).__name__} reads (no "
+                          f"{SENTENCE_BERT_CONFIG}, position table or tokenizer limit): set max_length")
+    return readable
+
+
+def resolve_length_limit(backbone: Backbone, max_length: int | None, key: str = "max_length") -> LengthLimit:
+    """`max_length` when one is set (the config key `key`), else the model's own limit (`model_length_limit`);
+    the source of a set one names the model's own limit beside it."""
+    if max_length is None:
+        return model_length_limit(backbone)
+    try:
+        own = model_length_limit(backbone)
+    except ConfigError:
+        return LengthLimit(int(max_length), f"{key}={max_length}, set in the config")
+    return LengthLimit(int(max_length), f"{key}={max_length}, set in the config (the model's own limit: "
+                                        f"{own.tokens}, {own.source})", own.tokens)
+
+
 @torch.inference_mode()
 def embed_texts(backbone: Backbone, texts: Sequence[str], batch_size: int = 64, max_length: int | None = None,
                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Tensor:
-    """Masked-mean-pooled embeddings [N, hidden] (float32, on CPU) in the order of `texts`. Texts are batched by
-    token length (less padding), and autocast to `dtype` when one is given (bf16 on GPU)."""
+    """Masked-mean-pooled embeddings [N, hidden] (float32, on CPU) in the order of `texts`, each text truncated to
+    `max_length` tokens (None: the model's own limit, `model_length_limit`). Texts are batched by token length
+    (less padding), and autocast to `dtype` when one is given (bf16 on GPU)."""
     if not texts:
         return torch.empty(0, backbone.hidden_size)
     device = torch.device(device) if device is not None else next(backbone.parameters()).device
     tokenizer = backbone.tokenizer
-    max_length = max_length or tokenizer.model_max_length
+    max_length = max_length or model_length_limit(backbone).tokens
     encoded = tokenizer(list(texts), truncation=True, max_length=max_length, return_token_type_ids=False)
     order = sorted(range(len(texts)), key=lambda i: len(encoded["input_ids"][i]), reverse=True)
     output = torch.empty(len(texts), backbone.hidden_size)
@@ -137,12 +198,15 @@ class MtebEncoder(AbsEncoder):
     """mteb v2 encoder protocol for a `Backbone` (ours or any Hugging Face encoder):
     `MtebEncoder(load_backbone("runs/contrastive/export"), TaskInstructions.load(DEFAULT_INSTRUCTIONS))`.
     `dim` evaluates embeddings truncated to their first `dim` dimensions (re-normalised); encoders of one model
-    at several truncations can share a `cache` (text -> whole embedding) so each text is embedded once."""
+    at several truncations can share a `cache` (text -> whole embedding) so each text is embedded once. Texts are
+    truncated to `max_length` tokens, by default the model's own limit (`model_length_limit`: 256 for
+    all-MiniLM-L6-v2, as sentence-transformers and MTEB's published scores use); `max_length_key` names the config
+    key an explicit `max_length` came from."""
 
     def __init__(self, backbone: Backbone, instructions: TaskInstructions | None = None, batch_size: int = 64,
                  max_length: int | None = None, device: str | None = None, dtype: torch.dtype | None = None,
                  name: str = "neobert-suite/encoder", revision: str = "local", dim: int | None = None,
-                 cache: dict[str, Tensor] | None = None):
+                 cache: dict[str, Tensor] | None = None, max_length_key: str = "max_length"):
         if dim is not None and not 0 < dim <= backbone.hidden_size:
             raise ConfigError(f"dim={dim}: must be between 1 and the model's embedding size {backbone.hidden_size}")
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -150,7 +214,10 @@ class MtebEncoder(AbsEncoder):
         self.dim = dim
         self.cache = cache  # text -> whole embedding, shared by encoders of one model at several truncations
         self.instructions = instructions or TaskInstructions()
-        self.batch_size, self.max_length = batch_size, max_length
+        self.batch_size = batch_size
+        # The truncation of every text: `max_length` when given, else the model's own limit (in the report).
+        self.length_limit = resolve_length_limit(backbone, max_length, max_length_key)
+        self.max_length = self.length_limit.tokens
         # bf16 on GPU (paper protocol); fp32 on CPU unless asked (bf16 is faster where the CPU has avx512_bf16).
         self.dtype = dtype if dtype is not None else (torch.bfloat16 if self.device.type == "cuda" else None)
         if self.dtype == torch.float32:
@@ -361,7 +428,8 @@ def resolve_tasks(specs: Sequence[str], max_examples: int | None = None, beir_sp
 def run_mteb(encoder: MtebEncoder, tasks: Sequence, output_dir: str | Path | None = None,
              batch_size: int = 64, show_progress_bar: bool = True) -> dict[str, Any]:
     """Evaluates `encoder` on `tasks` (data sets come from the hub unless the tasks are local) and returns
-    {"tasks": {name: {type, main_score, scores}}, "summary": Table 4 averages}; writes them under output_dir."""
+    {"tasks": {name: {type, main_score, scores}}, "summary": Table 4 averages, "max_length": {tokens, source}
+    (our encoder's truncation)}; writes them under output_dir."""
     result = mteb.evaluate(encoder, list(tasks), cache=None, encode_kwargs={"batch_size": batch_size},
                            show_progress_bar=show_progress_bar, overwrite_strategy="always")
     types = {task.metadata.name: task.metadata.type for task in tasks}
@@ -373,6 +441,9 @@ def run_mteb(encoder: MtebEncoder, tasks: Sequence, output_dir: str | Path | Non
             "scores": task_result.to_dict()["scores"],
         }
     report = {"model": encoder.mteb_model_meta.name, "tasks": per_task, "summary": table4_summary(per_task)}
+    limit = getattr(encoder, "length_limit", None)  # any mteb encoder may be scored; ours says how it truncates
+    if limit is not None:
+        report["max_length"] = limit.to_dict()
     if output_dir is not None:
         write_report(report, output_dir)
     return report
@@ -402,8 +473,10 @@ def write_report(report: dict[str, Any], output_dir: str | Path) -> None:
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / RESULTS_JSON).write_text(json.dumps(report["tasks"], indent=2) + "\n")
-    (output_dir / MTEB_SUMMARY_JSON).write_text(json.dumps({"model": report["model"], **report["summary"]},
-                                                        indent=2) + "\n")
+    summary = {"model": report["model"], **report["summary"]}
+    if "max_length" in report:
+        summary["max_length"] = report["max_length"]
+    (output_dir / MTEB_SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
     (output_dir / MTEB_SUMMARY_MD).write_text(summary_markdown(report))
 
 
@@ -416,4 +489,7 @@ def summary_markdown(report: dict[str, Any]) -> str:
              f"| {report['model']} | {' | '.join(cell(report['summary'][c]) for c in columns)} |", "",
              "| Task | Type | Main score (x100) |", "|---|---|---|"]
     lines += [f"| {name} | {t['type']} | {100 * t['main_score']:.2f} |" for name, t in report["tasks"].items()]
+    if "max_length" in report:
+        limit = report["max_length"]
+        lines += ["", f"Texts truncated to {limit['tokens']} tokens: {limit['source']}."]
     return "\n".join(lines) + "\n"

@@ -29,6 +29,7 @@ class MtebEvalCallback(L.Callback):
         config.validate()  # also when built in Python rather than loaded from YAML
         self.config = config
         self._task = None
+        self._limit_logged = False
 
     def _make_task(self):
         from neobert.eval.mteb import local_task  # imports mteb (heavy): only when on
@@ -55,7 +56,13 @@ class MtebEvalCallback(L.Callback):
                             encoder.config.num_hidden_layers, is_neobert=True)
         device = str(next(encoder.parameters()).device)
         mteb_encoder = MtebEncoder(backbone, batch_size=self.config.batch_size, max_length=self.config.max_length,
-                                   device=device, name="pretraining")
+                                   device=device, name="pretraining", max_length_key="mteb_callback.max_length")
+        if not self._limit_logged:
+            # A quick trend during pretraining, cut shorter than the model reads (a BEIR task's documents are
+            # then scored on their start): the log says so, once; experiments.mteb uses the model's own limit.
+            self._limit_logged = True
+            log.info("zero-shot MTEB %s: texts truncated to %d tokens (%s)", self.config.task,
+                     mteb_encoder.length_limit.tokens, mteb_encoder.length_limit.source)
         report = run_mteb(mteb_encoder, [self._task], output_dir=None, batch_size=self.config.batch_size,
                           show_progress_bar=False)
         scores = report["tasks"][self._task.metadata.name]["scores"]

@@ -32,7 +32,6 @@ import importlib.util
 import json
 import math
 import os
-import re
 import statistics
 import traceback
 from dataclasses import dataclass, field
@@ -240,15 +239,13 @@ def device_name(device: torch.device) -> str:
     return f"CPU ({torch.get_num_threads()} threads)"
 
 
-def memory_estimate_gib(plan: Plan, loop: PretrainConfig) -> float | None:
+def memory_estimate_gib(plan: Plan, loop: PretrainConfig) -> float:
     """The preflight's per-GPU total (model states for the loop's strategy + activations) for this loop."""
     with torch.device("meta"):  # counted, never allocated
         model = NeoBERTForMaskedLM(plan.model_config)
     report = Preflight()
     gpu = torch.cuda.get_device_name(plan.device) if plan.device.type == "cuda" else "cpu"
-    memory_section(report, loop, model, sum(p.numel() for p in model.parameters()), gpu)
-    total = re.search(r"total about ([\d,.]+) GiB", "\n".join(report.lines))
-    return float(total.group(1).replace(",", "")) if total else None
+    return memory_section(report, loop, model, sum(p.numel() for p in model.parameters()), gpu) / GiB
 
 
 # ---------------------------------------------------------------------------------------------- 1. the ceiling

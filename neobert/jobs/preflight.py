@@ -253,7 +253,8 @@ def source_section(report: Preflight, source, streams: int) -> None:
             f"(`--pretokenize DIR`, a multiple of the streams) and set data.pretokenized_dir")
 
 
-def memory_section(report: Preflight, config: PretrainConfig, model, parameters: int, gpu: str) -> None:
+def memory_section(report: Preflight, config: PretrainConfig, model, parameters: int, gpu: str) -> float:
+    """Reports the memory per GPU; returns the estimated total in bytes (model states plus activations)."""
     trainer = config.trainer
     world, per_node = world_size(config), trainer.num_devices
     report.section("Memory per GPU")
@@ -294,6 +295,7 @@ def memory_section(report: Preflight, config: PretrainConfig, model, parameters:
     if capacity and total > 0.9 * capacity * GiB:
         report.warnings.append(f"memory: about {total / GiB:.0f} GiB per GPU against {capacity} GiB: lower "
                                f"trainer.micro_batch_size and raise trainer.accumulate_grad_batches")
+    return total
 
 
 def attention_section(report: Preflight, config: PretrainConfig, model_config, precision: str) -> None:

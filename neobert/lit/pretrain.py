@@ -10,14 +10,13 @@ import time
 import lightning as L
 import torch
 from omegaconf import OmegaConf
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from neobert.config.pretrain import PretrainConfig
 from neobert.data.pretraining import DATA_STATE_KEY, SOURCE_KEY
 from neobert.eval.flops import attention_flops, flops_per_token, matmul_params, mfu, peak_flops
 from neobert.lit.checkpoints import CHECKPOINT_KEY
 from neobert.lit.optim import configure_optimizers, lr_factor
-from neobert.lit.strategies import deepspeed_grad_norm, is_deepspeed
+from neobert.lit.strategies import deepspeed_grad_norm, fsdp2_shard, is_deepspeed
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
 
@@ -36,14 +35,6 @@ def describe_data_position(data_state: dict | None) -> str:
     state = data_state["state"]
     return (f"the batch came from data stream {data_state['stream']} (the stream's batch {state.batches}, "
             f"ending at epoch {state.epoch}, shuffle block {state.block}, document {state.taken} of the block)")
-
-
-def fsdp2_mixed_precision(precision: str) -> MixedPrecisionPolicy:
-    """FSDP2's policy for a Lightning precision: bf16 parameters and fp32 gradient reduction under bf16-mixed
-    (the fp32 shards stay the optimizer's master weights); FSDP2's default (no casting) otherwise."""
-    if precision == "bf16-mixed":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
 
 
 class MLMPretrainingModule(L.LightningModule):
@@ -83,15 +74,9 @@ class MLMPretrainingModule(L.LightningModule):
         self._interval_squared_lengths = 0  # a host count: sum of squared sequence lengths since the last read
 
     def configure_model(self) -> None:
-        # FSDP2 (trainer.strategy=fsdp2): shard every block, then the rest.
-        # Under bf16-mixed the shards are gathered and computed in bf16 and the gradients reduced in fp32 (without a
-        # policy FSDP2 would move fp32 over the wire both ways); the fp32 shards stay the optimizer's.
-        if getattr(self, "device_mesh", None) is not None:
-            mesh = self.device_mesh["data_parallel"]
-            policy = fsdp2_mixed_precision(self.trainer.precision)
-            for block in self.model.model.transformer_encoder:
-                fully_shard(block, mesh=mesh, mp_policy=policy)
-            fully_shard(self.model, mesh=mesh, mp_policy=policy)
+        if getattr(self, "device_mesh", None) is not None:  # FSDP2 (trainer.strategy=fsdp2)
+            fsdp2_shard(self.model, self.model.model.transformer_encoder, self.device_mesh["data_parallel"],
+                        self.trainer.precision)
         if self.config.model.compile:
             self.model.compile()
 

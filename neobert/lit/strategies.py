@@ -17,6 +17,7 @@ fail on the paper's recipe (docs/pretraining.md, "First GPU run"):
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ import torch
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision, MixedPrecision, Precision
 from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, Strategy, StrategyRegistry
 from lightning.pytorch.utilities import GradClipAlgorithmType
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from neobert.config import DeepSpeedConfig
 
@@ -94,6 +97,25 @@ class DataParallelFSDP2Strategy(ModelParallelStrategy):
 def fsdp2_strategy() -> ModelParallelStrategy:
     """Data-parallel FSDP2 over every GPU of every node."""
     return DataParallelFSDP2Strategy()
+
+
+def fsdp2_mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    """FSDP2's policy for a Lightning precision: bf16 parameters and fp32 gradient reduction under bf16-mixed
+    (the fp32 shards stay the optimizer's master weights); FSDP2's default (no casting) otherwise."""
+    if precision == "bf16-mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def fsdp2_shard(model: torch.nn.Module, blocks: Iterable[torch.nn.Module], mesh: DeviceMesh, precision: str) -> None:
+    """FSDP2 in a LightningModule's configure_model (the strategy's `device_mesh["data_parallel"]` as `mesh`): shard
+    every block, then the rest of `model`. Under bf16-mixed the shards are gathered and computed in bf16 and the
+    gradients reduced in fp32 (without a policy FSDP2 would move fp32 over the wire both ways); the fp32 shards stay
+    the optimizer's."""
+    policy = fsdp2_mixed_precision(precision)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def mixed_precision_plugin(precision: str, on_cpu: bool) -> ClippingMixedPrecision | None:

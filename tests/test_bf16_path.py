@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from neobert.eval.throughput import dtype_conversions
 from neobert.model import NeoBERT, NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model.attention import RotaryTables, apply_rope, rope_tables
-from neobert.model.modeling import RMSNorm
+from neobert.model.layers import RMSNorm
 
 
 def count_dtype_copies(model, *inputs):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from neobert.model import NeoBERT, NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTForSequenceClassification, pool_embeddings
 from neobert.model.attention import apply_rope, rope_tables
-from neobert.model.modeling import SwiGLU
+from neobert.model.layers import SwiGLU
 
 
 def random_padded_batch(vocab, lengths, total=None):

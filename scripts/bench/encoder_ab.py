@@ -27,7 +27,8 @@ from neobert.eval.throughput import dtype_conversions
 from neobert.model import NeoBERT, NeoBERTConfig
 from neobert.model import attention
 from neobert.model.attention import apply_rope, attend
-from neobert.model.modeling import EncoderBlock, RMSNorm, SwiGLU
+from neobert.model.layers import RMSNorm, SwiGLU
+from neobert.model.modeling import EncoderBlock
 
 
 def block_with_two_rope_calls(self, x, layout, rope):

@@ -1,0 +1,65 @@
+"""The encoder's layers below the block: the SwiGLU and GELU MLPs and the norms (RMSNorm with its bf16 path)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from neobert.model.config import NeoBERTConfig
+
+
+class SwiGLU(nn.Module):
+    """w3(silu(x W1) * x W2) with W1 and W2 stacked in `w12` (first half gate, second half up)."""
+
+    def __init__(self, hidden: int, ffn_hidden: int):
+        super().__init__()
+        self.w12 = nn.Linear(hidden, 2 * ffn_hidden, bias=False)
+        self.w3 = nn.Linear(ffn_hidden, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w12(x).chunk(2, dim=-1)
+        if gate.requires_grad:  # False under no_grad / inference_mode: nothing is recorded
+            return self.w3(F.silu(gate) * up)
+        # No autograd: in place, in w12's output. Two fresh activations fewer spares their first-touch page faults:
+        # 3.5x less time in this elementwise work in fp32 on CPU (measured, docs/benchmarks.md).
+        return self.w3(F.silu(gate, inplace=True).mul_(up))
+
+
+class GeluMLP(nn.Module):
+    """The BERT MLP (ablation M0), with the same parameter names as SwiGLU: `w12` in, `w3` out."""
+
+    def __init__(self, hidden: int, ffn_hidden: int):
+        super().__init__()
+        self.w12 = nn.Linear(hidden, ffn_hidden, bias=False)
+        self.w3 = nn.Linear(ffn_hidden, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w3(F.gelu(self.w12(x)))
+
+
+class RMSNorm(nn.RMSNorm):
+    """`nn.RMSNorm`, the official code's norm: its float32 path is unchanged (bit for bit), and so is the compiled one
+    (Inductor fuses it). In eager bf16/fp16 it is the largest cost after the matmuls and attention, as nn.RMSNorm
+    copies x to float32 and back: here the reduction accumulates the mean square in float32 by itself and x is
+    scaled in its own dtype, one read and two elementwise passes, no dtype copy of x (docs/benchmarks.md)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype not in (torch.bfloat16, torch.float16) or self.weight.dtype != x.dtype \
+                or torch.compiler.is_compiling():
+            return super().forward(x)
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        # The norm accumulates in float32 inside the reduction and reads x once (asking it for a float32 result would
+        # first copy x to float32); only its result is rounded to x's dtype: a per-token scale off by at most half a
+        # bf16 ulp, as the rounding of the output itself.
+        mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).float().square() / x.shape[-1]
+        normed = x * torch.rsqrt(mean_square + eps).to(x.dtype)
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            return normed * self.weight  # autograd needs `normed` for the weight's gradient
+        return normed.mul_(self.weight)
+
+
+def make_norm(config: NeoBERTConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.hidden_size, eps=config.norm_eps)
+    return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)

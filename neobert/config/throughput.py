@@ -8,7 +8,8 @@ from typing import List, Optional
 
 from neobert.config.loader import require
 
-MODEL_NAMES = ("neobert", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
+# neobert-liger: our encoder with NeoBERTConfig.kernels="liger" (CUDA with liger-kernel installed; else a row saying why)
+MODEL_NAMES = ("neobert", "neobert-liger", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
 LAYOUTS = ("full", "padded", "unpadded")
 MODES = ("inference", "training")
 DTYPES = ("auto", "float32", "bfloat16")

@@ -34,6 +34,7 @@ from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, Ro
 from neobert.config.throughput import ThroughputConfig
 from neobert.eval.flops import flops_per_token, matmul_params, peak_flops, warn_if_bf16_is_emulated
 from neobert.model import NeoBERT, NeoBERTConfig
+from neobert.model.kernels import liger_missing_reason
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +100,11 @@ def _hf_max_length(name: str, config) -> int:
 def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_preset: str = "neobert",
                 official_code_dir: str | None = None) -> BenchModel:
     """A randomly initialised encoder (no download). Raises ModelUnavailable with the reason when it cannot."""
-    if name == "neobert":
-        config = NeoBERTConfig.from_preset(neobert_preset)
+    if name in ("neobert", "neobert-liger"):
+        kernels = "liger" if name == "neobert-liger" else "eager"
+        if kernels == "liger" and (device.type != "cuda" or liger_missing_reason()):
+            raise ModelUnavailable(liger_missing_reason() or "Liger-Kernel's kernels run on CUDA GPUs only")
+        config = NeoBERTConfig.from_preset(neobert_preset, kernels=kernels)
         module = NeoBERT(config)
         bench = BenchModel(name, module, config.num_hidden_layers, config.hidden_size, config.max_length,
                            config.vocab_size, config.pad_token_id, True, neobert_forward)

@@ -7,10 +7,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from neobert.model.kernels import liger_missing_reason
+
 POSITION_ENCODINGS = ("rope", "learned")
 ACTIVATIONS = ("swiglu", "gelu")
 NORMS = ("rmsnorm", "layernorm")
 ATTENTION_BACKENDS = ("sdpa", "varlen")
+KERNELS = ("eager", "liger")  # neobert.model.kernels
 
 
 class ModelFieldError(ValueError):
@@ -41,6 +44,9 @@ class NeoBERTConfig:
     dropout: float = 0.0
     classifier_dropout: float = 0.1
     attention_backend: str = "sdpa"
+    # Which kernels run the norms and the MLP's activation (neobert.model.kernels): a choice of the machine, not of
+    # the model, so it is not written to config.json.
+    kernels: str = "eager"
     embedding_init_range: float = 0.02
     decoder_init_range: float = 0.02
     classifier_init_range: float = 0.02
@@ -68,10 +74,13 @@ class NeoBERTConfig:
             ("activation", ACTIVATIONS),
             ("norm", NORMS),
             ("attention_backend", ATTENTION_BACKENDS),
+            ("kernels", KERNELS),
         ):
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"NeoBERTConfig.{name}={value!r} is not one of {allowed}")
+        if self.kernels == "liger" and (missing := liger_missing_reason()):
+            raise ModelFieldError("kernels", f"= 'liger' {missing}; 'eager' runs everywhere")
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_length", "num_labels"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:

@@ -7,18 +7,24 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from neobert.model.config import NeoBERTConfig
+from neobert.model.kernels import liger_rms_norm, liger_swiglu, use_liger
 
 
 class SwiGLU(nn.Module):
-    """w3(silu(x W1) * x W2) with W1 and W2 stacked in `w12` (first half gate, second half up)."""
+    """w3(silu(x W1) * x W2) with W1 and W2 stacked in `w12` (first half gate, second half up). `kernels`: see
+    neobert.model.kernels."""
 
-    def __init__(self, hidden: int, ffn_hidden: int):
+    def __init__(self, hidden: int, ffn_hidden: int, kernels: str = "eager"):
         super().__init__()
         self.w12 = nn.Linear(hidden, 2 * ffn_hidden, bias=False)
         self.w3 = nn.Linear(ffn_hidden, hidden, bias=False)
+        self.kernels = kernels
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.w12(x).chunk(2, dim=-1)
+        gate_up = self.w12(x)
+        if use_liger(self.kernels, gate_up):
+            return self.w3(liger_swiglu(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         if gate.requires_grad:  # False under no_grad / inference_mode: nothing is recorded
             return self.w3(F.silu(gate) * up)
         # No autograd: in place, in w12's output. Two fresh activations fewer spares their first-touch page faults:
@@ -29,7 +35,7 @@ class SwiGLU(nn.Module):
 class GeluMLP(nn.Module):
     """The BERT MLP (ablation M0), with the same parameter names as SwiGLU: `w12` in, `w3` out."""
 
-    def __init__(self, hidden: int, ffn_hidden: int):
+    def __init__(self, hidden: int, ffn_hidden: int, kernels: str = "eager"):  # no fused GELU: always eager
         super().__init__()
         self.w12 = nn.Linear(hidden, ffn_hidden, bias=False)
         self.w3 = nn.Linear(ffn_hidden, hidden, bias=False)
@@ -42,9 +48,16 @@ class RMSNorm(nn.RMSNorm):
     """`nn.RMSNorm`, the official code's norm: its float32 path is unchanged (bit for bit), and so is the compiled one
     (Inductor fuses it). In eager bf16/fp16 it is the largest cost after the matmuls and attention, as nn.RMSNorm
     copies x to float32 and back: here the reduction accumulates the mean square in float32 by itself and x is
-    scaled in its own dtype, one read and two elementwise passes, no dtype copy of x (docs/benchmarks.md)."""
+    scaled in its own dtype, one read and two elementwise passes, no dtype copy of x (docs/benchmarks.md).
+    `kernels`: see neobert.model.kernels (Liger's kernel when x and the weight share a dtype)."""
+
+    def __init__(self, hidden: int, eps: float | None = None, kernels: str = "eager"):
+        super().__init__(hidden, eps=eps)
+        self.kernels = kernels
 
     def forward(self, x: Tensor) -> Tensor:
+        if use_liger(self.kernels, x) and x.dtype == self.weight.dtype:
+            return liger_rms_norm(x, self.weight, torch.finfo(x.dtype).eps if self.eps is None else self.eps)
         if x.dtype not in (torch.bfloat16, torch.float16) or self.weight.dtype != x.dtype \
                 or torch.compiler.is_compiling():
             return super().forward(x)
@@ -61,5 +74,5 @@ class RMSNorm(nn.RMSNorm):
 
 def make_norm(config: NeoBERTConfig) -> nn.Module:
     if config.norm == "rmsnorm":
-        return RMSNorm(config.hidden_size, eps=config.norm_eps)
+        return RMSNorm(config.hidden_size, eps=config.norm_eps, kernels=config.kernels)
     return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)

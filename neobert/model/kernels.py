@@ -1,0 +1,53 @@
+"""Fused GPU kernels for the encoder's elementwise work, chosen by `NeoBERTConfig.kernels`.
+
+* ``eager``: PyTorch's own ops, the reference (and what `torch.compile` fuses by itself).
+* ``liger``: Liger-Kernel's Triton kernels (`pip install liger-kernel`) for RMSNorm and SwiGLU on CUDA tensors: one
+  kernel forward and one backward each, where eager runs a chain of elementwise kernels over the activations
+  (issue 34's profile: RMSNorm, SwiGLU, RoPE and casts were 11% of a step's kernel time, `mul` another 13%).
+  CPU tensors, LayerNorm and GELU (the ablation presets) and a model being compiled stay eager.
+
+RoPE stays ours under every choice: Liger rotates the two halves of a head vector (Llama's layout), NeoBERT rotates
+adjacent pairs (the released checkpoint's layout); the two agree only after permuting q and k, which costs the copy
+a fused kernel would save. The MLM loss stays PyTorch's: only the masked positions are projected (20% of tokens), and
+its logits are what the training accuracy is read from.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import Tensor
+
+def liger_missing_reason() -> str | None:
+    """Why Liger-Kernel cannot be used here (None when it can be imported)."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        return "needs the liger-kernel package (pip install liger-kernel; it runs on CUDA GPUs only)"
+    if importlib.util.find_spec("triton") is None:
+        return "needs Triton (installed with PyTorch's CUDA builds; Liger-Kernel's kernels are Triton kernels)"
+    return None
+
+
+def use_liger(kernels: str, x: Tensor) -> bool:
+    """Whether a layer runs Liger's kernel on x: asked for, on a CUDA tensor, and not inside a compiled graph (where
+    Inductor fuses the eager ops itself)."""
+    return kernels == "liger" and x.is_cuda and not torch.compiler.is_compiling()
+
+
+def liger_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm in one kernel each way. Casting "llama": the inverse RMS in float32, x scaled in its own dtype and then
+    multiplied by the weight, the arithmetic of `neobert.model.layers.RMSNorm`'s bf16 path. in_place=False: the
+    incoming gradient is left intact (a residual branch may still read it)."""
+    # Liger-Kernel is optional and GPU-only: imported where it is used.
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    return LigerRMSNormFunction.apply(x, weight, eps, 0.0, "llama", False)
+
+
+def liger_swiglu(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up from the stacked projection (gate first, as `w12` is laid out), read in place: no chunked
+    copies. in_place=True: the backward writes its gradient over `gate_up`, which nothing else reads (w12's own
+    backward needs its input, not its output); a second backward through the same graph is refused by Liger."""
+    from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction
+
+    return LigerFusedGateUpSiLUMulFunction.apply(gate_up, True)

@@ -16,8 +16,7 @@ import torch
 from torch import Tensor
 
 from neobert.errors import DataError
-
-IGNORE_INDEX = -100
+from neobert.model.modeling import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from neobert.lit.checkpoints import CHECKPOINT_KEY
 from neobert.lit.optim import configure_optimizers, lr_factor
 from neobert.lit.strategies import deepspeed_grad_norm, fsdp2_shard, is_deepspeed
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
+from neobert.model.modeling import IGNORE_INDEX
 
 
 class NonFiniteLossError(RuntimeError):
@@ -99,12 +100,12 @@ class MLMPretrainingModule(L.LightningModule):
         only the targets that are not -100 count."""
         if output.masked_index is not None:
             targets = labels.reshape(-1).index_select(0, output.masked_index)
-            scored = targets != -100
+            scored = targets != IGNORE_INDEX
             return ((output.logits.argmax(-1) == targets) & scored).sum(), scored.sum()
         if output.masked_positions is not None:
             targets = labels[output.masked_positions]
             return (output.logits.argmax(-1) == targets).sum(), targets.numel()
-        scored = labels != -100
+        scored = labels != IGNORE_INDEX
         return ((output.logits.argmax(-1) == labels) & scored).sum(), scored.sum()
 
     def training_step(self, batch: dict, batch_idx: int):
@@ -256,7 +257,7 @@ class MLMPretrainingModule(L.LightningModule):
     def validation_loss(self, batch: dict) -> tuple[torch.Tensor, int]:
         """The MLM loss of a validation batch and its weight (masked tokens); the EMA callback scores its weights
         with it."""
-        return self(batch).loss, int((batch["labels"] != -100).sum())
+        return self(batch).loss, int((batch["labels"] != IGNORE_INDEX).sum())
 
     def configure_optimizers(self):
         # The schedule length is trainer.max_steps; reading trainer.estimated_stepping_batches here would

@@ -10,7 +10,6 @@ length bucket (token-weighted: exp of the mean NLL of all tokens of the bucket's
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass
@@ -207,7 +206,3 @@ def markdown_table(buckets: list[BucketScore]) -> str:
         lines.append(f"| {b.model} | {b.bucket_low + 1}-{b.bucket_high} | {b.documents} | {b.scored_tokens} | "
                      f"{b.pppl:.2f} | {b.median_document_pppl:.2f} |")
     return "\n".join(lines)
-
-
-def read_buckets(path: str | Path) -> list[BucketScore]:
-    return [BucketScore(**b) for b in json.loads(Path(path).read_text())]

@@ -14,8 +14,8 @@ from neobert.config.pretrain import MaskingConfig, PretrainDataConfig
 from neobert.data import pretraining
 from neobert.data.corpus import DocumentTokenizer, open_source, pretokenize, text_column, unigram_entropy
 from neobert.data.demo_corpus import demo_documents
-from neobert.data.pretraining import (DATA_STATE_KEY, PretrainingDataModule, PretrainingStream, batch_stream_state,
-                                      derived_seed, fresh_stream_state)
+from neobert.data.pretraining import PretrainingDataModule, PretrainingStream
+from neobert.data.stream_state import DATA_STATE_KEY, batch_stream_state, derived_seed, fresh_stream_state
 from neobert.data.tokenizer import load_tokenizer
 from neobert.hub import HubUnreachableError
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM

@@ -15,7 +15,8 @@ from test_data_pretraining import tokenizer  # noqa: F401 - the shared fixture
 
 from neobert.config.pretrain import MaskingConfig, PretrainDataConfig
 from neobert.data.demo_corpus import demo_documents
-from neobert.data.pretraining import DATA_STATE_KEY, PretrainingDataModule, PretrainingStream, batch_stream_state
+from neobert.data.pretraining import PretrainingDataModule, PretrainingStream
+from neobert.data.stream_state import DATA_STATE_KEY, batch_stream_state
 
 MICRO_BATCH = 8
 MAX_LENGTH = 512

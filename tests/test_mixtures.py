@@ -19,7 +19,8 @@ from test_pretrain import crash_and_resume, tiny_config
 from neobert.config import ConfigError, load_config
 from neobert.config.pretrain import MaskingConfig, PretrainConfig, PretrainDataConfig
 from neobert.data.mixture import mixture_sources
-from neobert.data.pretraining import DATA_STATE_KEY, PretrainingStream, batch_stream_state, fresh_mixture_state
+from neobert.data.pretraining import PretrainingStream
+from neobert.data.stream_state import DATA_STATE_KEY, batch_stream_state, fresh_mixture_state
 from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import DataError
 from neobert.jobs.pretrain import prepare, run_pretraining
@@ -244,7 +245,7 @@ def test_a_phase_reweights_sources_by_name_and_an_unknown_name_is_refused(three_
 
 
 def test_a_new_phase_carries_each_shared_source_position_and_counts_its_own_draws():
-    from neobert.data.pretraining import carried_state, fresh_mixture_state, fresh_stream_state
+    from neobert.data.stream_state import carried_state, fresh_mixture_state, fresh_stream_state
 
     web, wiki, code = ("web", None, "train", "text", "paragraph"), ("wiki",) * 5, ("code",) * 5
     old = fresh_stream_state()

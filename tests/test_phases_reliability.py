@@ -205,7 +205,7 @@ def test_a_bad_phase_length_says_what_is_wrong(tmp_path, phases, message):
 
 
 def test_a_new_phase_keeps_the_tokens_drawn_from_each_shared_source():
-    from neobert.data.pretraining import TOKENS_BEFORE, carried_state, fresh_mixture_state, fresh_stream_state
+    from neobert.data.stream_state import TOKENS_BEFORE, carried_state, fresh_mixture_state, fresh_stream_state
 
     web, wiki, code = ("web",) * 5, ("wiki",) * 5, ("code",) * 5
     old = fresh_stream_state()

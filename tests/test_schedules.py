@@ -12,8 +12,9 @@ from safetensors.torch import load_file
 from neobert.config import ConfigError, SchedulerConfig, load_config
 from neobert.errors import CheckpointError
 from neobert.config.pretrain import MaskingConfig, PretrainConfig
-from neobert.data.pretraining import DATA_STATE_KEY, PretrainingStream, batch_stream_state
+from neobert.data.pretraining import PretrainingStream
 from neobert.data.schedules import DataSchedule, piecewise_linear
+from neobert.data.stream_state import DATA_STATE_KEY, batch_stream_state
 from neobert.jobs.pretrain import prepare, run_pretraining
 from neobert.lit.optim import lr_factor
 from tests.test_pretrain import Recorder, tiny_config

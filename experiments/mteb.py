@@ -21,9 +21,8 @@ from pathlib import Path
 
 from neobert.config import flag_overrides, load_config
 from neobert.config.mteb import MtebConfig
-from neobert.eval.mteb import summary_markdown
 from neobert.jobs.cli import add_debug_flag, run_cli
-from neobert.jobs.mteb import evaluate_model
+from neobert.jobs.mteb import evaluate_model, summary_markdown
 from neobert.layout import RESULTS_JSON
 
 

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "neobert"
 LAYERS = {"errors": 0, "hub": 0, "layout": 0, "outputs": 0, "config": 0, "model": 1, "data": 2, "eval": 3, "lit": 4, "jobs": 5}
 # Heavy or optional dependencies that package code may import inside a function (each with a reason beside it).
 LAZY_ALLOWED = ("flash_attn", "xformers", "deepspeed", "mteb", "matplotlib", "sentence_transformers",
-                "lightning.pytorch.utilities.deepspeed", "neobert.eval.mteb")
+                "lightning.pytorch.utilities.deepspeed", "neobert.eval.mteb", "neobert.jobs.mteb")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:

@@ -49,7 +49,8 @@ class _RecordingTokenizer:
 
 def test_instructions_reach_the_tokenizer_for_queries_and_documents(tmp_path):
     from neobert.data.backbone import load_backbone
-    from neobert.eval.mteb import LocalRetrievalTask, LocalSTSTask, MtebEncoder, TaskInstructions, run_mteb
+    from neobert.eval.mteb import LocalRetrievalTask, LocalSTSTask, MtebEncoder, TaskInstructions
+    from neobert.jobs.mteb import run_mteb
 
     sts = LocalSTSTask(_write_sts(tmp_path / "sts.csv", STS_ROWS), name="MySTS")
     pairs = tmp_path / "pairs.jsonl"
@@ -166,7 +167,7 @@ def test_config_resolves_the_packaged_instruction_file(tmp_path):
 
 
 def test_summary_has_the_table4_columns(tmp_path):
-    from neobert.eval.mteb import table4_summary, write_report
+    from neobert.jobs.mteb import table4_summary, write_report
 
     per_task = {"A": {"type": "STS", "main_score": 0.8, "scores": {}},
                 "B": {"type": "STS", "main_score": 0.6, "scores": {}},

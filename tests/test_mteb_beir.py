@@ -167,15 +167,15 @@ def test_beir_tasks_get_the_instructions_of_their_name_and_titles_reach_the_docu
     """`beir:SciFact=<dir>` gets SciFact's query and document instructions from the packaged file, as the hub task
     would; a document is encoded as "title text"."""
     from neobert.data.backbone import load_backbone
-    from neobert.eval.mteb import DEFAULT_INSTRUCTIONS, MtebEncoder, TaskInstructions, resolve_tasks, run_mteb
+    from neobert.eval.mteb import DEFAULT_INSTRUCTIONS, MtebEncoder, TaskInstructions, resolve_tasks, score_tasks
 
     directory = write_beir(tmp_path / "beir")
     (task,) = resolve_tasks([f"beir:SciFact={directory}"])
     instructions = TaskInstructions.load(DEFAULT_INSTRUCTIONS)
     backbone = load_backbone("preset:tiny")
     backbone.tokenizer = _RecordingTokenizer(backbone.tokenizer)
-    run_mteb(MtebEncoder(backbone, instructions, batch_size=16, device="cpu"), [task], None, 16,
-             show_progress_bar=False)
+    score_tasks(MtebEncoder(backbone, instructions, batch_size=16, device="cpu"), [task], 16,
+                show_progress_bar=False)
     seen = {text for call in backbone.tokenizer.calls for text in call}
     query_instruction = instructions.for_task("SciFact", "query")
     document_instruction = instructions.for_task("SciFact", "document")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from neobert.data.long_context import TASK_NAMES, LongContextExample, retrieval_splits
-from neobert.eval.mteb import SplitsRetrievalTask, run_mteb
+from neobert.eval.mteb import SplitsRetrievalTask, score_tasks
 
 MAIN_SCORE = "ndcg_at_1"
 REPORTED_SCORES = ("ndcg_at_1", "mrr_at_10", "ndcg_at_10", "recall_at_10")
@@ -23,11 +23,10 @@ def score_long_context(encoder, examples_by_task: dict[str, Sequence[LongContext
                        batch_size: int = 8) -> dict[str, dict[int, dict[str, float]]]:
     """{task: {length: {score name: value}}} for any mteb encoder (ours, or a stand-in in tests)."""
     tasks = {name: long_context_task(name, examples) for name, examples in examples_by_task.items()}
-    report = run_mteb(encoder, list(tasks.values()), output_dir=None, batch_size=batch_size,
-                      show_progress_bar=False)
+    per_task = score_tasks(encoder, list(tasks.values()), batch_size=batch_size, show_progress_bar=False)
     scores: dict[str, dict[int, dict[str, float]]] = {}
     for name, task in tasks.items():
-        per_split = report["tasks"][task.metadata.name]["scores"]
+        per_split = per_task[task.metadata.name]["scores"]
         scores[name] = {int(split.removeprefix("test_")): {k: float(values[0][k]) for k in REPORTED_SCORES}
                         for split, values in sorted(per_split.items(), key=lambda kv: int(kv[0][5:]))}
     return scores

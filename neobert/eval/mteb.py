@@ -7,20 +7,19 @@ used them).
   optionally Matryoshka truncation to the first `dim` dimensions.
 * `LocalSTSTask` / `LocalRetrievalTask` / `LocalBeirTask`: tasks read from local files (tests, firewalled machines);
   `SplitsRetrievalTask`: a retrieval task over data made in memory, one split per part (the long-context tasks).
-* `run_mteb`: evaluates, then writes `results.json` and the paper's Table 4 summary (`summary.json`, `summary.md`).
+* `score_tasks`: each task's scores; the run that writes them with the paper's Table 4 summary is
+  `neobert.jobs.mteb.run_mteb`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import mteb
-import numpy as np
 import torch
 from datasets import Dataset, DatasetDict
 from mteb.abstasks import AbsTaskRetrieval, AbsTaskSTS
@@ -37,24 +36,13 @@ from neobert.data.beir import read_beir
 from neobert.eval.flops import warn_if_bf16_is_emulated
 from neobert.data.contrastive import prepend_instruction, read_local_examples, read_sts_pairs
 from neobert.hub import require_hub
-from neobert.layout import (MATRYOSHKA_JSON, MTEB_SUMMARY_JSON, MTEB_SUMMARY_MD, RESULTS_JSON,
-                            SENTENCE_BERT_CONFIG)
+from neobert.layout import MATRYOSHKA_JSON, SENTENCE_BERT_CONFIG
 from neobert.model.modeling import pool_embeddings
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INSTRUCTIONS = config_path("mteb_instructions.json")
 ENGLISH_BENCHMARK = "MTEB(eng, v1)"  # the 56 English tasks of the paper's Table 4
-# Paper Table 4 columns: mteb task type -> column name.
-TABLE4_COLUMNS = {
-    "Classification": "Classification",
-    "Clustering": "Clustering",
-    "PairClassification": "Pair classification",
-    "Reranking": "Reranking",
-    "Retrieval": "Retrieval",
-    "STS": "STS",
-    "Summarization": "Summarization",
-}
 
 
 # ----------------------------------------------------------------------------------------------- instructions
@@ -422,14 +410,13 @@ def resolve_tasks(specs: Sequence[str], max_examples: int | None = None, beir_sp
     return tasks
 
 
-# ----------------------------------------------------------------------------------------------- running
+# ----------------------------------------------------------------------------------------------- scoring
 
 
-def run_mteb(encoder: MtebEncoder, tasks: Sequence, output_dir: str | Path | None = None,
-             batch_size: int = 64, show_progress_bar: bool = True) -> dict[str, Any]:
-    """Evaluates `encoder` on `tasks` (data sets come from the hub unless the tasks are local) and returns
-    {"tasks": {name: {type, main_score, scores}}, "summary": Table 4 averages, "max_length": {tokens, source}
-    (our encoder's truncation)}; writes them under output_dir."""
+def score_tasks(encoder, tasks: Sequence, batch_size: int = 64,
+                show_progress_bar: bool = True) -> dict[str, dict[str, Any]]:
+    """Evaluates `encoder` (any mteb encoder) on `tasks` (data sets come from the hub unless the tasks are local):
+    {task name: {"type", "main_score", "scores"}}."""
     result = mteb.evaluate(encoder, list(tasks), cache=None, encode_kwargs={"batch_size": batch_size},
                            show_progress_bar=show_progress_bar, overwrite_strategy="always")
     types = {task.metadata.name: task.metadata.type for task in tasks}
@@ -440,13 +427,7 @@ def run_mteb(encoder: MtebEncoder, tasks: Sequence, output_dir: str | Path | Non
             "main_score": float(task_result.get_score()),
             "scores": task_result.to_dict()["scores"],
         }
-    report = {"model": encoder.mteb_model_meta.name, "tasks": per_task, "summary": table4_summary(per_task)}
-    limit = getattr(encoder, "length_limit", None)  # any mteb encoder may be scored; ours says how it truncates
-    if limit is not None:
-        report["max_length"] = limit.to_dict()
-    if output_dir is not None:
-        write_report(report, output_dir)
-    return report
+    return per_task
 
 
 def _require_task_data(task) -> None:
@@ -455,41 +436,3 @@ def _require_task_data(task) -> None:
         return
     require_hub(f"MTEB task {task.metadata.name} ({task.metadata.dataset['path']}); local tasks are "
                 f"{LOCAL_SPECS}", "tasks")
-
-
-def table4_summary(per_task: dict[str, dict]) -> dict[str, Optional[float]]:
-    """Mean main score x 100 per task type (the paper's Table 4 columns) and the average over all tasks (the
-    MTEB convention); None where no task of that type was run."""
-    summary: dict[str, Optional[float]] = {}
-    for task_type, column in TABLE4_COLUMNS.items():
-        scores = [t["main_score"] for t in per_task.values() if t["type"] == task_type]
-        summary[column] = 100 * float(np.mean(scores)) if scores else None
-    all_scores = [t["main_score"] for t in per_task.values()]
-    summary["Average"] = 100 * float(np.mean(all_scores)) if all_scores else None
-    return summary
-
-
-def write_report(report: dict[str, Any], output_dir: str | Path) -> None:
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / RESULTS_JSON).write_text(json.dumps(report["tasks"], indent=2) + "\n")
-    summary = {"model": report["model"], **report["summary"]}
-    if "max_length" in report:
-        summary["max_length"] = report["max_length"]
-    (output_dir / MTEB_SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n")
-    (output_dir / MTEB_SUMMARY_MD).write_text(summary_markdown(report))
-
-
-def summary_markdown(report: dict[str, Any]) -> str:
-    def cell(value: Optional[float]) -> str:
-        return "-" if value is None or math.isnan(value) else f"{value:.2f}"
-
-    columns = [*TABLE4_COLUMNS.values(), "Average"]
-    lines = [f"| Model | {' | '.join(columns)} |", "|---" * (len(columns) + 1) + "|",
-             f"| {report['model']} | {' | '.join(cell(report['summary'][c]) for c in columns)} |", "",
-             "| Task | Type | Main score (x100) |", "|---|---|---|"]
-    lines += [f"| {name} | {t['type']} | {100 * t['main_score']:.2f} |" for name, t in report["tasks"].items()]
-    if "max_length" in report:
-        limit = report["max_length"]
-        lines += ["", f"Texts truncated to {limit['tokens']} tokens: {limit['source']}."]
-    return "\n".join(lines) + "\n"

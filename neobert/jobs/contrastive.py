@@ -75,7 +75,8 @@ def sts_scores(config: ContrastiveConfig, backbone: Backbone, output_dir: Path) 
     if config.eval_sts is None:
         return None
     # mteb is heavy: imported only when an STS file is scored.
-    from neobert.eval.mteb import DEFAULT_INSTRUCTIONS, LocalSTSTask, MtebEncoder, TaskInstructions, run_mteb
+    from neobert.eval.mteb import DEFAULT_INSTRUCTIONS, LocalSTSTask, MtebEncoder, TaskInstructions
+    from neobert.jobs.mteb import run_mteb  # imports mteb too
 
     instruction = TaskInstructions.load(DEFAULT_INSTRUCTIONS).for_task("STSBenchmark")
     dims = [d for d in (config.eval_sts_dims or config.loss.matryoshka_dims) if d != backbone.hidden_size]

@@ -47,7 +47,7 @@ class MtebEvalCallback(L.Callback):
             pl_module.log(f"mteb/{self.config.task}/{name}", value, rank_zero_only=True)
 
     def evaluate(self, pl_module: L.LightningModule) -> dict[str, float]:
-        from neobert.eval.mteb import MtebEncoder, run_mteb  # imports mteb (heavy): only when on
+        from neobert.eval.mteb import MtebEncoder, score_tasks  # imports mteb (heavy): only when on
 
         if self._task is None:
             self._task = self._make_task()
@@ -63,9 +63,9 @@ class MtebEvalCallback(L.Callback):
             self._limit_logged = True
             log.info("zero-shot MTEB %s: texts truncated to %d tokens (%s)", self.config.task,
                      mteb_encoder.length_limit.tokens, mteb_encoder.length_limit.source)
-        report = run_mteb(mteb_encoder, [self._task], output_dir=None, batch_size=self.config.batch_size,
-                          show_progress_bar=False)
-        scores = report["tasks"][self._task.metadata.name]["scores"]
+        per_task = score_tasks(mteb_encoder, [self._task], batch_size=self.config.batch_size,
+                               show_progress_bar=False)
+        scores = per_task[self._task.metadata.name]["scores"]
         split_scores = next(iter(scores.values()))[0]
         log.info("zero-shot MTEB %s: %s", self.config.task,
                  {k: round(split_scores[k], 4) for k in _LOGGED_SCORES[self.config.task]})

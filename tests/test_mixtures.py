@@ -97,7 +97,7 @@ def test_temperature_sampling_follows_size_to_the_power_tau(three_sources, token
 def test_a_source_retires_after_its_max_epochs_and_the_others_renormalise(three_sources, tokenizer, caplog):
     data = mixture_data(three_sources, weights=(1, 1, 8), gamma={"max_epochs": 2})
     state = fresh_mixture_state(len(MARKERS))
-    with caplog.at_level(logging.INFO, logger="neobert.data.pretraining"):
+    with caplog.at_level(logging.INFO, logger="neobert.data.mixture"):
         drawn = drawn_markers(data, tokenizer, 400, state)
     assert Counter(drawn)["gamma"] == 30  # 15 documents, twice, then never again
     last_gamma = max(i for i, m in enumerate(drawn) if m == "gamma")

@@ -1,6 +1,6 @@
 """The pretraining data pipeline: documents of a corpus (`neobert.data.corpus`: hub or local files, streamed
-through Hugging Face `datasets`), truncation or packing, the stage-2 length-bucket mixture, masking, and an exactly resumable
-stream of batches behind a LightningDataModule.
+through Hugging Face `datasets`), drawn from a mixture of sources or of length buckets (`neobert.data.mixture`),
+truncation or packing, masking, and an exactly resumable stream of batches behind a LightningDataModule.
 
 How the stream is cut up, so that nothing is duplicated and a resumed run sees the very batches an
 uninterrupted one would:
@@ -38,9 +38,9 @@ from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from neobert.data.corpus import (DocumentTokenizer, check_has_documents, local_data_files, no_usable_documents,
-                                  open_source, read_blocks, source_key, source_name, text_column, truncate)
+                                  open_source, read_blocks, source_key, text_column, truncate)
 from neobert.data.masking import MLMMasker
-from neobert.data.mixture import active_probabilities, mixture_sources
+from neobert.data.mixture import bucketed_documents, mixed_documents, mixture_sources
 from neobert.data.packing import make_packer
 from neobert.data.schedules import DataSchedule
 from neobert.data.stream_state import (DATA_STATE_KEY, TOKENS_BEFORE, EncodedStreamState, carried_state, derived_seed,
@@ -184,7 +184,7 @@ class PretrainingStream(IterableDataset):
         documents = self.mixed(stream, state["mixture"]) if mixture else self.documents(stream, state)
         drawn = list(state["mixture"]["tokens"]) if mixture else []  # per source, at the previous batch
         if self.data.length_buckets:
-            documents = self.bucketed(documents, stream, state)
+            documents = bucketed_documents(documents, state, self.data, stream, self.num_streams)
         # This stream's k-th batch is the rank's (k x workers + position)-th micro-batch (module docstring).
         position = stream - self.rank * self.workers
         for ids in documents:
@@ -259,67 +259,10 @@ class PretrainingStream(IterableDataset):
             state["epoch"], state["source"], state["block"], state["taken"] = state["epoch"] + 1, None, 0, 0
 
     def mixed(self, stream: int, mix: dict) -> Iterator[list[int]]:
-        """Documents of the mixture: each draw picks a source with this stream's generator for that draw (seeded
-        by the draw's number, so a resumed stream draws the same), then takes that source's next document. A
-        source that reaches its max_epochs is retired and the others' probabilities renormalised (logged).
-        `mix`: the stream state's "mixture" (draws, retired sources, tokens drawn and each source's position)."""
+        """The mixture's documents (`neobert.data.mixture.mixed_documents`) from this stream's documents of each
+        source. `mix`: the stream state's "mixture" (draws, retired sources, tokens drawn, each source's position)."""
         sources = [self.documents(stream, mix["sources"][i], i) for i in range(len(self.sources))]
-        cap = self.data.max_length if self.data.packing == "none" else None  # tokens a document trains on
-        while True:
-            active = active_probabilities(self.sources, mix["retired"])
-            if not active:
-                raise DataError(f"every source of data.sources has reached its max_epochs (stream {stream}): raise "
-                                f"a max_epochs, or trainer.max_steps is beyond the mixture")
-            rng = random.Random(derived_seed(self.data.seed, stream, mix["draws"], 17))
-            index = rng.choices(list(active), weights=list(active.values()))[0]
-            epoch = mix["sources"][index]["epoch"]
-            ids = next(sources[index], None)
-            if ids is None:  # retired: drawn again, from the rest, with the same draw's generator
-                mix["retired"].append(index)
-                log.info("data: source %r finished its max_epochs=%d (stream %d): retired; the others' shares are "
-                         "now %s", self.sources[index].name, self.sources[index].max_epochs, stream,
-                         {self.sources[i].name: round(p, 4)
-                          for i, p in active_probabilities(self.sources, mix["retired"]).items()})
-                continue
-            if mix["sources"][index]["epoch"] != epoch:
-                log.info("data: source %r starts its epoch %d (stream %d)", self.sources[index].name,
-                         mix["sources"][index]["epoch"], stream)
-            mix["draws"] += 1
-            mix["tokens"][index] += min(len(ids), cap) if cap else len(ids)
-            mix["documents"][index] += 1
-            yield ids
-
-    def bucketed(self, documents: Iterator[list[int]], stream: int, state: dict) -> Iterator[list[int]]:
-        """The stage-2 mixture: draw bucket b with probability bucket_probabilities[b], then emit the next
-        document (in stream order) that is >= length_buckets[b] tokens long. Documents wait in the queue of
-        the longest bucket they qualify for; one arriving at a full queue is dropped (counted in `skipped`)."""
-        thresholds, probabilities = list(self.data.length_buckets), list(self.data.bucket_probabilities)
-        if state["queues"] is None:
-            state["queues"], state["arrivals"] = [[] for _ in thresholds], 0
-        queues = state["queues"]  # per bucket: [arrival number, token ids]
-        too_short_since = None  # the epoch since which every document has been shorter than every bucket
-        while True:
-            rng = random.Random(derived_seed(self.data.seed, stream, state["draws"], 7))
-            wanted = rng.choices(range(len(thresholds)), weights=probabilities)[0]
-            while not any(queues[wanted:]):
-                ids = next(documents)
-                home = max((b for b, t in enumerate(thresholds) if len(ids) >= t), default=None)
-                if home is None:
-                    too_short_since = state["epoch"] if too_short_since is None else too_short_since
-                    if state["epoch"] >= too_short_since + 2:  # a whole epoch without a document to draw
-                        raise DataError(f"{source_name(self.data)} has no document of at least data.length_buckets[0]="
-                                        f"{thresholds[0]} tokens (stream {stream} of {self.num_streams}): lower "
-                                        f"data.length_buckets")
-                else:
-                    too_short_since = None
-                if home is None or len(queues[home]) >= self.data.bucket_queue_docs:
-                    state["skipped"]["bucket_overflow"] = state["skipped"].get("bucket_overflow", 0) + 1
-                    continue
-                queues[home].append([state["arrivals"], ids])
-                state["arrivals"] += 1
-            source = min((b for b in range(wanted, len(thresholds)) if queues[b]), key=lambda b: queues[b][0][0])
-            state["draws"] += 1
-            yield queues[source].pop(0)[1]
+        return mixed_documents(sources, mix, self.sources, self.data, stream)
 
 
 # ---------------------------------------------------------------------------------------------- DataModule

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from neobert.data.tokenizer import load_tokenizer
-from neobert.eval.probes import (fill_mask, fill_mask_by_step, ladder_probe_runs, ladder_pseudo_perplexity,
-                                 paraphrase_gap, paraphrase_gap_by_step)
+from neobert.eval.probes import fill_mask, fill_mask_by_step, ladder_probe_runs, paraphrase_gap, paraphrase_gap_by_step
+from neobert.jobs.pseudo_perplexity import ladder_pseudo_perplexity
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
 SENTENCES = ("The function returns a list.", "Install the package with pip.", "It rained all week.")

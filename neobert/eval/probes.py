@@ -1,11 +1,11 @@
 """Quick looks into pretrained checkpoints (export directories), used by the ablation notebook: fill-mask
-predictions, sentence-embedding similarities (the similarity of paraphrases against that of unrelated sentences),
-and the pseudo-perplexity of a ladder's checkpoints against document length (paper Figure 2 over the ladder).
-The `*_by_step` functions probe one run per ladder step (`ladder_probe_runs`) so steps can be compared."""
+predictions and sentence-embedding similarities (the similarity of paraphrases against that of unrelated
+sentences). The `*_by_step` functions probe one run per ladder step (`ladder_probe_runs`) so steps can be compared;
+the pseudo-perplexity of those runs against document length (paper Figure 2 over the ladder) is
+`neobert.jobs.pseudo_perplexity.ladder_pseudo_perplexity`."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -13,10 +13,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from neobert.config.pseudo_perplexity import PseudoPerplexityConfig
 from neobert.data.backbone import Backbone, load_backbone
-from neobert.eval.pseudo_perplexity import BucketScore, load_model_and_tokenizer, run_pseudo_perplexity
-from neobert.model.checkpoint import read_config
+from neobert.eval.pseudo_perplexity import load_model_and_tokenizer
 from neobert.model.modeling import NeoBERTForMaskedLM, pool_embeddings
 
 # Hand-written paraphrase pairs: software documentation first (what the CPU ladder trains on), then general
@@ -141,29 +139,3 @@ def ladder_probe_runs(rows: Sequence[Mapping], seed: int | None = None) -> dict[
             raise ValueError(f"step {step!r} has no run at seed {seed}; its seeds are {sorted(runs)}")
         chosen[step] = runs[min(runs) if seed is None else seed]
     return chosen
-
-
-def ladder_pseudo_perplexity(results: Sequence[dict], corpus: str | Path, bucket_edges: Sequence[int] | None = None,
-                             docs_per_bucket: int = 2, steps: Sequence[str] | None = None,
-                             seed: int | None = None) -> list[BucketScore]:
-    """Per-bucket pseudo-perplexity of one run per step (`ladder_probe_runs`, labelled by step) on `corpus`, a local
-    .jsonl file with a `content` column (Figure 2 over the ladder). `bucket_edges` default: powers of two from 16,
-    then the smallest max_length of those checkpoints (longer documents are truncated into that last bucket). Only
-    comparable between checkpoints that share a tokenizer."""
-    if not Path(corpus).is_file():
-        raise FileNotFoundError(f"{corpus} is missing: the ladder writes corpora/heldout.jsonl only at budgets with "
-                                f"held-out documents (heldout.documents > 0); pass another local .jsonl file")
-    exports = ladder_probe_runs([r for r in results if steps is None or r["step"] in steps], seed)
-    if bucket_edges is None:
-        max_length = min(read_config(export_dir).max_length for export_dir in exports.values())
-        bucket_edges = [2 ** k for k in range(4, max_length.bit_length()) if 2 ** k < max_length] + [max_length]
-    buckets = []
-    # One measurement per step: the scorer names a model by its run directory (seed<k>), the same for every step.
-    for step, export_dir in exports.items():
-        config = PseudoPerplexityConfig(models=[export_dir], bucket_edges=list(bucket_edges),
-                                        docs_per_bucket=docs_per_bucket, device="cpu")
-        config.data.source = str(corpus)
-        config.data.hub_config = None
-        config.data.text_column = "content"
-        buckets += [dataclasses.replace(b, model=step) for b in run_pseudo_perplexity(config)[1]]
-    return buckets

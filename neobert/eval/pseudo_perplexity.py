@@ -5,12 +5,12 @@ Every scorable token of a document is masked exactly once: one masked copy of th
 copies per forward pass (`tokens_per_forward`), and the decoder is applied at the masked position only.
 The pseudo-log-likelihood of a document is the sum over its tokens of log p(token | the rest); special
 tokens ([CLS], [SEP]) are never masked nor scored. PPPL = exp(-PLL / scored tokens), per document and per
-length bucket (token-weighted: exp of the mean NLL of all tokens of the bucket's documents).
+length bucket (token-weighted: exp of the mean NLL of all tokens of the bucket's documents). The run over the
+models of a config, its reports and files is `neobert.jobs.pseudo_perplexity`.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,17 +20,11 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from torch import Tensor
-from tqdm import tqdm
 
-from neobert.config.pseudo_perplexity import PseudoPerplexityConfig
-from neobert.data.corpus import iterate_documents, truncate
 from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
 from neobert.eval.flops import warn_if_bf16_is_emulated
-from neobert.eval.throughput import resolve_device
-from neobert.layout import CONFIG_NAME, EXPORT_DIR, WEIGHTS_NAME, has_tokenizer
+from neobert.layout import CONFIG_NAME, WEIGHTS_NAME, has_tokenizer
 from neobert.model.modeling import IGNORE_INDEX, NeoBERTForMaskedLM
-
-log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------- scoring
@@ -146,7 +140,7 @@ def bucket_scores(scores: list[DocumentScore], edges: list[int]) -> list[BucketS
     return out
 
 
-# ---------------------------------------------------------------------------------------------- runner
+# ---------------------------------------------------------------------------------------------- loading
 def load_model_and_tokenizer(directory: str, tokenizer: str | None = None):
     """(NeoBERTForMaskedLM, its tokenizer) from an export directory; `tokenizer` overrides the one beside it."""
     path = Path(directory)
@@ -165,44 +159,3 @@ def load_model_and_tokenizer(directory: str, tokenizer: str | None = None):
 def _weight_names(path: Path) -> set[str]:
     with safe_open(str(path / WEIGHTS_NAME), framework="pt") as f:
         return set(f.keys())
-
-
-def run_pseudo_perplexity(config: PseudoPerplexityConfig) -> tuple[list[DocumentScore], list[BucketScore]]:
-    """Scores every model of the config on the same documents: (per-document scores, per-bucket scores)."""
-    config.validate()
-    device = resolve_device(config.device)
-    torch.manual_seed(config.seed)
-    all_scores: list[DocumentScore] = []
-    for directory in config.models:
-        model, tokenizer = load_model_and_tokenizer(directory, config.tokenizer)
-        model.to(device)
-        max_length = config.max_length or model.config.max_length
-        special = set(tokenizer.all_special_ids)
-        documents = (truncate(ids, max_length, special) for ids in iterate_documents(config.data, tokenizer))
-        chosen = select_documents(documents, config.bucket_edges, config.docs_per_bucket, config.min_tokens,
-                                  config.max_scanned_documents)
-        if not chosen:
-            raise RuntimeError(f"data.source={config.data.source!r} gave no document of at least "
-                               f"{config.min_tokens} tokens")
-        name = Path(directory).name if Path(directory).name != EXPORT_DIR else Path(directory).parent.name
-        log.info("%s: scoring %d documents", name, len(chosen))
-        all_scores += score_documents(model, chosen, special, tokenizer.mask_token_id, name,
-                                      config.tokens_per_forward, progress=lambda d: tqdm(d, desc=name),
-                                      dtype=getattr(torch, config.dtype) if config.dtype else None)
-    return all_scores, bucket_scores(all_scores, list(config.bucket_edges))
-
-
-def curves(buckets: list[BucketScore]) -> dict[str, list[tuple[int, float]]]:
-    out: dict[str, list[tuple[int, float]]] = {}
-    for b in buckets:
-        out.setdefault(b.model, []).append((b.bucket_high, b.pppl))
-    return out
-
-
-def markdown_table(buckets: list[BucketScore]) -> str:
-    lines = ["| model | length bucket (tokens) | documents | scored tokens | PPPL | median document PPPL |",
-             "|---|---|---:|---:|---:|---:|"]
-    for b in buckets:
-        lines.append(f"| {b.model} | {b.bucket_low + 1}-{b.bucket_high} | {b.documents} | {b.scored_tokens} | "
-                     f"{b.pppl:.2f} | {b.median_document_pppl:.2f} |")
-    return "\n".join(lines)

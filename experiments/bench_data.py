@@ -1,6 +1,6 @@
 """Data-pipeline throughput: tokens/s of one worker for tokenize + mask (+ pack), this suite's pipeline
 against Hugging Face's `DataCollatorForLanguageModeling` doing the same work on the same documents in the
-same process (neobert.eval.data_pipeline).
+same process (neobert.jobs.bench_data, its measurements neobert.eval.data_pipeline).
 
     python -m experiments.bench_data [--docs 3000] [--max-length 128] [--batch-size 32] [--repeats 3]
     python -m experiments.bench_data --packing [--docs 3000] [--max-length 128]   # packing efficiency per mode
@@ -15,10 +15,9 @@ tokens of the batches produced. The corpus is the demo's (CPython documentation)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from neobert.eval.data_pipeline import measure_data_pipeline, packing_report
+from neobert.jobs.bench_data import bench_packing, bench_speed
 from neobert.jobs.cli import add_debug_flag, run_cli
 
 
@@ -36,29 +35,8 @@ def main(argv=None) -> dict:
     add_debug_flag(parser)
     args = parser.parse_args(argv)
     if args.packing:
-        report = packing_report(args.docs, args.max_length, args.batch_size, args.open_rows)
-        corpus = report.pop("corpus")
-        print(f"{corpus['documents']:,} documents, {corpus['tokens']:,} tokens, {corpus['longer_than_a_row']:,} longer "
-              f"than a row of {args.max_length}")
-        print(f"{'data.packing':12s} {'efficiency':>10s} {'rows':>8s} {'documents cut':>14s} {'tokens dropped':>15s}")
-        for mode, row in report.items():
-            print(f"{mode:12s} {row['packing_efficiency']:10.4f} {row['rows']:8,d} {row['documents_cut']:14,d} "
-                  f"{row['tokens_dropped']:15,d}")
-        report["corpus"] = corpus
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=2)
-        return report
-    results = measure_data_pipeline(args.docs, args.max_length, args.batch_size, args.repeats)
-    print(f"{'pipeline (1 worker, 1 thread)':44s} tokens/s")
-    print(f"{'HF tokenizer + DataCollatorForLanguageModeling':44s} {results['hf_collator_tokens_per_s']:,.0f}")
-    print(f"{'ours, truncation':44s} {results['ours_truncate_tokens_per_s']:,.0f} "
-          f"({results['ratio_truncate_vs_hf']:.2f}x)")
-    print(f"{'ours, packing':44s} {results['ours_pack_tokens_per_s']:,.0f} ({results['ratio_pack_vs_hf']:.2f}x)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-    return results
+        return bench_packing(args.docs, args.max_length, args.batch_size, args.open_rows, args.json)
+    return bench_speed(args.docs, args.max_length, args.batch_size, args.repeats, args.json)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""The data-pipeline benchmark (`python -m experiments.bench_data`; the measurements: `neobert.eval.data_pipeline`):
+tokens/s of one worker for tokenize + mask (+ pack) against Hugging Face's collator (`bench_speed`), or the
+packing efficiency of each data.packing mode on the same documents (`bench_packing`). Each prints its table and
+writes its results as JSON where asked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from neobert.eval.data_pipeline import measure_data_pipeline, packing_report
+
+
+def bench_speed(docs: int, max_length: int, batch_size: int, repeats: int, json_path: str | Path | None = None) -> dict:
+    results = measure_data_pipeline(docs, max_length, batch_size, repeats)
+    print(f"{'pipeline (1 worker, 1 thread)':44s} tokens/s")
+    print(f"{'HF tokenizer + DataCollatorForLanguageModeling':44s} {results['hf_collator_tokens_per_s']:,.0f}")
+    print(f"{'ours, truncation':44s} {results['ours_truncate_tokens_per_s']:,.0f} "
+          f"({results['ratio_truncate_vs_hf']:.2f}x)")
+    print(f"{'ours, packing':44s} {results['ours_pack_tokens_per_s']:,.0f} ({results['ratio_pack_vs_hf']:.2f}x)")
+    write_json(results, json_path)
+    return results
+
+
+def bench_packing(docs: int, max_length: int, batch_size: int, open_rows: int,
+                  json_path: str | Path | None = None) -> dict:
+    report = packing_report(docs, max_length, batch_size, open_rows)
+    corpus = report.pop("corpus")
+    print(f"{corpus['documents']:,} documents, {corpus['tokens']:,} tokens, {corpus['longer_than_a_row']:,} longer "
+          f"than a row of {max_length}")
+    print(f"{'data.packing':12s} {'efficiency':>10s} {'rows':>8s} {'documents cut':>14s} {'tokens dropped':>15s}")
+    for mode, row in report.items():
+        print(f"{mode:12s} {row['packing_efficiency']:10.4f} {row['rows']:8,d} {row['documents_cut']:14,d} "
+              f"{row['tokens_dropped']:15,d}")
+    report["corpus"] = corpus
+    write_json(report, json_path)
+    return report
+
+
+def write_json(results: dict, path: str | Path | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=2)

@@ -16,10 +16,8 @@ import logging
 import sys
 from pathlib import Path
 
-from neobert.data.tokenizer import (MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, TOKENIZER_KINDS, check_tokenizer_request,
-                                    train_tokenizer)
 from neobert.jobs.cli import add_debug_flag, run_cli
-from neobert.jobs.pretrain import load_pretrain_config
+from neobert.jobs.train_tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, TOKENIZER_KINDS, run_train_tokenizer
 
 
 def main(argv=None) -> Path:
@@ -37,11 +35,8 @@ def main(argv=None) -> Path:
     add_debug_flag(parser)
     args = parser.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    keys = ("--vocab-size", "--max-docs")
-    check_tokenizer_request(args.kind, args.vocab_size, args.max_docs, keys)  # before any data is read or written
-    config = load_pretrain_config(args.config, args.overrides)
-    directory = train_tokenizer(config.data, args.output, args.kind, args.vocab_size, args.max_docs,
-                                overwrite=args.overwrite, keys=keys)
+    directory = run_train_tokenizer(args.output, args.config, args.overrides, args.kind, args.vocab_size,
+                                    args.max_docs, args.overwrite, keys=("--vocab-size", "--max-docs"))
     print(f"tokenizer: {directory}; set data.tokenizer={directory}")
     return directory
 

@@ -14,8 +14,8 @@ import argparse
 import json
 import sys
 
-from neobert.data.offline_corpus import default_roots, write_offline_corpus
 from neobert.jobs.cli import add_debug_flag, run_cli
+from neobert.jobs.offline_corpus import run_offline_corpus
 
 
 def main(argv=None) -> dict:
@@ -29,8 +29,7 @@ def main(argv=None) -> dict:
                                                          "(default: file order)")
     add_debug_flag(parser)
     args = parser.parse_args(argv)
-    summary = write_offline_corpus(args.output, args.roots or default_roots(), args.max_chars, args.min_words,
-                                   args.shuffle_seed)
+    summary = run_offline_corpus(args.output, args.roots, args.max_chars, args.min_words, args.shuffle_seed)
     print(json.dumps(summary, indent=2))
     return summary
 

@@ -15,7 +15,7 @@ from neobert.data import pretraining
 from neobert.data.corpus import DocumentTokenizer, open_source, pretokenize, text_column, unigram_entropy
 from neobert.data.demo_corpus import demo_documents
 from neobert.data.pretraining import PretrainingDataModule, PretrainingStream
-from neobert.data.stream_state import DATA_STATE_KEY, batch_stream_state, derived_seed, fresh_stream_state
+from neobert.data.stream_state import DATA_STATE_KEY, SourcePosition, batch_stream_state, derived_seed
 from neobert.data.tokenizer import load_tokenizer
 from neobert.hub import HubUnreachableError
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
@@ -172,7 +172,7 @@ def test_a_block_is_tokenized_as_the_stream_needs_it_in_the_block_shuffled_order
     encoded = []
     encode = stream.tokenizers[0].encode
     monkeypatch.setattr(stream.tokenizers[0], "encode", lambda documents: encoded.append(len(documents)) or encode(documents))
-    documents = stream.documents(0, fresh_stream_state())
+    documents = stream.documents(0, SourcePosition())
     first = [next(documents) for _ in range(20)]
     assert encoded == [16, 16]  # two chunks for 20 documents, not the block's 200
 

@@ -20,7 +20,7 @@ from neobert.config import ConfigError, load_config
 from neobert.config.pretrain import MaskingConfig, PretrainConfig, PretrainDataConfig
 from neobert.data.mixture import mixture_sources
 from neobert.data.pretraining import PretrainingStream
-from neobert.data.stream_state import DATA_STATE_KEY, batch_stream_state, fresh_mixture_state
+from neobert.data.stream_state import DATA_STATE_KEY, MixtureState, batch_stream_state
 from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import DataError
 from neobert.jobs.pretrain import prepare, run_pretraining
@@ -64,7 +64,7 @@ def mixture_data(paths, weights=(1, 1, 1), temperature: float = 0.0, **extra) ->
 def drawn_markers(data, tokenizer, n: int, state=None) -> list[str]:
     ids = {tokenizer.convert_tokens_to_ids(m): m for m in MARKERS}
     stream = PretrainingStream(data, MaskingConfig(), tokenizer, 4)
-    state = state if state is not None else fresh_mixture_state(len(MARKERS))
+    state = state if state is not None else MixtureState.fresh(len(MARKERS))
     documents = stream.mixed(0, state)
     return [ids[doc[1]] for doc in itertools.islice(documents, n)]  # doc[0] is [CLS]
 
@@ -96,13 +96,13 @@ def test_temperature_sampling_follows_size_to_the_power_tau(three_sources, token
 
 def test_a_source_retires_after_its_max_epochs_and_the_others_renormalise(three_sources, tokenizer, caplog):
     data = mixture_data(three_sources, weights=(1, 1, 8), gamma={"max_epochs": 2})
-    state = fresh_mixture_state(len(MARKERS))
+    state = MixtureState.fresh(len(MARKERS))
     with caplog.at_level(logging.INFO, logger="neobert.data.mixture"):
         drawn = drawn_markers(data, tokenizer, 400, state)
     assert Counter(drawn)["gamma"] == 30  # 15 documents, twice, then never again
     last_gamma = max(i for i, m in enumerate(drawn) if m == "gamma")
     assert Counter(drawn[last_gamma + 1:]).keys() <= {"alpha", "beta"} and len(drawn) - last_gamma > 100
-    assert state["retired"] == [2]
+    assert state.retired == [2]
     assert "source 'gamma' starts its epoch 1" in caplog.text
     assert "source 'gamma' finished its max_epochs=2 (stream 0): retired; the others' shares are now " \
            "{'alpha': 0.5, 'beta': 0.5}" in caplog.text
@@ -245,19 +245,17 @@ def test_a_phase_reweights_sources_by_name_and_an_unknown_name_is_refused(three_
 
 
 def test_a_new_phase_carries_each_shared_source_position_and_counts_its_own_draws():
-    from neobert.data.stream_state import carried_state, fresh_mixture_state, fresh_stream_state
+    from neobert.data.stream_state import MixtureState, StreamState, carried_state
 
     web, wiki, code = ("web", None, "train", "text", "paragraph"), ("wiki",) * 5, ("code",) * 5
-    old = fresh_stream_state()
-    old["mixture"] = fresh_mixture_state(2)
-    old["mixture"].update(draws=40, tokens=[900, 300], documents=[30, 10])
-    old["mixture"]["sources"][0].update(epoch=1, block=3, taken=7)
-    old.update(batches=12, builder={"pending": [[1, 2]]})
+    old = StreamState(batches=12, builder={"pending": [[1, 2]]}, mixture=MixtureState.fresh(2))
+    old.mixture.draws, old.mixture.tokens, old.mixture.documents = 40, [900, 300], [30, 10]
+    old.mixture.sources[0].epoch, old.mixture.sources[0].block, old.mixture.sources[0].taken = 1, 3, 7
     new = carried_state(old, [web, wiki], [code, web])
-    assert new["batches"] == 0 and new["builder"] is None
-    assert new["mixture"]["draws"] == 40  # the source draws go on
-    assert new["mixture"]["sources"][1] == old["mixture"]["sources"][0]  # web, by identity, wherever it is listed
-    assert new["mixture"]["sources"][0]["epoch"] == 0 and new["mixture"]["sources"][0]["taken"] == 0  # code: new
-    assert new["mixture"]["tokens"] == [0, 0] and new["mixture"]["documents"] == [0, 0]  # this phase's own counts
+    assert new.batches == 0 and new.builder is None
+    assert new.mixture.draws == 40  # the source draws go on
+    assert new.mixture.sources[1] == old.mixture.sources[0]  # web, by identity, wherever it is listed
+    assert new.mixture.sources[0].epoch == 0 and new.mixture.sources[0].taken == 0  # code: new
+    assert new.mixture.tokens == [0, 0] and new.mixture.documents == [0, 0]  # this phase's own counts
     single = carried_state(old, [web, wiki], [web])  # a mixture into one source: its position
-    assert (single["epoch"], single["block"], single["taken"], single["mixture"]) == (1, 3, 7, None)
+    assert (single.position.epoch, single.position.block, single.position.taken, single.mixture) == (1, 3, 7, None)

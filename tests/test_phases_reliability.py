@@ -205,14 +205,13 @@ def test_a_bad_phase_length_says_what_is_wrong(tmp_path, phases, message):
 
 
 def test_a_new_phase_keeps_the_tokens_drawn_from_each_shared_source():
-    from neobert.data.stream_state import TOKENS_BEFORE, carried_state, fresh_mixture_state, fresh_stream_state
+    from neobert.data.stream_state import MixtureState, StreamState, carried_state
 
     web, wiki, code = ("web",) * 5, ("wiki",) * 5, ("code",) * 5
-    old = fresh_stream_state()
-    old["mixture"] = fresh_mixture_state(2)
-    old["mixture"].update(tokens=[900, 300], documents=[30, 10])
+    old = StreamState(mixture=MixtureState.fresh(2))
+    old.mixture.tokens, old.mixture.documents = [900, 300], [30, 10]
     second = carried_state(old, [web, wiki], [code, web])
-    assert second["mixture"]["tokens"] == [0, 0] and second["mixture"][TOKENS_BEFORE] == [0, 900]
-    second["mixture"].update(tokens=[50, 70])
+    assert second.mixture.tokens == [0, 0] and second.mixture.tokens_before == [0, 900]
+    second.mixture.tokens = [50, 70]
     third = carried_state(second, [code, web], [web, wiki, code])  # wiki left out in the second phase
-    assert third["mixture"][TOKENS_BEFORE] == [970, 0, 50]
+    assert third.mixture.tokens_before == [970, 0, 50]

@@ -28,7 +28,7 @@ from typing import Iterator
 from neobert.config import ConfigError
 from neobert.config.pretrain import PretrainDataConfig, SourceData
 from neobert.data.corpus import local_data_files, source_name
-from neobert.data.stream_state import derived_seed
+from neobert.data.stream_state import MixtureState, StreamState, derived_seed
 from neobert.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -93,68 +93,67 @@ def active_probabilities(sources: list[MixtureSource], retired: list[int]) -> di
     return {i: p / total for i, p in active.items()}
 
 
-def mixed_documents(documents: list[Iterator[list[int]]], mix: dict, sources: list[MixtureSource],
+def mixed_documents(documents: list[Iterator[list[int]]], mix: MixtureState, sources: list[MixtureSource],
                     data: PretrainDataConfig, stream: int) -> Iterator[list[int]]:
     """Documents of the mixture: each draw picks a source with this stream's generator for that draw (seeded
     by the draw's number, so a resumed stream draws the same), then takes that source's next document. A
     source that reaches its max_epochs is retired and the others' probabilities renormalised (logged).
-    `documents`: this stream's documents of each source; `mix`: the stream state's "mixture" (draws, retired
-    sources, tokens drawn and each source's position)."""
+    `documents`: this stream's documents of each source; `mix`: the stream state's (`StreamState.mixture`)."""
     cap = data.max_length if data.packing == "none" else None  # tokens a document trains on
     while True:
-        active = active_probabilities(sources, mix["retired"])
+        active = active_probabilities(sources, mix.retired)
         if not active:
             raise DataError(f"every source of data.sources has reached its max_epochs (stream {stream}): raise "
                             f"a max_epochs, or trainer.max_steps is beyond the mixture")
-        rng = random.Random(derived_seed(data.seed, stream, mix["draws"], 17))
+        rng = random.Random(derived_seed(data.seed, stream, mix.draws, 17))
         index = rng.choices(list(active), weights=list(active.values()))[0]
-        epoch = mix["sources"][index]["epoch"]
+        epoch = mix.sources[index].epoch
         ids = next(documents[index], None)
         if ids is None:  # retired: drawn again, from the rest, with the same draw's generator
-            mix["retired"].append(index)
+            mix.retired.append(index)
             log.info("data: source %r finished its max_epochs=%d (stream %d): retired; the others' shares are "
                      "now %s", sources[index].name, sources[index].max_epochs, stream,
                      {sources[i].name: round(p, 4)
-                      for i, p in active_probabilities(sources, mix["retired"]).items()})
+                      for i, p in active_probabilities(sources, mix.retired).items()})
             continue
-        if mix["sources"][index]["epoch"] != epoch:
+        if mix.sources[index].epoch != epoch:
             log.info("data: source %r starts its epoch %d (stream %d)", sources[index].name,
-                     mix["sources"][index]["epoch"], stream)
-        mix["draws"] += 1
-        mix["tokens"][index] += min(len(ids), cap) if cap else len(ids)
-        mix["documents"][index] += 1
+                     mix.sources[index].epoch, stream)
+        mix.draws += 1
+        mix.tokens[index] += min(len(ids), cap) if cap else len(ids)
+        mix.documents[index] += 1
         yield ids
 
 
-def bucketed_documents(documents: Iterator[list[int]], state: dict, data: PretrainDataConfig, stream: int,
+def bucketed_documents(documents: Iterator[list[int]], state: StreamState, data: PretrainDataConfig, stream: int,
                        num_streams: int) -> Iterator[list[int]]:
     """The stage-2 length-bucket mixture: draw bucket b with probability bucket_probabilities[b], then emit the
     next document (in stream order) that is >= length_buckets[b] tokens long. Documents wait in the queue of the
     longest bucket they qualify for; one arriving at a full queue is dropped (counted in `skipped`)."""
     thresholds, probabilities = list(data.length_buckets), list(data.bucket_probabilities)
-    if state["queues"] is None:
-        state["queues"], state["arrivals"] = [[] for _ in thresholds], 0
-    queues = state["queues"]  # per bucket: [arrival number, token ids]
+    if state.queues is None:
+        state.queues, state.arrivals = [[] for _ in thresholds], 0
+    queues = state.queues  # per bucket: [arrival number, token ids]
     too_short_since = None  # the epoch since which every document has been shorter than every bucket
     while True:
-        rng = random.Random(derived_seed(data.seed, stream, state["draws"], 7))
+        rng = random.Random(derived_seed(data.seed, stream, state.draws, 7))
         wanted = rng.choices(range(len(thresholds)), weights=probabilities)[0]
         while not any(queues[wanted:]):
             ids = next(documents)
             home = max((b for b, t in enumerate(thresholds) if len(ids) >= t), default=None)
             if home is None:
-                too_short_since = state["epoch"] if too_short_since is None else too_short_since
-                if state["epoch"] >= too_short_since + 2:  # a whole epoch without a document to draw
+                too_short_since = state.position.epoch if too_short_since is None else too_short_since
+                if state.position.epoch >= too_short_since + 2:  # a whole epoch without a document to draw
                     raise DataError(f"{source_name(data)} has no document of at least data.length_buckets[0]="
                                     f"{thresholds[0]} tokens (stream {stream} of {num_streams}): lower "
                                     f"data.length_buckets")
             else:
                 too_short_since = None
             if home is None or len(queues[home]) >= data.bucket_queue_docs:
-                state["skipped"]["bucket_overflow"] = state["skipped"].get("bucket_overflow", 0) + 1
+                state.position.skipped["bucket_overflow"] = state.position.skipped.get("bucket_overflow", 0) + 1
                 continue
-            queues[home].append([state["arrivals"], ids])
-            state["arrivals"] += 1
+            queues[home].append([state.arrivals, ids])
+            state.arrivals += 1
         source = min((b for b in range(wanted, len(thresholds)) if queues[b]), key=lambda b: queues[b][0][0])
-        state["draws"] += 1
+        state.draws += 1
         yield queues[source].pop(0)[1]

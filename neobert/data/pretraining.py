@@ -7,9 +7,9 @@ uninterrupted one would:
 * Every (rank, dataloader worker) pair reads its own *stream*: ``split_dataset_by_node`` over
   ``world_size x workers`` streams (whole shards when they divide evenly, else every n-th document).
 * A stream reads documents in blocks of ``data.shuffle_buffer`` and shuffles each block with a seed derived
-  from (seed, stream, epoch, block). Its state: the source's own ``state_dict`` at the start of the current
-  block, how many documents of the block were used, the packing carry-over (every token id of the packer's
-  waiting and open rows) and bucket queues.
+  from (seed, stream, epoch, block). Its state (`StreamState`): the source's own ``state_dict`` at the start of
+  the current block, how many documents of the block were used, the packing carry-over (every token id of the
+  packer's waiting and open rows) and bucket queues.
 * Each batch carries the state of its stream *after* it (``batch["data_state"]``); the LightningModule
   hands it to the DataModule in ``training_step``, and the DataModule's ``state_dict`` (saved in every
   Lightning checkpoint) holds the latest state of every stream that fed a trained batch. Prefetched but
@@ -43,8 +43,8 @@ from neobert.data.masking import MLMMasker
 from neobert.data.mixture import bucketed_documents, mixed_documents, mixture_sources
 from neobert.data.packing import make_packer
 from neobert.data.schedules import DataSchedule
-from neobert.data.stream_state import (DATA_STATE_KEY, TOKENS_BEFORE, EncodedStreamState, carried_state, derived_seed,
-                                       fresh_mixture_state, fresh_stream_state, source_identity)
+from neobert.data.stream_state import (DATA_STATE_KEY, EncodedStreamState, MixtureState, SourcePosition, StreamState,
+                                       carried_state, derived_seed, source_identity)
 from neobert.errors import DataError
 from neobert.hub import require_hub
 
@@ -173,16 +173,17 @@ class PretrainingStream(IterableDataset):
 
     def __iter__(self) -> Iterator[dict]:
         stream = self.stream_id()
-        state = copy.deepcopy(self.start_states.get(stream, fresh_stream_state()))
+        start = self.start_states.get(stream)
+        state = StreamState() if start is None else StreamState.from_dict(copy.deepcopy(start))
         builder = BatchBuilder(self.masker, self.data.max_length, self.data.packing, self.special_ids,
                                self.data.packing_open_rows, unpad=self.data.unpad)
-        if state["builder"] is not None:
-            builder.load(state["builder"])
+        if state.builder is not None:
+            builder.load(state.builder)
         mixture = len(self.sources) > 1
-        if mixture and state["mixture"] is None:
-            state["mixture"] = fresh_mixture_state(len(self.sources))
-        documents = self.mixed(stream, state["mixture"]) if mixture else self.documents(stream, state)
-        drawn = list(state["mixture"]["tokens"]) if mixture else []  # per source, at the previous batch
+        if mixture and state.mixture is None:
+            state.mixture = MixtureState.fresh(len(self.sources))
+        documents = self.mixed(stream, state.mixture) if mixture else self.documents(stream, state.position)
+        drawn = list(state.mixture.tokens) if mixture else []  # per source, at the previous batch
         if self.data.length_buckets:
             documents = bucketed_documents(documents, state, self.data, stream, self.num_streams)
         # This stream's k-th batch is the rank's (k x workers + position)-th micro-batch (module docstring).
@@ -190,20 +191,19 @@ class PretrainingStream(IterableDataset):
         for ids in documents:
             builder.add(ids)
             while True:
-                step = self.schedule.step_of(state["batches"] * self.workers + position)
+                step = self.schedule.step_of(state.batches * self.workers + position)
                 if not builder.ready(self.schedule.batch_size(step)):
                     break
-                generator = torch.Generator().manual_seed(derived_seed(self.data.seed, stream, state["batches"]))
+                generator = torch.Generator().manual_seed(derived_seed(self.data.seed, stream, state.batches))
                 batch, stats = builder.pop(self.schedule.batch_size(step), generator, self.schedule.mask_rate(step))
                 if mixture:  # tokens drawn from each source since this stream's previous batch
-                    tokens = state["mixture"]["tokens"]
+                    tokens = state.mixture.tokens
                     stats["source_tokens"] = {s.name: now - before
                                               for s, now, before in zip(self.sources, tokens, drawn)}
                     drawn = list(tokens)
-                state["batches"] += 1
+                state.batches, state.builder = state.batches + 1, builder.state()  # the builder's as of this batch
                 # Pickled now: a snapshot (no deep copy needed), and one leaf for everything the batch goes through.
-                # The builder's state as of this batch (the stream state's own entry is the one it started from).
-                encoded = EncodedStreamState({**state, "builder": builder.state()})
+                encoded = EncodedStreamState(state)
                 batch[DATA_STATE_KEY] = {"stream": stream, "state": encoded, "stats": stats}
                 yield batch
 
@@ -225,43 +225,43 @@ class PretrainingStream(IterableDataset):
         dataset.set_epoch(epoch)
         return dataset
 
-    def documents(self, stream: int, state: dict, index: int = 0) -> Iterator[list[int]]:
+    def documents(self, stream: int, position: SourcePosition, index: int = 0) -> Iterator[list[int]]:
         """Token ids of this stream's documents of source `index`, block-shuffled, epoch after epoch (until the
-        source's max_epochs); updates `state`."""
+        source's max_epochs); updates `position`."""
         block_size, source = self.data.shuffle_buffer, self.sources[index]
         tokenize = self.tokenizers[index]
         mixture = (index,) if len(self.sources) > 1 else ()  # a source's own shuffles (one source: as ever)
-        while not (source.max_epochs and state["epoch"] >= source.max_epochs):
-            whole_epoch = state["source"] is None and state["block"] == 0 and state["taken"] == 0
-            dataset = self.source(stream, state["epoch"], index)
-            if state["source"] is not None:
-                dataset.load_state_dict(state["source"])
+        while not (source.max_epochs and position.epoch >= source.max_epochs):
+            whole_epoch = position.source is None and position.block == 0 and position.taken == 0
+            dataset = self.source(stream, position.epoch, index)
+            if position.source is not None:
+                dataset.load_state_dict(position.source)
             produced = False
             for block in read_blocks(dataset, block_size, self.data):
-                docs = tokenize.usable(block, state["skipped"])
+                docs = tokenize.usable(block, position.skipped)
                 order = list(range(len(docs)))
-                seed = derived_seed(self.data.seed, stream, state["epoch"], state["block"], *mixture)
+                seed = derived_seed(self.data.seed, stream, position.epoch, position.block, *mixture)
                 random.Random(seed).shuffle(order)
                 # Tokenized a chunk at a time in the shuffled order, not the whole block first: the first document
                 # of a block waits for TOKENIZE_CHUNK documents, not for data.shuffle_buffer (a stall of the
                 # worker, and of every GPU waiting for its batch, at each block start).
-                pending = order[state["taken"]:]
+                pending = order[position.taken:]
                 for start in range(0, len(pending), TOKENIZE_CHUNK):
                     for ids in tokenize.encode([docs[i] for i in pending[start:start + TOKENIZE_CHUNK]]):
-                        state["taken"] += 1
+                        position.taken += 1
                         produced = True
                         yield ids
-                state["source"], state["block"], state["taken"] = dataset.state_dict(), state["block"] + 1, 0
+                position.source, position.block, position.taken = dataset.state_dict(), position.block + 1, 0
             if not produced and whole_epoch:  # a whole epoch without a document: the next would be the same
                 detail = (f"stream {stream} of {self.num_streams} (devices x data.num_workers) got none: use fewer "
                           f"workers or devices for a small corpus" if self.num_streams > 1 else "")
-                raise no_usable_documents(source.data, state["skipped"], self.skip_docs, detail)
-            state["epoch"], state["source"], state["block"], state["taken"] = state["epoch"] + 1, None, 0, 0
+                raise no_usable_documents(source.data, position.skipped, self.skip_docs, detail)
+            position.epoch, position.source, position.block, position.taken = position.epoch + 1, None, 0, 0
 
-    def mixed(self, stream: int, mix: dict) -> Iterator[list[int]]:
+    def mixed(self, stream: int, mix: MixtureState) -> Iterator[list[int]]:
         """The mixture's documents (`neobert.data.mixture.mixed_documents`) from this stream's documents of each
-        source. `mix`: the stream state's "mixture" (draws, retired sources, tokens drawn, each source's position)."""
-        sources = [self.documents(stream, mix["sources"][i], i) for i in range(len(self.sources))]
+        source (`mix.sources`, the position in each)."""
+        sources = [self.documents(stream, mix.sources[i], i) for i in range(len(self.sources))]
         return mixed_documents(sources, mix, self.sources, self.data, stream)
 
 
@@ -337,7 +337,7 @@ class PretrainingDataModule(L.LightningDataModule):
             for key, by_source in totals.items():
                 for source, count in zip(sources, state.drawn[key]):
                     by_source[source.name] += count
-            for source, count in zip(sources, state.drawn[TOKENS_BEFORE]):
+            for source, count in zip(sources, state.drawn["tokens_before"]):
                 totals["tokens"][source.name] += count
         return totals
 
@@ -388,7 +388,7 @@ class PretrainingDataModule(L.LightningDataModule):
                         "this run has %d: the data stream restarts from its beginning", state["num_streams"],
                         num_streams)
             return
-        streams = {int(k): v for k, v in state["streams"].items()}
+        streams = {int(k): StreamState.from_dict(v) for k, v in state["streams"].items()}
         if state.get("phase", "") != self.phase:  # the checkpoint ends the phase before: a new phase starts
             saved = [tuple(identity) for identity in state.get("sources", [])]
             now = [source_identity(s.data) for s in self.sources]

@@ -2,7 +2,7 @@
 
 Layers, lowest first: base (`neobert.errors`, `neobert.hub`, `neobert.layout`, `neobert.outputs`, `neobert.config`)
 <- `model` <- `data` <- `eval` <- `lit` <- `jobs`; `experiments/` sits on top and parses arguments only. See
-docs/architecture.md.
+docs/architecture.md, which names every job.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "neobert"
+EXPERIMENTS = PACKAGE.parent / "experiments"
+ARCHITECTURE_DOC = PACKAGE.parent / "docs" / "architecture.md"
 LAYERS = {"errors": 0, "hub": 0, "layout": 0, "outputs": 0, "config": 0, "model": 1, "data": 2, "eval": 3, "lit": 4, "jobs": 5}
 # Heavy or optional dependencies that package code may import inside a function (each with a reason beside it).
 LAZY_ALLOWED = ("flash_attn", "xformers", "deepspeed", "mteb", "matplotlib", "sentence_transformers",
@@ -114,6 +116,14 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_package_layers_only_look_down():
     assert layering_violations() == []
+
+
+def test_the_architecture_doc_names_every_job_and_command_line():
+    doc = ARCHITECTURE_DOC.read_text()
+    jobs = [p.name for p in sorted((PACKAGE / "jobs").glob("*.py")) if p.name != "__init__.py"]
+    commands = [f"experiments.{p.stem}" for p in sorted(EXPERIMENTS.glob("*.py")) if p.name != "__init__.py"]
+    assert [name for name in jobs if f"`{name}`" not in doc] == []
+    assert [command for command in commands if f"`{command}`" not in doc] == []
 
 
 def _plant(tmp_path: Path, files: dict[str, str]) -> Path:

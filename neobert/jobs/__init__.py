@@ -1,1 +1,2 @@
-"""Whole runs, one module per job: pretrain, glue, contrastive, mteb, throughput, pseudo_perplexity, ablations, export. Each `run_*` function is what its `experiments/` command line calls."""
+"""Whole runs, one module per job (the list, with the command line of each: docs/architecture.md, "The jobs"); the
+function a module's `experiments/` command line calls is the run."""

@@ -13,13 +13,14 @@ import torch._dynamo
 from test_data_pretraining import corpus, tokenizer  # noqa: F401 - the shared fixtures
 from torch._dynamo.testing import CompileCounter
 
-from neobert.config import ConfigError
+from neobert.config import ConfigError, load_config
 from neobert.config.pretrain import MaskingConfig, PretrainConfig, PretrainDataConfig
 from neobert.data.demo_corpus import demo_documents
 from neobert.data.masking import IGNORE_INDEX, MLMMasker, StaticShapes, static_shapes_for
 from neobert.data.packing import BestFitPacker
 from neobert.data.pretraining import PretrainingStream
 from neobert.errors import DataError
+from neobert.jobs.phases import phase_config
 from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.model import NeoBERTConfig
 
@@ -188,17 +189,36 @@ def test_static_shapes_key_auto_follows_model_compile_and_is_checked():
     for compile_, expected in ((True, "true"), (False, "false")):
         config = PretrainConfig()
         config.model.compile = compile_
-        config.validate()
+        config.resolve()
         assert config.data.static_shapes == expected
+        config.validate()
     config = PretrainConfig()
     config.data.static_shapes = "False"  # what YAML's false becomes in a str field
-    config.validate()
+    config.resolve()
     assert config.data.static_shapes == "false"
+    config.validate()
     for key, value in (("static_shapes", "sometimes"), ("static_documents_per_row", -1)):
         config = PretrainConfig()
         setattr(config.data, key, value)
+        config.resolve()
         with pytest.raises(ConfigError, match=f"data.{key}"):
             config.validate()
+    config = PretrainConfig()
+    config.data.static_shapes = "Sometimes"
+    config.resolve()  # left as given, for validate to name as the user wrote it
+    with pytest.raises(ConfigError, match=r"data.static_shapes.*got 'Sometimes'"):
+        config.validate()
+
+
+def test_static_shapes_auto_is_resolved_at_load_and_per_phase():
+    for compile_, expected in (("true", "true"), ("false", "false")):
+        config = load_config(PretrainConfig, None, [f"model.compile={compile_}", "data.packing=greedy"])
+        assert config.data.static_shapes == expected
+    # a phase that sets auto again gets model.compile's value, whatever its packing
+    config = load_config(PretrainConfig, None, [
+        "model.compile=true", "data.static_shapes=false", "trainer.max_steps=4",
+        "phases=[{name: a, steps: 2}, {name: b, overrides: {data.packing: best_fit, data.static_shapes: auto}}]"])
+    assert [phase_config(config, i).data.static_shapes for i in range(2)] == ["false", "true"]
 
 
 def test_static_shapes_apply_to_packed_batches_only():

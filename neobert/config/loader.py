@@ -2,7 +2,8 @@
 
 A misspelt key or a value of the wrong type is a `ConfigError` naming the key (a misspelt one with "did you mean
 'x.y'?" for the nearest key of the schema), in one line, before any work starts; then the
-schema's `validate()` (when it has one) checks what types cannot. A YAML file may start from another one with
+schema's `resolve()` (when it has one) writes in what other keys decide, and its `validate()` (when it has one)
+checks what types cannot, changing nothing: each once per load. A YAML file may start from another one with
 `inherit: other.yaml` (a path relative to the file), which is how the stage-2, GLUE and ablation configs state
 only what they change.
 
@@ -69,13 +70,14 @@ def read_yaml(path: str | Path) -> DictConfig:
 
 
 def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
-    """Returns an instance of the dataclass `schema` with the file's values, then the overrides, applied, and
-    validated."""
+    """Returns an instance of the dataclass `schema` with the file's values, then the overrides, applied,
+    resolved and validated."""
     return _build(OmegaConf.structured(schema), schema, path, overrides)
 
 
 def merge_overrides(config: T, overrides: Sequence[str]) -> T:
-    """A copy of `config` (a schema instance built in Python) with `key=value` overrides applied, validated."""
+    """A copy of `config` (a schema instance built in Python) with `key=value` overrides applied, resolved and
+    validated."""
     return _build(OmegaConf.structured(config), type(config), None, overrides)
 
 
@@ -110,6 +112,8 @@ def _build(config: DictConfig, schema: type, path: str | Path | None, overrides:
             message = (f"is a section ({section_type}), not a value: got the {given} {value!r}; set its keys "
                        f"instead ({key}.<key>=...)")
         raise ConfigError(f"{source}: invalid config key {key!r}: {message}") from err
+    if hasattr(result, "resolve"):
+        result.resolve()
     if hasattr(result, "validate"):
         result.validate()
     return result

@@ -2,7 +2,8 @@
 
 This schema is a contract: the ablation configs (M0..M10) are written over these keys. Defaults are the paper's
 stage-1 recipe (NeoBERT paper, Section 3 and Table 1) except for the trainer's sizes, which `configs/neobert.yaml`
-sets. `PretrainConfig.validate` checks what the types cannot, before any work starts.
+sets. `PretrainConfig.resolve` derives what other keys decide (the loader calls it once), then
+`PretrainConfig.validate` checks what the types cannot, changing nothing, before any work starts.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class PretrainDataConfig:
     # micro_batch_size x max_length tokens, each row's [PAD] tail its own document (label -100), cu_seqlens of a
     # fixed length (zero-length documents after the real ones), max_seqlen = max_length, masked_index of a fixed
     # length. Without it every packed batch has its own shapes and torch.compile recompiles. "auto": on with
-    # model.compile (resolved by validate). Packed batches only (data.packing greedy or best_fit).
+    # model.compile (resolved by PretrainConfig.resolve). Packed batches only (data.packing greedy or best_fit).
     static_shapes: str = "auto"
     # The documents a static micro-batch may hold, per row on average, [PAD] tails included (cu_seqlens has rows x
     # this + 1 entries); a batch with more stops the run with an error naming this key. 0 = max(8, max_length // 32).
@@ -264,8 +265,26 @@ class PretrainConfig:
         "trainer.val_check_interval": "trainer.eval_every_n_steps",
     }
 
+    def resolve(self) -> None:
+        """Writes into the config what other keys decide: the loader calls it once, before `validate` (and a phase's
+        config is resolved again once its overrides are applied, neobert.jobs.phases.phase_config).
+
+        * data.packing's legacy booleans become their names (true: greedy, false: none), with a warning;
+        * data.static_shapes is lower-cased, and auto becomes model.compile (true or false).
+
+        A value that is none of these is left as given, for `validate` to name. Calling it again changes nothing."""
+        data = self.data
+        if str(data.packing).lower() in PACKING_BOOLEANS:
+            data.packing = PACKING_BOOLEANS[str(data.packing).lower()]
+            warnings.warn(f"data.packing={data.packing != 'none'} is deprecated and will be removed in the next "
+                          f"release; use data.packing={data.packing}", FutureWarning, stacklevel=2)
+        static = str(data.static_shapes).lower()
+        if static in STATIC_SHAPES:
+            # auto follows model.compile, which no phase may change: the same whatever a phase's packing.
+            data.static_shapes = str(self.model.compile).lower() if static == "auto" else static
+
     def validate(self) -> None:
-        """Checks the values the types cannot; every message names the key."""
+        """Checks the values the types cannot, changing nothing; every message names the key."""
         data, masking = self.data, self.masking
         for section in (self.optimizer, self.scheduler, self.trainer, self.logging, self.glue_callback,
                         self.mteb_callback):
@@ -282,18 +301,11 @@ class PretrainConfig:
                 "init_from (weights only) and branch_from (a whole training state) exclude each other")
         require(self.scheduler.phase != "decay" or self.scheduler.decay_steps is None, "scheduler.decay_steps",
                 "is set by the run in phase=decay (from its first step to trainer.max_steps): leave it null")
-        if str(data.packing).lower() in PACKING_BOOLEANS:
-            data.packing = PACKING_BOOLEANS[str(data.packing).lower()]
-            warnings.warn(f"data.packing={data.packing != 'none'} is deprecated and will be removed in the next "
-                          f"release; use data.packing={data.packing}", FutureWarning, stacklevel=2)
         require(data.packing in PACKING_MODES, "data.packing", f"must be one of {PACKING_MODES}")
         require(data.packing_open_rows >= 1, "data.packing_open_rows", "must be >= 1")
         require(isinstance(data.unpad, bool), "data.unpad", f"must be true or false, got {data.unpad!r}")
-        static = str(data.static_shapes).lower()
-        require(static in STATIC_SHAPES, "data.static_shapes", f"must be one of {STATIC_SHAPES}, got "
-                f"{data.static_shapes!r}")
-        # auto follows model.compile, which no phase may change: resolved once, here, whatever a phase's packing.
-        data.static_shapes = str(self.model.compile).lower() if static == "auto" else static
+        require(str(data.static_shapes).lower() in STATIC_SHAPES, "data.static_shapes",
+                f"must be one of {STATIC_SHAPES}, got {data.static_shapes!r}")
         require(data.static_documents_per_row >= 0, "data.static_documents_per_row",
                 "must be >= 0 (0 = max(8, data.max_length // 32))")
         require(masking.pad_to_multiple_of >= 1, "masking.pad_to_multiple_of", "must be >= 1")

@@ -87,7 +87,8 @@ def _step_of(path: Path | None) -> int | None:
 
 def phase_config(config: PretrainConfig, index: int) -> PretrainConfig:
     """The recipe with the overrides of phases 0..index applied in order (a phase keeps what the phases before it
-    changed unless it changes it again), checked as a whole config; phases cleared."""
+    changed unless it changes it again), resolved and checked as a whole config (as the loader does: this builds
+    the config itself); phases cleared."""
     resolved = OmegaConf.structured(config)
     resolved.phases = []
     for k, phase in enumerate(config.phases[: index + 1]):
@@ -104,6 +105,7 @@ def phase_config(config: PretrainConfig, index: int) -> PretrainConfig:
         result = OmegaConf.to_object(resolved)
     except OmegaConfBaseException as err:
         raise ConfigError(f"invalid config key 'phases[{index}].overrides': {err}") from err
+    result.resolve()  # what this phase's keys decide (its data.packing given as a boolean, its data.static_shapes)
     try:
         result.validate()
     except ConfigError as err:

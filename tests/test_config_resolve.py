@@ -1,5 +1,6 @@
 """A config is resolved once and validated once: the loader calls the schema's `resolve()` (what other keys
-decide, written into the config) and then its `validate()`, which only checks."""
+decide, written into the config) and then its `validate()`, which only checks; a run does not validate again what
+the loader validated."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import pkgutil
 
 import pytest
 from test_configs_packaged import schema_for
+from test_pretrain import tiny_config
 
 import neobert.config
 from neobert.config import ConfigError, load_config, packaged_config_names
 from neobert.config.pretrain import PretrainConfig
+from neobert.jobs.pretrain import prepare
 
 
 def schemas() -> list[type]:
@@ -64,3 +67,18 @@ def test_what_resolve_derives_validate_leaves_as_given():
     assert (config.data.packing, config.data.static_shapes) == ("greedy", "true")
     config.validate()
 
+
+def test_the_loader_resolves_then_validates_once_and_the_run_does_not_validate_again(tmp_path, monkeypatch):
+    calls = []
+    for step in ("resolve", "validate"):
+        original = getattr(PretrainConfig, step)
+
+        def recorded(self, original=original, step=step):
+            calls.append((step, id(self)))
+            return original(self)
+
+        monkeypatch.setattr(PretrainConfig, step, recorded)
+    config = tiny_config(tmp_path, "data.packing=best_fit")
+    assert calls == [("resolve", id(config)), ("validate", id(config))]
+    prepare(config)
+    assert calls == [("resolve", id(config)), ("validate", id(config))]

@@ -88,8 +88,8 @@ def run_preflight(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> str:
 
 
 def preflight_report(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> Preflight:
-    """Builds the run and checks it (see the module docstring)."""
-    config.validate()
+    """Builds the run of a loaded config (resolved and validated by the loader) and checks it (see the module
+    docstring)."""
     report = Preflight()
     trainer = config.trainer
     tokenizer = load_tokenizer(config.data.tokenizer, max_length=config.data.max_length,

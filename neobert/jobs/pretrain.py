@@ -93,9 +93,9 @@ def build_model_config(config: PretrainConfig, tokenizer) -> NeoBERTConfig:
 
 
 def prepare(config: PretrainConfig, phase=None):
-    """Everything that can fail on a bad config, before any training work: returns
-    (tokenizer, model config, datamodule). `phase`: the neobert.jobs.phases.PhaseRun this run is, if any."""
-    config.validate()
+    """Everything that can fail on a config that was loaded (resolved and validated by the loader, or by
+    neobert.jobs.phases.phase_config for a phase), before any training work: returns (tokenizer, model config,
+    datamodule). `phase`: the neobert.jobs.phases.PhaseRun this run is, if any."""
     tokenizer = load_tokenizer(config.data.tokenizer, max_length=config.data.max_length, config_key="data.tokenizer")
     model_config = build_model_config(config, tokenizer)
     datamodule = PretrainingDataModule(config.data, config.masking, tokenizer, config.trainer.micro_batch_size,

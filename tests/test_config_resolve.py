@@ -16,6 +16,7 @@ from test_pretrain import tiny_config
 import neobert.config
 from neobert.config import ConfigError, load_config, packaged_config_names
 from neobert.config.pretrain import PretrainConfig
+from neobert.jobs.preflight import preflight_report
 from neobert.jobs.pretrain import prepare
 
 
@@ -81,4 +82,5 @@ def test_the_loader_resolves_then_validates_once_and_the_run_does_not_validate_a
     config = tiny_config(tmp_path, "data.packing=best_fit")
     assert calls == [("resolve", id(config)), ("validate", id(config))]
     prepare(config)
+    preflight_report(config)
     assert calls == [("resolve", id(config)), ("validate", id(config))]

@@ -1,9 +1,11 @@
-"""What every fine-tuning job (GLUE, NER) shares: the paper's grid with seeds (`--sweep`), one run with its best
-checkpoint kept, the best run's export, and the summaries (median over seeds per grid point).
+"""What every fine-tuning job (GLUE, NER) shares: the task runner (`run_task`), the paper's grid with seeds
+(`--sweep`), one run with its best checkpoint kept, the best run's export, and the summaries (median over seeds per
+grid point).
 
-A job supplies its own pieces: `fine_tune(run_config, run_dir) -> result` (a result record holding at least
+A job describes itself in a `FineTuneJob`: its config schema and task table, its data module, its hub and input
+checks, `fine_tune(run_config, datamodule, backbone, run_dir) -> result` (a result record holding at least
 `scores` with `score`, `checkpoint`, `batch_size`, `lr`, `weight_decay`, `seed`, `run`, `model`) and
-`export(result, run_config, directory) -> model`; `run_grid` does the rest.
+`export_best(result, run_config, datamodule, backbone, directory) -> model`; `run_task` does the rest.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ import json
 import shutil
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from torch import nn
 
-from neobert.config import ConfigError, to_yaml
+from neobert.config import ConfigError, load_config, to_yaml
+from neobert.data.backbone import Backbone, load_backbone
 from neobert.layout import (GLUE_BEST_CHECKPOINT, GLUE_BEST_DIR, GLUE_SWEEP_JSON, GLUE_SWEEP_MD, RESULTS_JSON,
                             RUN_CONFIG, checkpoint_dir)
 from neobert.lit.trainer import build_trainer
@@ -162,3 +166,72 @@ def write_summary(task_dir: Path, summary: dict, runs: list[dict], sweep: bool, 
     if sweep:
         (task_dir / GLUE_SWEEP_JSON).write_text(json.dumps(runs, indent=2) + "\n")
         (task_dir / GLUE_SWEEP_MD).write_text(sweep_markdown(summary["task"], score_name, summary))
+
+
+@dataclass(frozen=True)
+class FineTuneJob:
+    """What one fine-tuning job (GLUE, NER) brings to `run_task`. Callables taking `(config, task)` get the job's
+    config and its task table's entry (`GlueTask`, `NerTask`)."""
+
+    name: str  # the packaged configs `<name>/<task>` and the default output root `runs/<name>`
+    config_class: type
+    get_task: Callable[[str], Any]
+    datamodule: Callable[..., L.LightningDataModule]  # (task, tokenizer, data config, seed=...)
+    check_hub_sources: Callable[[Any, Any], None]  # before any work: names each key an unreachable hub would fail
+    run_inputs: Callable[[Any, Any], list[tuple[str, str | Path | None]]]  # what the task directory may not hold
+    fine_tune: Callable[[Any, L.LightningDataModule, Backbone, Path], dict]  # one seeded run -> its result record
+    export_best: Callable[[dict, Any, L.LightningDataModule, Backbone, Path], nn.Module]
+    score_name: Callable[[Any], str]  # (task) -> the score sweep.md ranks by
+    summary_fields: Callable[[Path], dict] = lambda task_dir: {}  # (task directory) -> the job's own summary keys
+
+    def load_task_config(self, task: str, config: str | Path | None = None, model: str | None = None,
+                         overrides: Sequence[str] = ()):
+        """The config of one task: `config` (a path or packaged name; default the packaged `<name>/<task>`), then
+        the `key=value` overrides, then `task` and `model` (when given)."""
+        extra = [f"task={task}"] + ([f"model={model}"] if model else [])
+        return load_config(self.config_class, config or f"{self.name}/{task}", [*overrides, *extra])
+
+    def output_root(self, config) -> Path:
+        """`output_dir`, or `runs/<name>/<model>` (the model's name made a folder name)."""
+        if config.output_dir:
+            return Path(config.output_dir)
+        return Path("runs") / self.name / config.model.strip("/").replace("/", "--").replace(":", "-")
+
+
+class TaskRun(NamedTuple):
+    """A finished task: its summary, its directory, and what a job may still use (GLUE's test predictions)."""
+
+    summary: dict
+    task_dir: Path
+    datamodule: L.LightningDataModule
+    best_model: nn.Module
+
+
+def run_task(job: FineTuneJob, config, sweep: bool = False) -> TaskRun:
+    """Fine-tunes one task: a single run with the config's hyperparameters, or (sweep=True) the grid with several
+    seeds, ranked by the median over seeds. Keeps the best run's model in `<output_dir>/<task>/best/` and writes
+    each run's `results.json` and the task's summary (`write_summary`)."""
+    task = job.get_task(config.task)
+    job.check_hub_sources(config, task)
+    task_dir = job.output_root(config) / task.name
+    prepare_task_dir(task_dir, config.overwrite, job.run_inputs(config, task))
+    backbone = load_backbone(config.model, tokenizer=config.tokenizer)
+    datamodule = job.datamodule(task, backbone.tokenizer, config.data, seed=config.trainer.seed)
+
+    def fine_tune(run_config, run_dir: Path) -> dict:
+        # Seeded before the job builds its head. The data is read once per task; a run changes its batches only.
+        L.seed_everything(run_config.trainer.seed, workers=True, verbose=False)
+        datamodule.batch_size, datamodule.seed = run_config.data.batch_size, run_config.trainer.seed
+        datamodule.setup("fit")
+        result = job.fine_tune(run_config, datamodule, backbone, run_dir)
+        (run_dir / RESULTS_JSON).write_text(json.dumps(result, indent=2) + "\n")
+        return result
+
+    runs, best, best_model = run_grid(
+        config, sweep, task_dir, fine_tune,
+        lambda result, run_config, directory: job.export_best(result, run_config, datamodule, backbone, directory))
+    summary = summarize_runs(task.name, runs)
+    summary["best_run"] = best["run"]
+    summary.update(job.summary_fields(task_dir))
+    write_summary(task_dir, summary, runs, sweep, job.score_name(task))
+    return TaskRun(summary, task_dir, datamodule, best_model)

@@ -16,37 +16,26 @@ import shutil
 from pathlib import Path
 from typing import Optional, Sequence
 
-import lightning as L
 from safetensors.torch import save_file
 from torch import nn
 
-from neobert.config import ConfigError, load_config
+from neobert.config import ConfigError
 from neobert.config.glue import GlueConfig
-from neobert.data.backbone import Backbone, load_backbone, model_needs_hub
-from neobert.data.glue import GLUE_TASKS, HUB_DATASET, get_task, task_directory
+from neobert.data.backbone import Backbone, model_needs_hub
+from neobert.data.glue import GLUE_TASKS, HUB_DATASET, GlueTask, get_task, task_directory
 from neobert.data.glue_datamodule import GlueDataModule
 from neobert.eval.glue_metrics import main_score_key, table3_markdown
 from neobert.hub import HubUnreachableError, hub_reachable
-from neobert.jobs.finetune import (fit_keeping_best, load_best_weights, prepare_task_dir, run_grid, summarize_runs,
-                                   write_summary)
+from neobert.jobs import finetune
+from neobert.jobs.finetune import FineTuneJob, fit_keeping_best, load_best_weights
 from neobert.layout import (GLUE_BEST_DIR, GLUE_PREDICTIONS_DIR, GLUE_RUN_INFO, GLUE_TABLE_JSON, GLUE_TABLE_MD,
-                            RESULTS_JSON, WEIGHTS_NAME)
+                            WEIGHTS_NAME)
 from neobert.lit.glue import GlueClassifier, build_classifier, load_transfer_weights
 from neobert.lit.trainer import build_trainer
 from neobert.model.modeling import NeoBERTForSequenceClassification
 
 # MNLI first: RTE, MRPC and STS-B can start from its fine-tuned model (`transfer_from: mnli`).
 ALL_TASKS = ("mnli", "qnli", "qqp", "sst2", "cola", "mrpc", "stsb", "rte", "wnli")
-
-DEFAULT_OUTPUT_ROOT = Path("runs/glue")
-
-
-def load_task_config(task: str, config: str | Path | None = None, model: str | None = None,
-                     overrides: Sequence[str] = ()) -> GlueConfig:
-    """The config of one task: `config` (a path or packaged name; default the packaged `glue/<task>`), then the
-    `key=value` overrides, then `task` and `model` (when given)."""
-    extra = [f"task={task}"] + ([f"model={model}"] if model else [])
-    return load_config(GlueConfig, config or f"glue/{task}", [*overrides, *extra])
 
 
 def run_glue(task: str, config: str | Path | None = None, model: str | None = None, overrides: Sequence[str] = (),
@@ -61,27 +50,18 @@ def run_glue(task: str, config: str | Path | None = None, model: str | None = No
     return run_all({name: load_task_config(name, None, model, overrides) for name in ALL_TASKS}, sweep=sweep)
 
 
-def output_root(config: GlueConfig) -> Path:
-    if config.output_dir:
-        return Path(config.output_dir)
-    return DEFAULT_OUTPUT_ROOT / config.model.strip("/").replace("/", "--").replace(":", "-")
-
-
 def transfer_directory(config: GlueConfig) -> Optional[Path]:
     if config.transfer_from is None:
         return None
     if config.transfer_from in GLUE_TASKS:
-        return output_root(config) / config.transfer_from / GLUE_BEST_DIR
+        return GLUE.output_root(config) / config.transfer_from / GLUE_BEST_DIR
     return Path(config.transfer_from)
 
 
 def fine_tune(config: GlueConfig, datamodule: GlueDataModule, backbone_source: Backbone, run_dir: Path) -> dict:
-    """One fine-tuning run: seeded head, validation every n steps, early stopping and the best weights kept in
-    `run_dir/checkpoints/best.ckpt`. Returns the run's result record."""
+    """One fine-tuning run (seeded, its data set up, by `finetune.run_task`): a fresh head, validation every n steps,
+    early stopping and the best weights kept in `run_dir/checkpoints/best.ckpt`. Returns the run's result record."""
     task = datamodule.task
-    L.seed_everything(config.trainer.seed, workers=True, verbose=False)
-    datamodule.batch_size, datamodule.seed = config.data.batch_size, config.trainer.seed
-    datamodule.setup("fit")
     # Each run starts from the pretrained weights, never from a previous run's.
     model = build_classifier(copy.deepcopy(backbone_source), task.num_labels, config.classifier_dropout)
     source = transfer_directory(config)
@@ -89,15 +69,13 @@ def fine_tune(config: GlueConfig, datamodule: GlueDataModule, backbone_source: B
         load_transfer_weights(model, source)
     module = GlueClassifier(task, model, config.optimizer, config.scheduler)
     trainer, checkpoint, seconds = fit_keeping_best(config, module, datamodule, run_dir)
-    result = {
+    return {
         "task": task.name, "model": config.model, "run": run_dir.name, "batch_size": config.data.batch_size,
         "lr": config.optimizer.lr, "weight_decay": config.optimizer.weight_decay, "seed": config.trainer.seed,
         "transfer_from": config.transfer_from, "best_step": module.best_step, "steps": trainer.global_step,
         "train_seconds": seconds, "scores": module.best_scores,
         "checkpoint": checkpoint.best_model_path,
     }
-    (run_dir / RESULTS_JSON).write_text(json.dumps(result, indent=2) + "\n")
-    return result
 
 
 def export_best(result: dict, config: GlueConfig, datamodule: GlueDataModule, backbone_source: Backbone,
@@ -137,22 +115,22 @@ def write_predictions(config: GlueConfig, datamodule: GlueDataModule, model: nn.
         (directory / f"{split}.tsv").write_text("\n".join(lines) + "\n")
 
 
-def check_hub_sources(config: GlueConfig) -> None:
+def check_hub_sources(config: GlueConfig, task: GlueTask) -> None:
     """Before any work: when the hub is unreachable, name every config key that would need it."""
     needs_hub = []
     if config.data.path is None:
-        needs_hub.append(f"`data.path` (GLUE {config.task} would come from the hub's {HUB_DATASET})")
+        needs_hub.append(f"`data.path` (GLUE {task.name} would come from the hub's {HUB_DATASET})")
     if model_needs_hub(config.model):  # a missing path-like model is a ConfigError here, not a download
         needs_hub.append(f"`model` ({config.model!r} would be downloaded)")
     if needs_hub and not hub_reachable():
         raise HubUnreachableError(
             "the Hugging Face hub cannot be reached (or HF_HUB_OFFLINE is set), so set " + " and ".join(needs_hub)
             + f" to local files. GLUE files: `data.path=/data/glue` holding either the hub's parquet layout "
-            f"(/data/glue/{config.task}/train.parquet, validation.parquet, ...) or the original GLUE TSV layout "
-            f"(/data/glue/{config.task}/train.tsv, dev.tsv, ...); model: a local directory or --model preset:tiny.")
+            f"(/data/glue/{task.name}/train.parquet, validation.parquet, ...) or the original GLUE TSV layout "
+            f"(/data/glue/{task.name}/train.tsv, dev.tsv, ...); model: a local directory or --model preset:tiny.")
 
 
-def run_inputs(config: GlueConfig, task) -> list[tuple[str, str | Path | None]]:
+def run_inputs(config: GlueConfig, task: GlueTask) -> list[tuple[str, str | Path | None]]:
     """What a run reads (its task directory must not hold any of it): the task's data files, the model, its
     tokenizer and the model it transfers from."""
     inputs = [(f"data.path={config.data.path!r}", config.data.path), (f"model={config.model!r}", config.model),
@@ -164,24 +142,19 @@ def run_inputs(config: GlueConfig, task) -> list[tuple[str, str | Path | None]]:
     return inputs + ([(f"transfer_from={config.transfer_from!r} ({transfer})", transfer)] if transfer else [])
 
 
+GLUE = FineTuneJob(name="glue", config_class=GlueConfig, get_task=get_task, datamodule=GlueDataModule,
+                   check_hub_sources=check_hub_sources, run_inputs=run_inputs, fine_tune=fine_tune,
+                   export_best=export_best, score_name=main_score_key)
+load_task_config = GLUE.load_task_config
+
+
 def run_task(config: GlueConfig, sweep: bool = False) -> dict:
-    """Fine-tunes one task: a single run with the config's hyperparameters, or (sweep=True) the grid with
-    several seeds, ranked by the median over seeds. Keeps the best run's model in `<output_dir>/<task>/best/`."""
-    task = get_task(config.task)
-    check_hub_sources(config)
-    task_dir = output_root(config) / task.name
-    prepare_task_dir(task_dir, config.overwrite, run_inputs(config, task))
-    backbone = load_backbone(config.model, tokenizer=config.tokenizer)
-    datamodule = GlueDataModule(task, backbone.tokenizer, config.data, seed=config.trainer.seed)
-    runs, best, best_model = run_grid(
-        config, sweep, task_dir, lambda run_config, run_dir: fine_tune(run_config, datamodule, backbone, run_dir),
-        lambda result, run_config, directory: export_best(result, run_config, datamodule, backbone, directory))
-    summary = summarize_runs(task.name, runs)
-    summary["best_run"] = best["run"]
-    write_summary(task_dir, summary, runs, sweep, main_score_key(task))
+    """Fine-tunes one task (`finetune.run_task`: one run or the grid with its seeds, the best model kept in
+    `<output_dir>/<task>/best/`), then writes its test-split predictions when `predict` is set."""
+    run = finetune.run_task(GLUE, config, sweep)
     if config.predict:
-        write_predictions(config, datamodule, best_model, task_dir / GLUE_PREDICTIONS_DIR)
-    return summary
+        write_predictions(config, run.datamodule, run.best_model, run.task_dir / GLUE_PREDICTIONS_DIR)
+    return run.summary
 
 
 def run_all(configs: dict[str, GlueConfig], sweep: bool = False) -> dict:
@@ -189,7 +162,7 @@ def run_all(configs: dict[str, GlueConfig], sweep: bool = False) -> dict:
     `<output_dir>/glue_results.json` and `.md` (output_dir of the first task's config)."""
     order = [t for t in ALL_TASKS if t in configs]
     results = {task: run_task(configs[task], sweep=sweep) for task in order}
-    output_dir = output_root(configs[order[0]])
+    output_dir = GLUE.output_root(configs[order[0]])
     model = configs[order[0]].model
     (output_dir / GLUE_TABLE_JSON).write_text(json.dumps({"model": model, "tasks": results}, indent=2) + "\n")
     (output_dir / GLUE_TABLE_MD).write_text(table3_markdown(model, {t: r["scores"] for t, r in results.items()}))

@@ -15,41 +15,25 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-import lightning as L
 from torch import nn
 
-from neobert.config import load_config
 from neobert.config.ner import NerConfig
-from neobert.data.backbone import Backbone, load_backbone, model_needs_hub
+from neobert.data.backbone import Backbone, model_needs_hub
 from neobert.data.ner import NerDataModule, NerTask, get_ner_task, uses_hub
 from neobert.hub import HubUnreachableError, hub_reachable
-from neobert.jobs.finetune import (fit_keeping_best, load_best_weights, prepare_task_dir, run_grid, summarize_runs,
-                                   write_summary)
-from neobert.layout import CONFIG_NAME, GLUE_BEST_DIR, NER_RUN_INFO, RESULTS_JSON
+from neobert.jobs import finetune
+from neobert.jobs.finetune import FineTuneJob, fit_keeping_best, load_best_weights
+from neobert.layout import CONFIG_NAME, GLUE_BEST_DIR, NER_RUN_INFO
 from neobert.lit.ner import NerTagger, build_token_classifier
 from neobert.model.modeling import NeoBERTForTokenClassification
 
-DEFAULT_OUTPUT_ROOT = Path("runs/ner")
 EVALUATED_ON = "validation"  # the dev split: model selection and the reported scores (no test split locally)
-
-
-def load_task_config(task: str, config: str | Path | None = None, model: str | None = None,
-                     overrides: Sequence[str] = ()) -> NerConfig:
-    """`config` (a path or packaged name; default the packaged `ner/<task>`), the overrides, then task and model."""
-    extra = [f"task={task}"] + ([f"model={model}"] if model else [])
-    return load_config(NerConfig, config or f"ner/{task}", [*overrides, *extra])
 
 
 def run_ner(task: str, config: str | Path | None = None, model: str | None = None, overrides: Sequence[str] = (),
             sweep: bool = False) -> dict:
     """What `python -m experiments.ner` runs."""
     return run_task(load_task_config(task, config, model, overrides), sweep=sweep)
-
-
-def output_root(config: NerConfig) -> Path:
-    if config.output_dir:
-        return Path(config.output_dir)
-    return DEFAULT_OUTPUT_ROOT / config.model.strip("/").replace("/", "--").replace(":", "-")
 
 
 def check_hub_sources(config: NerConfig, task: NerTask) -> None:
@@ -68,16 +52,14 @@ def check_hub_sources(config: NerConfig, task: NerTask) -> None:
 
 
 def fine_tune(config: NerConfig, datamodule: NerDataModule, backbone: Backbone, run_dir: Path) -> dict:
-    """One run: a seeded fresh head on the pretrained weights, validation every n steps, early stopping, the best
-    weights kept in `run_dir/checkpoints/best.ckpt`. Returns the run's result record."""
+    """One run (seeded, its data set up, by `finetune.run_task`): a fresh head on the pretrained weights,
+    validation every n steps, early stopping, the best weights kept in `run_dir/checkpoints/best.ckpt`. Returns the
+    run's result record."""
     task = datamodule.task
-    L.seed_everything(config.trainer.seed, workers=True, verbose=False)
-    datamodule.batch_size, datamodule.seed = config.data.batch_size, config.trainer.seed
-    datamodule.setup("fit")
     model = build_token_classifier(backbone, task, config.classifier_dropout)
     module = NerTagger(task, model, config.optimizer, config.scheduler, datamodule.validation)
     trainer, checkpoint, seconds = fit_keeping_best(config, module, datamodule, run_dir)
-    result = {
+    return {
         "task": task.name, "model": config.model, "run": run_dir.name, "batch_size": config.data.batch_size,
         "lr": config.optimizer.lr, "weight_decay": config.optimizer.weight_decay, "seed": config.trainer.seed,
         "evaluated_on": EVALUATED_ON, "best_step": module.best_step, "steps": trainer.global_step,
@@ -86,8 +68,6 @@ def fine_tune(config: NerConfig, datamodule: NerDataModule, backbone: Backbone, 
                       "validation_sentences": datamodule.validation.truncated,
                       "validation_entities_dropped": datamodule.validation.entities_dropped},
     }
-    (run_dir / RESULTS_JSON).write_text(json.dumps(result, indent=2) + "\n")
-    return result
 
 
 def export_best(result: dict, config: NerConfig, datamodule: NerDataModule, backbone: Backbone,
@@ -120,19 +100,20 @@ def run_inputs(config: NerConfig) -> list[tuple[str, str | None]]:
             *((f"data.files.{split}={path!r}", path) for split, path in config.data.files.items())]
 
 
+def summary_fields(task_dir: Path) -> dict:
+    """What the task's results.json adds to the shared summary: the split scored and where the best model is."""
+    return {"evaluated_on": EVALUATED_ON, "best_dir": str(task_dir / GLUE_BEST_DIR)}
+
+
+NER = FineTuneJob(name="ner", config_class=NerConfig, get_task=get_ner_task, datamodule=NerDataModule,
+                  check_hub_sources=check_hub_sources, run_inputs=lambda config, task: run_inputs(config),
+                  fine_tune=fine_tune, export_best=export_best, score_name=lambda task: "entity F1",
+                  summary_fields=summary_fields)
+load_task_config = NER.load_task_config
+
+
 def run_task(config: NerConfig, sweep: bool = False) -> dict:
-    """Fine-tunes one task: a single run with the config's hyperparameters, or (sweep=True) the grid with its
-    seeds, ranked by the median entity F1 over seeds. Keeps the best run's model in `<output_dir>/<task>/best/`."""
-    task = get_ner_task(config.task)
-    check_hub_sources(config, task)
-    task_dir = output_root(config) / task.name
-    prepare_task_dir(task_dir, config.overwrite, run_inputs(config))
-    backbone = load_backbone(config.model, tokenizer=config.tokenizer)
-    datamodule = NerDataModule(task, backbone.tokenizer, config.data, seed=config.trainer.seed)
-    runs, best, _ = run_grid(
-        config, sweep, task_dir, lambda run_config, run_dir: fine_tune(run_config, datamodule, backbone, run_dir),
-        lambda result, run_config, directory: export_best(result, run_config, datamodule, backbone, directory))
-    summary = summarize_runs(task.name, runs)
-    summary.update(best_run=best["run"], evaluated_on=EVALUATED_ON, best_dir=str(task_dir / GLUE_BEST_DIR))
-    write_summary(task_dir, summary, runs, sweep, "entity F1")
-    return summary
+    """Fine-tunes one task (`finetune.run_task`): a single run with the config's hyperparameters, or (sweep=True)
+    the grid with its seeds, ranked by the median entity F1 over seeds. Keeps the best run's model in
+    `<output_dir>/<task>/best/`."""
+    return finetune.run_task(NER, config, sweep).summary

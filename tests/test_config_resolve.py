@@ -16,6 +16,7 @@ from test_pretrain import tiny_config
 import neobert.config
 from neobert.config import ConfigError, load_config, packaged_config_names
 from neobert.config.pretrain import PretrainConfig
+from neobert.jobs.phases import phase_config
 from neobert.jobs.preflight import preflight_report
 from neobert.jobs.pretrain import prepare
 
@@ -84,3 +85,13 @@ def test_the_loader_resolves_then_validates_once_and_the_run_does_not_validate_a
     prepare(config)
     preflight_report(config)
     assert calls == [("resolve", id(config)), ("validate", id(config))]
+
+
+def test_the_attention_backend_the_data_decides_is_derived_per_phase_and_never_recorded():
+    phases = "phases=[{name: a, steps: 2}, {name: b, overrides: {data.packing: greedy}}]"
+    config = load_config(PretrainConfig, None, ["data.unpad=false", "trainer.max_steps=4", phases])
+    phases = [phase_config(config, i) for i in range(2)]
+    assert [phase.derived_model_overrides() for phase in phases] == [{}, {"attention_backend": "varlen"}]
+    assert all("attention_backend" not in phase.model.overrides for phase in phases)  # checkpoints record the given
+    given = load_config(PretrainConfig, None, ["model.overrides.attention_backend=sdpa"])
+    assert given.derived_model_overrides() == {}  # model.overrides wins

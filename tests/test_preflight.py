@@ -94,3 +94,16 @@ def test_a_phased_recipe_reports_every_phase():
     assert ("- extension: steps 810,624-929,834 (250.0B token slots at 2,097,152 per step), length 8192, "
             "micro-batch 4, masking 0.15, RoPE base 160000.0") in text
     assert "- source dclm (60.0% of the draws): mlfoundations/dclm-baseline-1.0" in text
+
+
+def test_the_derived_values_are_shown(tmp_path):
+    text = preflight_report(tiny_config(tmp_path, "data.packing=best_fit", "model.compile=true")).text()
+    assert ("- data.static_shapes=true (auto is model.compile's value): every packed micro-batch has one shape, for "
+            "one compiled graph") in text
+    assert ("- the model's attention_backend: varlen (derived from the data: its batches carry cu_seqlens "
+            "(data.packing, data.unpad); model.overrides.attention_backend sets another)") in text
+    text = preflight_report(tiny_config(tmp_path, "data.packing=none", "data.unpad=false")).text()
+    assert "data.static_shapes" not in text  # padded batches: it does not apply
+    assert "- the model's attention_backend: sdpa (model.preset tiny's)" in text
+    text = preflight_report(tiny_config(tmp_path, "model.overrides.attention_backend=sdpa")).text()
+    assert "- the model's attention_backend: sdpa (model.overrides.attention_backend)" in text

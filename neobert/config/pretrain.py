@@ -283,6 +283,17 @@ class PretrainConfig:
             # auto follows model.compile, which no phase may change: the same whatever a phase's packing.
             data.static_shapes = str(self.model.compile).lower() if static == "auto" else static
 
+    def derived_model_overrides(self) -> Dict[str, Any]:
+        """The NeoBERTConfig fields the data decides, where model.overrides leaves them unset: attention_backend=varlen
+        when training batches carry cu_seqlens (data.packing, or data.unpad; varlen kernels on GPU whatever this
+        field), so that the model also unpads the padded batches of a caller that checks its inputs (e.g. the
+        export's users). Derived where the model config is built (and shown by the preflight), never written into
+        model.overrides: checkpoints and phases.json record the config as given, and each phase derives its own from
+        its own data keys."""
+        if "attention_backend" in self.model.overrides or (self.data.packing == "none" and not self.data.unpad):
+            return {}
+        return {"attention_backend": "varlen"}
+
     def validate(self) -> None:
         """Checks the values the types cannot, changing nothing; every message names the key."""
         data, masking = self.data, self.masking

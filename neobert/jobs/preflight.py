@@ -200,6 +200,10 @@ def batch_section(report: Preflight, config: PretrainConfig) -> None:
                f"({trainer.micro_batch_size * data.max_length:,} per GPU per micro-batch); with packing "
                f"{data.packing!r} the real tokens are " + ("all of them" if data.packing != "none"
                                                            else "fewer (documents shorter than the length)"))
+    if data.packing != "none":
+        report.add(f"- data.static_shapes={data.static_shapes} (auto is model.compile's value): " + (
+            "every packed micro-batch has one shape, for one compiled graph" if data.static_shapes == "true"
+            else "every packed micro-batch has its own shapes"))
     total = trainer.max_steps * sequences * data.max_length
     report.add(f"- {trainer.max_steps:,} steps x {sequences * data.max_length:,} = {total / 1e9:,.1f}B token slots")
     warmup = trainer.batch_size_warmup
@@ -306,6 +310,14 @@ def attention_section(report: Preflight, config: PretrainConfig, model_config, p
     kernel = training_attention_kernel(config.data.packing, model_config.attention_backend, "cuda",
                                        unpad=config.data.unpad, dtype=dtype, dropout=model_config.dropout)
     report.add(f"- {kernel}")
+    if "attention_backend" in config.derived_model_overrides():
+        origin = ("derived from the data: its batches carry cu_seqlens (data.packing, data.unpad); "
+                  "model.overrides.attention_backend sets another")
+    elif "attention_backend" in config.model.overrides:
+        origin = "model.overrides.attention_backend"
+    else:
+        origin = f"model.preset {config.model.preset}'s"
+    report.add(f"- the model's attention_backend: {model_config.attention_backend} ({origin})")
 
 
 def mfu_section(report: Preflight, config: PretrainConfig, model, model_config, gpu: str) -> float | None:

@@ -68,15 +68,12 @@ def local_sources_named(config: PretrainConfig) -> set[str]:
 
 
 def build_model_config(config: PretrainConfig, tokenizer) -> NeoBERTConfig:
-    """The preset plus overrides, checked before any work; the vocabulary follows a non-BERT tokenizer."""
-    overrides = dict(config.model.overrides)
+    """The preset plus overrides, checked before any work; the vocabulary follows a non-BERT tokenizer, the
+    attention backend the data (PretrainConfig.derived_model_overrides)."""
+    overrides = {**config.model.overrides, **config.derived_model_overrides()}
     if config.data.tokenizer not in BERT_BASE_UNCASED_ALIASES:
         overrides.setdefault("vocab_size", len(tokenizer))
         overrides.setdefault("pad_token_id", tokenizer.pad_token_id)
-    if config.data.packing != "none" or config.data.unpad:
-        # Training batches come with cu_seqlens (varlen kernels on GPU whatever this field); varlen also unpads the
-        # padded batches of a model that checks its inputs (e.g. the export's users).
-        overrides.setdefault("attention_backend", "varlen")
     try:
         model_config = NeoBERTConfig.from_preset(config.model.preset, **overrides)
     except (ValueError, TypeError) as err:

@@ -50,4 +50,6 @@ def liger_swiglu(gate_up: Tensor) -> Tensor:
     backward needs its input, not its output); a second backward through the same graph is refused by Liger."""
     from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction
 
-    return LigerFusedGateUpSiLUMulFunction.apply(gate_up, True)
+    # Rows of one token each: Liger's backward returns the gradient in that 2-D shape, whatever the input's.
+    rows = gate_up.reshape(-1, gate_up.shape[-1])
+    return LigerFusedGateUpSiLUMulFunction.apply(rows, True).view(*gate_up.shape[:-1], -1)

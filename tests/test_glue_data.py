@@ -6,8 +6,8 @@ import torch
 from conftest import shared_data
 from glue_files import write_parquet_task, write_tsv_task
 
-from neobert.data.glue import (GLUE_TASKS, GlueCollator, LengthGroupedSampler, TokenizedGlue, get_task,
-                               load_glue_split)
+from neobert.data.finetune import PaddingCollator
+from neobert.data.glue import GLUE_TASKS, LengthGroupedSampler, TokenizedGlue, get_task, load_glue_split
 from neobert.data.tokenizer import load_tokenizer
 from neobert.hub import HubUnreachableError
 
@@ -104,7 +104,7 @@ def test_tokenized_pairs_collator_and_length_grouping(tmp_path):
     assert dataset[0]["input_ids"] == first["input_ids"] and max(dataset.lengths()) <= 20
     assert dataset[0]["token_type_ids"] == first["token_type_ids"]
 
-    batch = GlueCollator(tokenizer.pad_token_id)([dataset[i] for i in range(5)])
+    batch = PaddingCollator(tokenizer.pad_token_id)([dataset[i] for i in range(5)])
     assert batch["input_ids"].shape[1] % 8 == 0 and batch["input_ids"].shape[1] < 8 + 20
     lengths = batch["attention_mask"].sum(1).tolist()
     assert lengths == [len(dataset[i]["input_ids"]) for i in range(5)]

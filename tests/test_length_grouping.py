@@ -139,7 +139,8 @@ def test_the_datamodules_draw_their_training_order_from_the_sampler(job):
     from neobert.config.ner import NerDataConfig
     from neobert.data.glue import get_task
     from neobert.data.glue_datamodule import GlueDataModule
-    from neobert.data.ner import NER_TASKS, NerDataModule
+    from neobert.data.ner import NER_TASKS
+    from neobert.data.ner_datamodule import NerDataModule
     from neobert.data.tokenizer import load_tokenizer
 
     def module(**data):

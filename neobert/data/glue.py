@@ -1,5 +1,6 @@
 """GLUE: the task table, loading (hub or local files), tokenization, label checks and length-grouped batches
-(the DataModule that serves them is `neobert.data.glue_datamodule.GlueDataModule`).
+(the DataModule that serves them is `neobert.data.glue_datamodule.GlueDataModule`, on the layout and batching of
+`neobert.data.finetune`).
 
 Every source yields the same thing, a `datasets.Dataset` with the hub's `nyu-mll/glue` columns (text columns,
 `label`, `idx`), so everything after loading is one code path:
@@ -270,54 +271,13 @@ class TokenizedGlue(Dataset):
         return len(self.input_ids)
 
     def __getitem__(self, i: int) -> dict:
-        item = {"input_ids": self.input_ids[i], "label": self.labels[i], "idx": self.idx[i]}
+        item = {"input_ids": self.input_ids[i], "labels": self.labels[i], "idx": self.idx[i]}
         if self.token_type_ids is not None:
             item["token_type_ids"] = self.token_type_ids[i]
         return item
 
     def lengths(self) -> list[int]:
         return [len(ids) for ids in self.input_ids]
-
-
-def clipped_max_length(tokenizer, max_length: int) -> int:
-    """`data.max_length`, clipped (and logged) to the tokenizer's `model_max_length` where that is smaller."""
-    limit = min(max_length, getattr(tokenizer, "model_max_length", None) or max_length)
-    if limit < max_length:
-        log.info("data.max_length=%d clipped to the tokenizer's limit %d", max_length, limit)
-    return limit
-
-
-def pad_sequences(sequences: Sequence, value: int, pad_to_multiple_of: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows padded with `value` to the longest rounded up to `pad_to_multiple_of` ([B, width]), and the 1/0 mask of
-    their real positions: the dynamic padding of every fine-tuning collator (GLUE, NER)."""
-    lengths = torch.tensor([len(sequence) for sequence in sequences])
-    width = math.ceil(int(lengths.max()) / pad_to_multiple_of) * pad_to_multiple_of
-    padded = torch.full((len(sequences), width), value, dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        padded[row, : len(sequence)] = torch.as_tensor(sequence)
-    return padded, (torch.arange(width)[None, :] < lengths[:, None]).long()
-
-
-class GlueCollator:
-    """Dynamic padding: each batch is padded to its own longest sequence (rounded up to `pad_to_multiple_of`)."""
-
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 8):
-        self.pad_token_id = pad_token_id
-        self.pad_to_multiple_of = pad_to_multiple_of
-
-    def __call__(self, items: list[dict]) -> dict:
-        input_ids, attention_mask = pad_sequences([item["input_ids"] for item in items], self.pad_token_id,
-                                                  self.pad_to_multiple_of)
-        batch = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "labels": torch.stack([item["label"] for item in items]),
-            "idx": torch.stack([item["idx"] for item in items]),
-        }
-        if "token_type_ids" in items[0]:
-            batch["token_type_ids"], _ = pad_sequences([item["token_type_ids"] for item in items], 0,
-                                                       self.pad_to_multiple_of)
-        return batch
 
 
 def megabatch_size(num_examples: int, batch_size: int) -> int:

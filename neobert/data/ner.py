@@ -1,5 +1,6 @@
 """Token classification (NER): the task table, CoNLL-layout reading (hub or local files), first-sub-token label
-alignment with truncation accounting, batching, and the DataModule.
+alignment with truncation accounting (the DataModule that serves them is `neobert.data.ner_datamodule.NerDataModule`,
+on the layout and batching of `neobert.data.finetune`).
 
 Every source yields the same thing, an `NerSplit` (words and tags per sentence), so everything after reading is
 one code path:
@@ -17,19 +18,15 @@ UTF-8 are DataErrors naming the file and line.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 import datasets
-import lightning as L
-import torch
 from seqeval.metrics.sequence_labeling import get_entities
-from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
+from torch.utils.data import Dataset
 
 from neobert.config.ner import NerDataConfig
-from neobert.data.glue import LengthGroupedSampler, clipped_max_length, pad_sequences
 from neobert.errors import ConfigError, DataError
 from neobert.hub import HubUnreachableError, require_hub
 from neobert.model.modeling import IGNORE_INDEX
@@ -239,66 +236,3 @@ class TokenizedNer(Dataset):
 
     def lengths(self) -> list[int]:
         return [len(ids) for ids in self.input_ids]
-
-
-class TokenLabelCollator:
-    """Dynamic padding to the longest sentence of the batch (rounded up to `pad_to_multiple_of`); labels are
-    padded with IGNORE_INDEX."""
-
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int = 8):
-        self.pad_token_id = pad_token_id
-        self.pad_to_multiple_of = pad_to_multiple_of
-
-    def __call__(self, items: list[dict]) -> dict:
-        input_ids, attention_mask = pad_sequences([item["input_ids"] for item in items], self.pad_token_id,
-                                                  self.pad_to_multiple_of)
-        labels, _ = pad_sequences([item["labels"] for item in items], IGNORE_INDEX, self.pad_to_multiple_of)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
-                "idx": torch.tensor([item["idx"] for item in items], dtype=torch.long)}
-
-
-# ------------------------------------------------------------------------------------------------ DataModule
-class NerDataModule(L.LightningDataModule):
-    """The train and validation (dev) splits of one task, read and tokenized once; `batch_size` and `seed` may
-    change between runs of a sweep without reloading anything. Scores are computed on the validation split."""
-
-    def __init__(self, task: NerTask, tokenizer, config: NerDataConfig, seed: int = 0):
-        super().__init__()
-        self.task, self.tokenizer, self.config = task, tokenizer, config
-        self.batch_size, self.seed = config.batch_size, seed
-        self.max_length = clipped_max_length(tokenizer, config.max_length)
-        self.collator = TokenLabelCollator(tokenizer.pad_token_id)
-        self.train: Optional[TokenizedNer] = None
-        self.validation: Optional[TokenizedNer] = None
-
-    def _tokenized(self, split: str, limit: int, shuffle_seed: Optional[int] = None) -> TokenizedNer:
-        sentences = load_ner_split(self.task, split, self.config)
-        if limit and limit < len(sentences):
-            order = (torch.randperm(len(sentences), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
-                     if shuffle_seed is not None else list(range(len(sentences))))
-            sentences = sentences.select(sorted(order[:limit]))
-        return TokenizedNer(sentences, self.task, self.tokenizer, self.max_length, f"{self.task.name}/{split}")
-
-    def setup(self, stage: Optional[str] = None) -> None:
-        if stage in (None, "fit") and self.train is None:
-            self.train = self._tokenized("train", self.config.max_train_examples, shuffle_seed=0)
-        if stage in (None, "fit", "validate") and self.validation is None:
-            self.validation = self._tokenized("validation", self.config.max_eval_examples)
-
-    def train_dataloader(self) -> DataLoader:
-        if self.config.group_by_length:
-            sampler = LengthGroupedSampler(self.train.lengths(), self.batch_size, seed=self.seed)
-        else:
-            sampler = RandomSampler(self.train, generator=torch.Generator().manual_seed(self.seed))
-        return DataLoader(self.train, batch_size=self.batch_size, sampler=sampler, collate_fn=self.collator,
-                          num_workers=self.config.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        # Evaluation order does not change any metric; sorting by length minimises padding.
-        lengths = self.validation.lengths()
-        ordered = Subset(self.validation, sorted(range(len(self.validation)), key=lengths.__getitem__))
-        return DataLoader(ordered, batch_size=self.config.eval_batch_size, collate_fn=self.collator,
-                          num_workers=self.config.num_workers)
-
-    def steps_per_epoch(self) -> int:
-        return math.ceil(len(self.train) / self.batch_size)

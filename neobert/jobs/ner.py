@@ -19,7 +19,8 @@ from torch import nn
 
 from neobert.config.ner import NerConfig
 from neobert.data.backbone import Backbone, model_needs_hub
-from neobert.data.ner import NerDataModule, NerTask, get_ner_task, uses_hub
+from neobert.data.ner import NerTask, get_ner_task, uses_hub
+from neobert.data.ner_datamodule import NerDataModule
 from neobert.hub import HubUnreachableError, hub_reachable
 from neobert.jobs import finetune
 from neobert.jobs.finetune import FineTuneJob, fit_keeping_best, load_best_weights

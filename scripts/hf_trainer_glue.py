@@ -9,40 +9,25 @@ the stock `AutoModelForSequenceClassification` and `Trainer` loop.
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
+import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 from datasets import Dataset
-from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                          TrainingArguments)
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer
 
 from neobert.data.glue import get_task, load_glue_split
 from neobert.eval.glue_metrics import compute_glue_metrics, main_score_key
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # hf_trainer_baseline.py, also when loaded by file path
+from hf_trainer_baseline import (baseline_parser, parse_args, train_keeping_best, training_arguments,  # noqa: E402
+                                 write_results)
+
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", required=True)
-    parser.add_argument("--model", required=True, help="a local Hugging Face model directory (or hub name)")
-    parser.add_argument("--data-path", required=True, help="local GLUE files, as `data.path` of experiments.glue")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--eval-batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--epochs", type=float, default=10)
-    parser.add_argument("--max-steps", type=int, default=-1, help="> 0 caps the run")
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--eval-every", type=int, default=500)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--output-dir", default="runs/hf_trainer_glue")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    parser = baseline_parser(__doc__, task=None, data_path_help="local GLUE files, as `data.path` of experiments.glue",
+                             batch_size=16, lr=2e-5, eval_every=500, output_dir="runs/hf_trainer_glue")
+    args = parse_args(parser, argv)
 
     task = get_task(args.task)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -60,29 +45,14 @@ def main(argv: list[str] | None = None) -> dict:
         return compute_glue_metrics(task, task.validation_splits[0], np.asarray(prediction.predictions),
                                     np.asarray(prediction.label_ids))
 
-    training_args = TrainingArguments(
-        output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.eval_batch_size, learning_rate=args.lr, weight_decay=args.weight_decay,
-        adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-8, max_grad_norm=1.0, warmup_steps=0.06,
-        lr_scheduler_type="linear", num_train_epochs=args.epochs, max_steps=args.max_steps,
-        eval_strategy="steps", eval_steps=args.eval_every,
-        save_strategy="no", logging_steps=args.eval_every, seed=args.seed, report_to=[], use_cpu=True,
-        dataloader_num_workers=0, disable_tqdm=True)
-    trainer = Trainer(model=model, args=training_args, train_dataset=train, eval_dataset=validation,
+    trainer = Trainer(model=model, args=training_arguments(args), train_dataset=train, eval_dataset=validation,
                       data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=compute_metrics)
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    key = "eval_" + main_score_key(task)
-    evaluations = [entry for entry in trainer.state.log_history if key in entry]
-    best = max(evaluations, key=lambda entry: entry[key])
+    seconds, evaluations, best = train_keeping_best(trainer, "eval_" + main_score_key(task))
     result = {"task": task.name, "model": args.model, "train_seconds": seconds, "steps": trainer.state.global_step,
               "best_step": best["step"], "scores": {k.removeprefix("eval_"): best[k] for k in best
                                                      if k.removeprefix("eval_") in {*task.metrics}},
               "evaluations": evaluations}
-    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-    (Path(args.output_dir) / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("task", "train_seconds", "steps", "best_step", "scores")}, indent=2))
+    write_results(args.output_dir, result)
     return result
 
 

@@ -11,43 +11,30 @@ steps, best evaluation reported), but the stock `AutoModelForTokenClassification
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 from datasets import Dataset
-from transformers import (AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification,
-                          Trainer, TrainingArguments)
+from transformers import AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification, Trainer
 
 from neobert.config.ner import NerDataConfig
 from neobert.data.ner import TokenizedNer, get_ner_task, load_ner_split
 from neobert.eval.ner_metrics import entity_scores, word_tags
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # hf_trainer_baseline.py, also when loaded by file path
+from hf_trainer_baseline import (baseline_parser, parse_args, train_keeping_best, training_arguments,  # noqa: E402
+                                 write_results)
+
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", default="wnut17")
-    parser.add_argument("--model", required=True, help="a local Hugging Face model directory (or hub name)")
-    parser.add_argument("--data-path", required=True, help="local CoNLL files, as `data.path` of experiments.ner")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--eval-batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=5e-5)
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--epochs", type=float, default=10)
-    parser.add_argument("--max-steps", type=int, default=-1, help="> 0 caps the run")
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--eval-every", type=int, default=100)
+    parser = baseline_parser(__doc__, task="wnut17",
+                             data_path_help="local CoNLL files, as `data.path` of experiments.ner",
+                             batch_size=32, lr=5e-5, eval_every=100, output_dir="runs/hf_trainer_ner")
     parser.add_argument("--max-train-examples", type=int, default=0)
     parser.add_argument("--max-eval-examples", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--output-dir", default="runs/hf_trainer_ner")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = parse_args(parser, argv)
 
     task = get_ner_task(args.task)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -74,30 +61,16 @@ def main(argv: list[str] | None = None) -> dict:
                      for i in range(len(validation))]
         return entity_scores(validation.tags, predicted)
 
-    training_args = TrainingArguments(
-        output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.eval_batch_size, learning_rate=args.lr, weight_decay=args.weight_decay,
-        adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-8, max_grad_norm=1.0, warmup_steps=0.06,
-        lr_scheduler_type="linear", num_train_epochs=args.epochs, max_steps=args.max_steps,
-        eval_strategy="steps", eval_steps=args.eval_every,
-        save_strategy="no", logging_steps=args.eval_every, seed=args.seed, report_to=[], use_cpu=True,
-        dataloader_num_workers=0, disable_tqdm=True)
-    trainer = Trainer(model=model, args=training_args, train_dataset=as_dataset(train),
+    trainer = Trainer(model=model, args=training_arguments(args), train_dataset=as_dataset(train),
                       eval_dataset=as_dataset(validation), data_collator=DataCollatorForTokenClassification(tokenizer),
                       compute_metrics=compute_metrics)
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    evaluations = [entry for entry in trainer.state.log_history if "eval_f1" in entry]
-    best = max(evaluations, key=lambda entry: entry["eval_f1"])
+    seconds, evaluations, best = train_keeping_best(trainer, "eval_f1")
     result = {"task": task.name, "model": args.model, "train_seconds": seconds, "steps": trainer.state.global_step,
               "best_step": best["step"], "evaluated_on": "validation",
               "scores": {k.removeprefix("eval_"): best[k] for k in ("eval_precision", "eval_recall", "eval_f1",
                                                                     "eval_accuracy")},
               "evaluations": evaluations}
-    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-    (Path(args.output_dir) / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("task", "train_seconds", "steps", "best_step", "scores")}, indent=2))
+    write_results(args.output_dir, result)
     return result
 
 

@@ -48,7 +48,7 @@ def liger_swiglu(gate_up: Tensor) -> Tensor:
     """silu(gate) * up from the stacked projection (gate first, as `w12` is laid out), read in place: no chunked
     copies. in_place=True: the backward writes its gradient over `gate_up`, which nothing else reads (w12's own
     backward needs its input, not its output); a second backward through the same graph is refused by Liger."""
-    from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction
+    from liger_kernel.ops.swiglu import LigerFusedGateUpSiLUMulFunction  # optional, GPU-only (see above)
 
     # Rows of one token each: Liger's backward returns the gradient in that 2-D shape, whatever the input's.
     rows = gate_up.reshape(-1, gate_up.shape[-1])

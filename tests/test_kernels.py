@@ -60,6 +60,7 @@ def test_kernels_are_the_machines_choice_not_written_to_config_json(tmp_path, mo
     model.save_pretrained(tmp_path)
     assert "kernels" not in json.loads((tmp_path / "config.json").read_text())
     assert NeoBERT.from_pretrained(tmp_path).config.kernels == "eager"
+    assert NeoBERT.from_pretrained(tmp_path, kernels="liger").config.kernels == "liger"  # chosen at load
 
 
 def test_liger_runs_on_cuda_tensors_only():

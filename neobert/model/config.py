@@ -78,9 +78,9 @@ class NeoBERTConfig:
         ):
             value = getattr(self, name)
             if value not in allowed:
-                raise ValueError(f"NeoBERTConfig.{name}={value!r} is not one of {allowed}")
+                raise ModelFieldError(name, f"must be one of {allowed}, got {value!r}")
         if self.kernels == "liger" and (missing := liger_missing_reason()):
-            raise ModelFieldError("kernels", f"= 'liger' {missing}; 'eager' runs everywhere")
+            raise ModelFieldError("kernels", f"'liger' {missing}; 'eager' runs everywhere")
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_length", "num_labels"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:

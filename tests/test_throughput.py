@@ -1,4 +1,5 @@
-"""Throughput benchmark: the batch-size search, the FLOP accounting and a tiny end-to-end run."""
+"""Throughput benchmark: the batch-size search, the FLOP accounting (neobert.eval.throughput) and a tiny end-to-end
+run (neobert.jobs.throughput)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from neobert.config import ConfigError
 from neobert.config.throughput import ThroughputConfig
 from neobert.eval import throughput as tp
 from neobert.eval.flops import flops_per_token
+from neobert.jobs import throughput as job
 
 
 def test_search_picks_largest_fitting_then_fastest():
@@ -131,19 +133,19 @@ def test_compiled_models_are_timed_and_an_emulated_bf16_run_has_no_matmul_refere
 
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], batch_sizes=[2], repeats=1,
                               compile=True, device="cpu", matmul_calls=2)
-    [row] = tp.run_throughput(config)
+    [row] = job.run_throughput(config)
     assert row.tokens_per_s > 0 and row.peak_source.startswith("measured") and 0 < row.mfu
     monkeypatch.setattr(flops, "cpu_has_native_bf16", lambda: False)
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], batch_sizes=[2], repeats=1,
                               dtype="bfloat16", device="cpu", matmul_calls=2)
-    [row] = tp.run_throughput(config)
+    [row] = job.run_throughput(config)
     assert row.tokens_per_s > 0 and row.peak_flops is None and row.mfu is None
 
 
 def test_training_mode_times_a_backward_and_counts_3x_flops():
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], layouts=["full", "padded"],
                               batch_sizes=[2], repeats=1, mode="training", matmul_calls=2)
-    rows = tp.run_throughput(config)
+    rows = job.run_throughput(config)
     assert [(r.layout, r.batch_size) for r in rows] == [("full", 2), ("padded", 2)]
     inference = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
     assert rows[0].flops_per_token == 3 * inference.flops_per_token(16, training=False)
@@ -172,10 +174,10 @@ def test_bfloat16_on_cpu_casts_inference_weights_and_autocasts_training(mode, mo
         built[name] = dtype
         return real_build(name, device, dtype, *args, **kwargs)
 
-    monkeypatch.setattr(tp, "build_model", spy)
+    monkeypatch.setattr(job, "build_model", spy)
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], layouts=["padded"],
                               batch_sizes=[2], repeats=1, mode=mode, dtype="bfloat16", device="cpu", matmul_calls=2)
-    [row] = tp.run_throughput(config)
+    [row] = job.run_throughput(config)
     assert row.dtype == "bfloat16" and row.tokens_per_s > 0
     assert built["neobert"] == (torch.bfloat16 if mode == "inference" else torch.float32)  # mixed: fp32 weights
     with pytest.raises(ConfigError, match="'dtype'"):
@@ -229,13 +231,13 @@ def test_the_matmul_reference_is_warmed_up_preallocated_interleaved_and_a_median
         return real_step(*args, **kwargs)
 
     monkeypatch.setattr(torch, "mm", mm)
-    monkeypatch.setattr(tp, "MatmulReference", Recording)
-    monkeypatch.setattr(tp, "time_step", step)
-    monkeypatch.setattr(tp, "warn_if_bf16_is_emulated", lambda device_type, dtype: False)  # any CPU
+    monkeypatch.setattr(job, "MatmulReference", Recording)
+    monkeypatch.setattr(job, "time_step", step)
+    monkeypatch.setattr(job, "warn_if_bf16_is_emulated", lambda device_type, dtype: False)  # any CPU
     config = ThroughputConfig(models=["neobert", "bert-base"], neobert_preset="tiny", lengths=[16], batch_sizes=[2],
                               repeats=3, warmup=0, matmul_calls=20, dtype="bfloat16", mode="training", device="cpu",
                               threads=1)
-    rows = tp.run_throughput(config)
+    rows = job.run_throughput(config)
 
     [reference] = instances
     mm_calls = [e for e in events if e[0] == "mm"]
@@ -287,7 +289,7 @@ def test_compile_times_one_static_graph_per_shape_and_never_falls_back_to_eager(
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[8, 16], batch_sizes=sizes,
                               search_top=len(sizes), max_tokens=0, repeats=1, warmup=1, compile=True, device="cpu",
                               matmul_calls=1)
-    rows = tp.run_throughput(config)
+    rows = job.run_throughput(config)
     assert calls == [{"dynamic": False}]
     assert all(isinstance(n, int) for shapes in graphs for shape in shapes for n in shape)  # no symbolic size
     # 12 shapes (6 sizes x 2 lengths), more than dynamo's default recompile limit of 8: every one compiled

@@ -1,25 +1,22 @@
-"""Encoder throughput (tokens/s) against sequence length: paper Figure 3 and Table 9, any machine.
+"""Encoder throughput (tokens/s) against sequence length, the measurement (paper Figure 3 and Table 9, any
+machine): the encoders under test, their batches, one timed step, the batch-size search and the CPU's matmul
+reference. The run over models, layouts and lengths (the search per model, the interleaved repetitions, the rows)
+is `neobert.jobs.throughput.run_throughput`.
 
-Our NeoBERT and the Hugging Face implementations of BERT-base, RoBERTa-base and ModernBERT-base (random init
-from their config classes, nothing downloaded), plus the official NeoBERT hub code when it can be imported,
-are timed side by side in one run:
-
-* per (model, length), the batch size is searched: the largest candidate that fits (a token budget on CPU, an
-  out-of-memory probe on GPU), then the fastest of the largest few that fit;
-* repetitions are interleaved across models (A, B, C, A, B, C, ...) and the median is reported, so a shared or
-  throttling machine slows every model alike and the ratios stay fair;
+* encoders: our NeoBERT and the Hugging Face implementations of BERT-base, RoBERTa-base and ModernBERT-base
+  (random init from their config classes, nothing downloaded), plus the official NeoBERT hub code when it can be
+  imported (`build_model`, `BenchModel`);
+* batch size: the largest candidate that fits (a token budget on CPU, an out-of-memory probe on GPU), then the
+  fastest of the largest few that fit (`search_batch_size`);
 * layouts: ``full`` (every sequence exactly `length` tokens), ``padded`` (a realistic spread of document
   lengths padded to `length`) and ``unpadded`` (the same documents with no pad tokens: our packed varlen path;
-  ModernBERT's flash-attention unpadding on GPU only). Only real tokens count towards tokens/s;
+  ModernBERT's flash-attention unpadding on GPU only). Only real tokens count towards tokens/s (`make_batch`);
 * FLOPs/token come from :mod:`neobert.eval.flops` for every model, giving achieved FLOP/s (and MFU on GPU).
 """
-
 from __future__ import annotations
 
 import importlib.util
-import logging
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,12 +28,9 @@ from torch import Tensor, nn
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, RobertaConfig
 
-from neobert.config.throughput import ThroughputConfig
-from neobert.eval.flops import flops_per_token, matmul_params, peak_flops, warn_if_bf16_is_emulated
+from neobert.eval.flops import flops_per_token, matmul_params
 from neobert.model import NeoBERT, NeoBERTConfig
 from neobert.model.kernels import liger_missing_reason
-
-log = logging.getLogger(__name__)
 
 OFFICIAL_HUB_NAME = "chandar-lab/NeoBERT"
 
@@ -296,7 +290,7 @@ def search_batch_size(candidates: Sequence[int], fits: Callable[[int], bool],
     return best, fitting[-1], speeds
 
 
-# ---------------------------------------------------------------------------------------------- runner
+# ---------------------------------------------------------------------------------------------- rows, devices
 @dataclass
 class ThroughputRow:
     model: str
@@ -331,145 +325,3 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, name)
 
-
-def default_lengths(device: torch.device) -> list[int]:
-    return [128, 256, 512, 1024, 2048, 4096] if device.type == "cuda" else [128, 512]
-
-
-def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = log.info) -> list[ThroughputRow]:
-    config.validate()
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
-    emulated_bf16 = warn_if_bf16_is_emulated(device.type, dtype)
-    training = config.mode == "training"
-    # Training keeps float32 weights and autocasts (what bf16-mixed training does); inference casts the weights.
-    weights_dtype = torch.float32 if training else dtype
-    autocast_dtype = dtype if training and dtype != torch.float32 else None
-    lengths = config.lengths or default_lengths(device)
-    candidates = config.batch_sizes or [2 ** i for i in range(11)]
-    peak = config.peak_flops or peak_flops(device)
-    peak_source = "published" if peak else ""
-    reference = standalone = None
-    if peak is None and device.type == "cpu" and not emulated_bf16:
-        reference = MatmulReference(device, dtype, calls=config.matmul_calls)
-        # The same measurement alone, before any model exists: what the interleaved one is checked against.
-        standalone = statistics.median(reference.measure())
-        progress(f"matmul reference, standalone: {standalone / 1e9:,.1f} GFLOP/s")
-        peak_source = "measured matmul " + "x".join(map(str, MATMUL_REFERENCE_SHAPE))
-
-    models: dict[str, BenchModel] = {}
-    rows: list[ThroughputRow] = []
-
-    def unavailable(name: str, layout: str, length: int | None, note: str, bench: BenchModel | None = None):
-        params = None if bench is None else sum(p.numel() for p in bench.module.parameters())
-        rows.append(ThroughputRow(name, config.mode, layout, length or 0, None, None, None, None, None, None, params,
-                                  device.type, str(dtype).removeprefix("torch."), note))
-
-    torch.manual_seed(config.seed)
-    for name in config.models:
-        try:
-            models[name] = build_model(name, device, weights_dtype, config.neobert_preset, config.official_code_dir)
-        except ModelUnavailable as err:
-            progress(f"{name}: not available: {err}")
-            for layout in config.layouts:
-                for length in lengths:
-                    unavailable(name, layout, length, f"not available: {err}")
-            continue
-        if config.compile:
-            # One static graph per batch shape, what a deployment of fixed shapes runs. Left to itself, dynamo makes
-            # the graph dynamic at the search's second batch size (automatic dynamic shapes), so the timed graph
-            # depended on how many sizes the search had tried.
-            models[name].module = torch.compile(models[name].module, dynamic=False)
-    # Each model compiles once per shape it runs (the searched sizes of every layout and length): past dynamo's
-    # recompile limit (8) it would fall back to eager without a word, and time that.
-    shapes = len(config.layouts) * len(lengths) * (len(set(candidates)) if config.compile else 1)
-    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, shapes)):
-        for layout in config.layouts:
-            for length in lengths:
-                chosen: dict[str, tuple[int, Batch]] = {}
-                for name, bench in models.items():
-                    if length > bench.max_length:
-                        unavailable(name, layout, length, f"max length {bench.max_length}", bench)
-                        continue
-                    if layout == "unpadded" and not bench.supports_unpadded:
-                        unavailable(name, layout, length, "no unpadded path on this machine", bench)
-                        continue
-                    best = _search(bench, layout, length, candidates, config, device, training, autocast_dtype)
-                    if best is None:
-                        unavailable(name, layout, length, "no candidate batch size fits", bench)
-                        continue
-                    chosen[name] = best
-                    progress(f"{layout} L={length} {name}: batch size {best[0]}")
-                # Interleaved, timed repetitions: A, B, C, matmul reference, A, B, C, matmul reference, ...
-                times: dict[str, list[float]] = {name: [] for name in chosen}
-                reference_rates = []
-                for _ in range(config.repeats):
-                    for name, (size, batch) in chosen.items():
-                        times[name].append(time_step(models[name], batch, training, device, autocast_dtype))
-                    if reference is not None:
-                        reference_rates.extend(reference.measure())
-                group_peak = statistics.median(reference_rates) if reference_rates else peak
-                if reference_rates:
-                    progress(f"{layout} L={length} matmul reference: {group_peak / 1e9:,.1f} GFLOP/s between the steps "
-                             f"(median of {len(reference_rates)} calls), {group_peak / standalone:.2f}x standalone")
-                for name, (size, batch) in chosen.items():
-                    bench = models[name]
-                    step = statistics.median(times[name])
-                    tokens_per_s = batch.real_tokens / step
-                    fpt = bench.flops_per_token(length, training)
-                    achieved = tokens_per_s * fpt
-                    rows.append(ThroughputRow(
-                        name, config.mode, layout, length, size, tokens_per_s, step, fpt, achieved,
-                        None if group_peak is None else achieved / group_peak,
-                        sum(p.numel() for p in bench.module.parameters()), device.type,
-                        str(dtype).removeprefix("torch."),
-                        peak_flops=group_peak, peak_source=peak_source, reference_standalone=standalone,
-                    ))
-                    progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")
-    return rows
-
-def _search(bench: BenchModel, layout: str, length: int, candidates: Sequence[int], config: ThroughputConfig,
-            device: torch.device, training: bool, autocast_dtype: torch.dtype | None) -> tuple[int, Batch] | None:
-    batches: dict[int, Batch] = {}
-
-    def batch_of(size: int) -> Batch:
-        if size not in batches:
-            batches[size] = make_batch(size, length, layout, bench.vocab_size, bench.pad_token_id, device, config.seed,
-                                       config.length_distribution)
-        return batches[size]
-
-    def fits(size: int) -> bool:
-        if device.type != "cuda":
-            return config.max_tokens <= 0 or size * length <= config.max_tokens
-        try:
-            time_step(bench, batch_of(size), training, device, autocast_dtype)
-            return True
-        except (torch.OutOfMemoryError, RuntimeError) as err:
-            if not is_out_of_memory(err):
-                raise
-            batches.pop(size, None)
-            torch.cuda.empty_cache()
-            return False
-
-    def throughput(size: int) -> float:
-        batch = batch_of(size)
-        for _ in range(config.warmup):
-            time_step(bench, batch, training, device, autocast_dtype)
-        return batch.real_tokens / time_step(bench, batch, training, device, autocast_dtype)
-
-    if len(set(candidates)) == 1:  # a batch size the user fixed: no search and no CPU budget, just warm up
-        size = candidates[0]
-        if device.type == "cuda" and not fits(size):
-            return None
-        for _ in range(config.warmup):
-            time_step(bench, batch_of(size), training, device, autocast_dtype)
-        return size, batch_of(size)
-    best, _, _ = search_batch_size(candidates, fits, throughput, config.search_top)
-    if best is None:
-        return None
-    for size in list(batches):
-        if size != best:
-            del batches[size]
-    return best, batch_of(best)

@@ -14,9 +14,8 @@ from __future__ import annotations
 import json
 import sys
 
-from neobert.data.glue import GLUE_TASKS
 from neobert.jobs.cli import parse_fine_tuning_args, run_cli
-from neobert.jobs.glue import run_glue
+from neobert.jobs.glue import GLUE_TASKS, run_glue
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -14,9 +14,8 @@ from __future__ import annotations
 import json
 import sys
 
-from neobert.data.ner import NER_TASKS
 from neobert.jobs.cli import parse_fine_tuning_args, run_cli
-from neobert.jobs.ner import run_ner
+from neobert.jobs.ner import NER_TASKS, run_ner
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -132,24 +132,15 @@ def experiment_violations(experiments: Path = EXPERIMENTS, package: Path = PACKA
     return problems
 
 
-# Imports of experiments/ that break the rule, each waiting for its fix and asserted to be still there (delete it
-# once fixed): the --task choices of glue and ner come from data/; neobert.jobs.glue and neobert.jobs.ner (another
-# change under way) are to offer them.
-EXPERIMENT_IMPORTS_WAITING = {("glue.py", "neobert.data.glue"), ("ner.py", "neobert.data.ner")}
-
-
 def test_the_package_layers_only_look_down():
     assert layering_violations() == []
 
 
 def test_experiments_parse_arguments_only():
-    found = experiment_violations()
     unexpected = [f"experiments/{name}:{line}: imports {target}, beyond the standard library, neobert.jobs and the "
                   f"base layer (a command line parses arguments only: the work goes in its job)"
-                  for name, line, target in found if (name, target) not in EXPERIMENT_IMPORTS_WAITING]
+                  for name, line, target in experiment_violations()]
     assert unexpected == []
-    fixed = EXPERIMENT_IMPORTS_WAITING - {(name, target) for name, _, target in found}
-    assert not fixed, f"delete {sorted(fixed)} from EXPERIMENT_IMPORTS_WAITING: fixed"
 
 
 def test_the_architecture_doc_names_every_job_and_command_line():

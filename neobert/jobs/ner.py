@@ -19,7 +19,7 @@ from torch import nn
 
 from neobert.config.ner import NerConfig
 from neobert.data.backbone import Backbone, model_needs_hub
-from neobert.data.ner import NerTask, get_ner_task, uses_hub
+from neobert.data.ner import NER_TASKS, NerTask, get_ner_task, uses_hub  # noqa: F401 - NER_TASKS: experiments.ner
 from neobert.data.ner_datamodule import NerDataModule
 from neobert.hub import HubUnreachableError, hub_reachable
 from neobert.jobs import finetune

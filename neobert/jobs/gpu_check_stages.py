@@ -1,0 +1,347 @@
+"""The stages of the GPU-node check (`neobert.jobs.gpu_check`, which plans, runs, judges and reports them): each
+takes the Plan and returns its StageRow, a failure caught and marked FAILED by `attempt`.
+
+1. the ceiling: the recipe's encoder alone (`ceiling_stage`, the throughput benchmark's timed step);
+2. the loops: the recipe's real training loop under a strategy (`loop_stage`, its figures from the metrics CSV);
+3. the resume from the loop's checkpoint (`resume_stage`);
+4. the export, reloaded by our loader and transformers' (`export_stage`);
+and each stage's peak device memory against the preflight's estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import importlib.util
+import statistics
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import lightning as L
+import torch
+from transformers import AutoModelForMaskedLM
+
+from neobert.config.gpu_check import GpuCheckConfig
+from neobert.config.pretrain import PretrainConfig
+from neobert.data.tokenizer import load_tokenizer
+from neobert.errors import CheckpointError
+from neobert.eval.flops import mfu, peak_flops
+from neobert.eval.plots import read_curves
+from neobert.eval.throughput import Batch, BenchModel, make_batch, neobert_forward, time_step
+from neobert.jobs.cli import one_line
+from neobert.jobs.preflight import GiB, Preflight, memory_section
+from neobert.jobs.pretrain import run_pretraining
+from neobert.layout import CONFIG_NAME, EXPORT_DIR, has_tokenizer, metrics_csvs
+from neobert.lit.checkpoints import newest_readable_checkpoint, verify_checkpoint
+from neobert.lit.strategies import is_deepspeed
+from neobert.lit.trainer import resolve_precision
+from neobert.model import NeoBERT, NeoBERTForMaskedLM
+
+OK, FAILED, SKIPPED, BELOW_TARGET = "ok", "FAILED", "skipped", "BELOW TARGET"
+CEILING, RECIPE_LOOP, PLAIN_LOOP, RESUME, EXPORT = ("model alone (ceiling)", "loop, recipe's strategy",
+                                                    "loop, plain strategy", "resume", "export + reload")
+TOKENS_PER_S, MFU, VAL_LOSS = "train/tokens_per_sec", "train/mfu", "val/loss"
+AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+WEIGHT_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16}
+EXPORT_TEXT = "The quick brown fox jumps over the {mask} dog."
+RELOAD_TOLERANCE = 1e-4  # ours against transformers' on the same weights: the same code, so float noise only
+
+
+@dataclass
+class StageRow:
+    """One row of the table. Memory in GiB; ratios are None where they do not apply."""
+
+    stage: str
+    strategy: str = ""
+    status: str = OK
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    loop_vs_ceiling: float | None = None
+    ratio_basis: str = ""  # "MFU" (both known) or "tokens/s"
+    strategy_vs_plain: float | None = None
+    peak_memory_gib: float | None = None
+    memory_estimate_gib: float | None = None
+    notes: str = ""
+    error: str = ""
+
+
+@dataclass
+class Plan:
+    """What every stage shares: the recipe (with the check's devices and validation), its model and device."""
+
+    config: GpuCheckConfig
+    recipe: PretrainConfig
+    tokenizer: object
+    model_config: object
+    device: torch.device
+    plain_strategy: str
+    output_dir: Path
+    export_errors: list[str] = field(default_factory=list)  # exports that failed after a loop had trained
+
+    @property
+    def precision(self) -> str:
+        return resolve_precision(self.recipe.trainer)
+
+    @property
+    def world(self) -> int:
+        return self.recipe.trainer.num_devices * self.recipe.trainer.num_nodes
+
+
+# ---------------------------------------------------------------------------------------------- shared by the stages
+def log_interval(config: GpuCheckConfig, recipe: PretrainConfig) -> int:
+    """The steps between the module's metric reads in a loop (Lightning's log interval, build_trainer's rule)."""
+    return min(recipe.logging.log_every_n_steps, config.steps)
+
+
+def attempt(row: StageRow, work: Callable[[], None]) -> None:
+    """Runs one stage's work; an exception is printed with its traceback and marks the row FAILED (Ctrl-C is not
+    caught: it stops the check)."""
+    try:
+        work()
+    except Exception as err:  # noqa: BLE001 - any failure of a stage is reported, and the check goes on
+        traceback.print_exc()
+        row.status, row.error = FAILED, f"{type(err).__name__}: {one_line(err)}"
+
+
+# ---------------------------------------------------------------------------------------------- device memory
+def start_peak_memory(device: torch.device) -> None:
+    gc.collect()  # the stage before's model and optimizer
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
+
+
+def memory_estimate_gib(plan: Plan, loop: PretrainConfig) -> float:
+    """The preflight's per-GPU total (model states for the loop's strategy + activations) for this loop."""
+    with torch.device("meta"):  # counted, never allocated
+        model = NeoBERTForMaskedLM(plan.model_config)
+    report = Preflight()
+    gpu = torch.cuda.get_device_name(plan.device) if plan.device.type == "cuda" else "cpu"
+    return memory_section(report, loop, model, sum(p.numel() for p in model.parameters()), gpu) / GiB
+
+
+# ---------------------------------------------------------------------------------------------- 1. the ceiling
+def ceiling_stage(plan: Plan) -> StageRow:
+    row = StageRow(CEILING, "none (one model, no optimizer)")
+
+    def work() -> None:
+        start_peak_memory(plan.device)
+        row.tokens_per_s, row.mfu = measure_ceiling(plan)
+        row.peak_memory_gib = peak_memory_gib(plan.device)
+        trainer, data = plan.recipe.trainer, plan.recipe.data
+        row.notes = (f"encoder forward + backward, {trainer.micro_batch_size} x {data.max_length} tokens, "
+                     f"{plan.precision}, median of {plan.config.ceiling_repeats}")
+
+    attempt(row, work)
+    return row
+
+
+def measure_ceiling(plan: Plan) -> tuple[float, float | None]:
+    """(tokens/s, MFU or None where the device has no published peak) of the recipe's encoder alone, timed by the
+    throughput benchmark's step on its full-length batch of micro_batch_size x data.max_length tokens (laid end to
+    end with cu_seqlens where the loop is: packing or data.unpad)."""
+    recipe, model_config, device = plan.recipe, plan.model_config, plan.device
+    torch.manual_seed(recipe.trainer.seed)
+    bench = BenchModel("neobert", NeoBERT(model_config), model_config.num_hidden_layers, model_config.hidden_size,
+                       model_config.max_length, model_config.vocab_size, model_config.pad_token_id, True,
+                       neobert_forward)
+    bench.module.to(device=device, dtype=WEIGHT_DTYPES.get(plan.precision, torch.float32))
+    if recipe.model.compile:
+        bench.module = torch.compile(bench.module, dynamic=False)
+    batch = ceiling_batch(plan)
+    autocast = AUTOCAST_DTYPES.get(plan.precision)
+    for _ in range(plan.config.ceiling_warmup):
+        time_step(bench, batch, True, device, autocast)
+    step = statistics.median(time_step(bench, batch, True, device, autocast)
+                             for _ in range(plan.config.ceiling_repeats))
+    tokens_per_s = batch.real_tokens / step
+    peak = peak_flops(device)
+    per_token = bench.flops_per_token(recipe.data.max_length, training=True)
+    return tokens_per_s, (mfu(tokens_per_s, per_token, peak) if peak else None)
+
+
+def ceiling_batch(plan: Plan) -> Batch:
+    data, model_config = plan.recipe.data, plan.model_config
+    rows, length = plan.recipe.trainer.micro_batch_size, data.max_length
+    batch = make_batch(rows, length, "full", model_config.vocab_size, model_config.pad_token_id, plan.device,
+                       plan.recipe.trainer.seed)
+    if data.packing == "none" and not data.unpad:
+        return batch
+    # The loop's layout: rows end to end with cu_seqlens (varlen attention), one full-length document per row.
+    cu_seqlens = torch.arange(0, (rows + 1) * length, length, dtype=torch.int32, device=plan.device)
+    return Batch(batch.input_ids.reshape(-1), None, batch.real_tokens, cu_seqlens, length)
+
+
+# ---------------------------------------------------------------------------------------------- 2. the loops
+class StepProbe(L.Callback):
+    """The global steps a run started and ended at, and its Trainer (whether fit finished)."""
+
+    def __init__(self) -> None:
+        self.trainer: L.Trainer | None = None
+        self.started: int | None = None
+        self.ended: int | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.trainer, self.started = trainer, trainer.global_step
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.ended = trainer.global_step
+
+    @property
+    def trained(self) -> bool:
+        return self.trainer is not None and self.trainer.state.finished
+
+
+def train(plan: Plan, run: PretrainConfig, label: str) -> StepProbe:
+    """run_pretraining with a probe. A failure after training finished (the export, the summary) is the export
+    stage's: printed and kept in plan.export_errors, while this stage keeps its figures."""
+    probe = StepProbe()
+    try:
+        run_pretraining(run, extra_callbacks=[probe])
+    except Exception as err:
+        if not probe.trained:
+            raise
+        traceback.print_exc()
+        plan.export_errors.append(f"after the {label}: {type(err).__name__}: {one_line(err)}")
+    return probe
+
+
+def loop_config(plan: Plan, strategy: str, run_name: str) -> PretrainConfig:
+    """The recipe for `steps` steps under `strategy` in output_dir/run_name, validating and checkpointing at the
+    last step, with the CSV logger; no unigram baseline (it is not the loop); the export in the run directory."""
+    steps = plan.config.steps
+    trainer = dataclasses.replace(plan.recipe.trainer, strategy=strategy, max_steps=steps,
+                                  checkpoint_every_n_steps=steps, eval_every_n_steps=steps)
+    data = dataclasses.replace(plan.recipe.data, baseline_docs=0)
+    logging = plan.recipe.logging  # the CSV logger writes what the loop's figures are read from
+    if "csv" not in logging.loggers:
+        logging = dataclasses.replace(logging, loggers=[*logging.loggers, "csv"])
+    run = dataclasses.replace(plan.recipe, trainer=trainer, data=data, logging=logging,
+                              output_dir=str(plan.output_dir / run_name), export_dir=None, resume=False)
+    run.validate()
+    return run
+
+
+def unavailable(strategy: str, device: torch.device) -> str | None:
+    """Why `strategy` cannot run here, or None."""
+    if is_deepspeed(strategy) and device.type != "cuda":
+        return f"{strategy} needs CUDA: not run on this CPU (the plain loop stands in for it)"
+    if is_deepspeed(strategy) and importlib.util.find_spec("deepspeed") is None:
+        return f"{strategy} needs the deepspeed package (pip install -e '.[gpu]')"
+    return None
+
+
+def loop_stage(plan: Plan, title: str, strategy: str, run_name: str) -> tuple[StageRow, PretrainConfig | None]:
+    """(the row, the loop's config when it trained)."""
+    row = StageRow(title, strategy)
+    reason = unavailable(strategy, plan.device)
+    if reason:
+        row.status, row.notes = SKIPPED, reason
+        return row, None
+    run = loop_config(plan, strategy, run_name)
+    trained = []
+
+    def work() -> None:
+        try:
+            row.memory_estimate_gib = memory_estimate_gib(plan, run)
+        except Exception as err:  # noqa: BLE001 - an estimate the preflight cannot make is noted, not fatal
+            row.notes = f"no memory estimate ({type(err).__name__}: {one_line(err)}); "
+        start_peak_memory(plan.device)
+        probe = train(plan, run, title)
+        row.peak_memory_gib = peak_memory_gib(plan.device)
+        trained.append(probe.trained)
+        row.tokens_per_s, row.mfu, validation = loop_figures(plan, run)
+        checkpoint, _ = newest_readable_checkpoint(run.output_dir)
+        if checkpoint is None or verify_checkpoint(checkpoint) != plan.config.steps:
+            raise CheckpointError(f"{run.output_dir}: no checkpoint of step {plan.config.steps} was written")
+        row.notes += (f"steps {plan.config.warmup_steps}-{plan.config.steps - 1} of {plan.config.steps}; "
+                      f"validation loss {validation:.4f}; checkpoint {checkpoint.name} (step {plan.config.steps})")
+
+    attempt(row, work)
+    return row, (run if any(trained) else None)
+
+
+def loop_figures(plan: Plan, run: PretrainConfig) -> tuple[float, float | None, float]:
+    """(tokens/s, MFU or None, the final validation loss) from the run's metrics CSV: the mean of the log intervals
+    whose steps all come after the warm-up."""
+    interval = log_interval(plan.config, run)
+    curves = read_curves(metrics_csvs(run.output_dir), [TOKENS_PER_S, MFU, VAL_LOSS])
+
+    def after_warmup(points: dict[int, float]) -> list[float]:
+        return [value for step, value in sorted(points.items()) if step - interval + 1 >= plan.config.warmup_steps]
+
+    rates, mfus = after_warmup(curves[TOKENS_PER_S]), after_warmup(curves[MFU])
+    if not rates:
+        raise RuntimeError(f"{run.output_dir}: no {TOKENS_PER_S} logged after the warm-up in its metrics CSV")
+    if not curves[VAL_LOSS]:
+        raise RuntimeError(f"{run.output_dir}: no {VAL_LOSS} logged: the validation did not run")
+    return statistics.fmean(rates), (statistics.fmean(mfus) if mfus else None), curves[VAL_LOSS][max(curves[VAL_LOSS])]
+
+
+# ---------------------------------------------------------------------------------------------- 3. the resume
+def resume_stage(plan: Plan, loop: PretrainConfig | None) -> StageRow:
+    steps, more = plan.config.steps, plan.config.resume_steps
+    row = StageRow(f"{RESUME} +{more} steps", loop.trainer.strategy if loop else "")
+    if loop is None:
+        row.status, row.notes = SKIPPED, "no loop trained: nothing to resume"
+        return row
+    run = dataclasses.replace(loop, resume=True, trainer=dataclasses.replace(loop.trainer, max_steps=steps + more))
+
+    def work() -> None:
+        checkpoint, _ = newest_readable_checkpoint(run.output_dir)
+        if checkpoint is None:
+            raise CheckpointError(f"{run.output_dir} holds no readable checkpoint to resume from")
+        saved = verify_checkpoint(checkpoint)
+        start_peak_memory(plan.device)
+        probe = train(plan, run, row.stage)
+        row.peak_memory_gib = peak_memory_gib(plan.device)
+        expected = (steps, steps, steps + more)
+        if (saved, probe.started, probe.ended) != expected:
+            raise CheckpointError(f"expected a resume from the checkpoint of step {steps} to start there and end at "
+                                  f"step {steps + more}; the checkpoint {checkpoint.name} is of step {saved}, and the "
+                                  f"run started at step {probe.started} and ended at step {probe.ended}")
+        row.notes = f"from {checkpoint.name} (step {saved}): started at step {probe.started}, ended at {probe.ended}"
+
+    attempt(row, work)
+    return row
+
+
+# ---------------------------------------------------------------------------------------------- 4. the export
+def export_stage(plan: Plan, loop: PretrainConfig | None) -> StageRow:
+    row = StageRow(EXPORT)
+    if loop is None:
+        row.status, row.notes = SKIPPED, "no loop trained: nothing exported"
+        return row
+    attempt(row, lambda: setattr(row, "notes", reload_export(Path(loop.output_dir) / EXPORT_DIR, plan)))
+    if plan.export_errors:
+        row.status = FAILED
+        row.error = "; ".join(plan.export_errors + ([row.error] if row.error else []))
+    return row
+
+
+def reload_export(export_dir: Path, plan: Plan) -> str:
+    """Loads the export with our loader and with transformers' Auto class and runs one forward through each."""
+    if not (export_dir / CONFIG_NAME).is_file():
+        raise CheckpointError(f"{export_dir}: no export ({CONFIG_NAME} is missing)")
+    tokenizer = load_tokenizer(str(export_dir)) if has_tokenizer(export_dir) else plan.tokenizer
+    inputs = tokenizer(EXPORT_TEXT.format(mask=tokenizer.mask_token or ""), return_tensors="pt")
+    ours = NeoBERTForMaskedLM.from_pretrained(export_dir).eval()
+    theirs = AutoModelForMaskedLM.from_pretrained(export_dir).eval()
+    with torch.inference_mode():
+        logits = ours(inputs["input_ids"], inputs["attention_mask"]).logits
+        auto_logits = theirs(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+    expected = (1, inputs["input_ids"].shape[1], ours.config.vocab_size)
+    if tuple(logits.shape) != expected or not torch.isfinite(logits).all():
+        raise RuntimeError(f"{export_dir}: the reloaded model's logits are {list(logits.shape)}"
+                           f"{'' if torch.isfinite(logits).all() else ', not all finite'}; expected {list(expected)}")
+    difference = (logits - auto_logits).abs().max().item()
+    if difference > RELOAD_TOLERANCE:
+        raise RuntimeError(f"{export_dir}: NeoBERTForMaskedLM and AutoModelForMaskedLM disagree by {difference:.2e}")
+    return (f"{export_dir}: NeoBERTForMaskedLM and AutoModelForMaskedLM, logits {list(expected)}, "
+            f"agree to {difference:.1e}")

@@ -5,7 +5,7 @@ A phase is the recipe with its own overrides and those of the phases before it a
 `run_pretraining` from the checkpoint that ended the phase before (`PhaseRun`): the weights, the optimizer state,
 the global step and so the learning-rate schedule (one schedule over trainer.max_steps, the whole recipe: no second
 warm-up unless a phase asks for one) carry over; so does the data position in every source a phase shares with the
-one before (`neobert.data.pretraining.carried_state`). A phase ends with its own final checkpoint
+one before (`neobert.data.stream_state.carried_state`). A phase ends with its own final checkpoint
 (`checkpoints/phase-<name>.ckpt`, never rotated away) and its export (`export/<name>/`, with `phase.json` written
 last). Running the command again resumes wherever it stopped: mid-phase, at a boundary, or re-exporting a phase
 whose export a crash interrupted. `--phase NAME` reruns from the start of phase NAME, from the previous phase's

@@ -12,7 +12,8 @@ import torch
 from omegaconf import OmegaConf
 
 from neobert.config.pretrain import PretrainConfig
-from neobert.data.pretraining import DATA_STATE_KEY, SOURCE_KEY
+from neobert.data.pretraining import SOURCE_KEY
+from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.eval.flops import attention_flops, flops_per_token, matmul_params, mfu, peak_flops
 from neobert.lit.checkpoints import CHECKPOINT_KEY
 from neobert.lit.optim import configure_optimizers, lr_factor
@@ -30,7 +31,7 @@ class NonFiniteLossError(RuntimeError):
 
 def describe_data_position(data_state: dict | None) -> str:
     """Where a training batch came from, from the data state it carries (`batch[DATA_STATE_KEY]`): the position kept
-    beside its encoded stream state (`neobert.data.pretraining.EncodedStreamState`), nothing decoded."""
+    beside its encoded stream state (`neobert.data.stream_state.EncodedStreamState`), nothing decoded."""
     if data_state is None:
         return "the batch carries no data position"
     state = data_state["state"]

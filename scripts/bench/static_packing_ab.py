@@ -24,7 +24,8 @@ from torch._inductor.compile_fx import compile_fx
 
 from neobert.config.pretrain import MaskingConfig, PretrainConfig, PretrainDataConfig
 from neobert.data.demo_corpus import demo_documents
-from neobert.data.pretraining import DATA_STATE_KEY, PretrainingStream
+from neobert.data.pretraining import PretrainingStream
+from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.data.tokenizer import load_tokenizer
 from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.model import NeoBERTConfig

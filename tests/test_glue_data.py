@@ -6,8 +6,8 @@ import torch
 from conftest import shared_data
 from glue_files import write_parquet_task, write_tsv_task
 
-from neobert.data.finetune import PaddingCollator
-from neobert.data.glue import GLUE_TASKS, LengthGroupedSampler, TokenizedGlue, get_task, load_glue_split
+from neobert.data.finetune import LengthGroupedSampler, PaddingCollator
+from neobert.data.glue import GLUE_TASKS, TokenizedGlue, get_task, load_glue_split
 from neobert.data.tokenizer import load_tokenizer
 from neobert.hub import HubUnreachableError
 

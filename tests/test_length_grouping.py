@@ -1,6 +1,6 @@
 """`data.group_by_length` (GLUE, NER; issue 37). Off by default: random batches, as the Hugging Face `Trainer` draws
 them by default. On: the Trainer's own `group_by_length`, mega-batches of random examples each sorted by length, in
-our sampler (`neobert.data.glue.LengthGroupedSampler`): the same order as transformers'
+our sampler (`neobert.data.finetune.LengthGroupedSampler`): the same order as transformers'
 `get_length_grouped_indices` for the same generator, a new shuffle per epoch and seed with every example once,
 padding close to a fully sorted order's and far below random batches'."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import shared_data
 
-from neobert.data.glue import LengthGroupedSampler, epoch_seed, length_grouped_indices, megabatch_size
+from neobert.data.finetune import LengthGroupedSampler, epoch_seed, length_grouped_indices, megabatch_size
 
 # Lengths shaped like WNUT-17's sub-token counts (mean ~31, a long tail to 75).
 LENGTHS = [min(75, max(4, int(random.Random(i).lognormvariate(3.35, 0.45)))) for i in range(3000)]

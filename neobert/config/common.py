@@ -230,7 +230,7 @@ class FineTuneDataConfig:
     batch_size: int = 32
     eval_batch_size: int = 64
     # false: random batches, as the Hugging Face Trainer draws them by default. true: its `group_by_length`
-    # (neobert.data.glue.LengthGroupedSampler): batches of similar lengths from shuffled mega-batches, ~1.6x
+    # (neobert.data.finetune.LengthGroupedSampler): batches of similar lengths from shuffled mega-batches, ~1.6x
     # faster on CPU (less padding) but it changes what a batch holds: WNUT-17 dev F1 3 points lower (docs/ner.md).
     group_by_length: bool = False
     num_workers: int = 0

@@ -1,5 +1,6 @@
 """What the data of every fine-tuning task (GLUE, NER) shares: the DataModule's layout (`FineTuneDataModule`) and
-the batching (`PaddingCollator`, dynamic padding).
+the batching (`PaddingCollator`, dynamic padding; `LengthGroupedSampler`, the training order of
+`data.group_by_length`).
 
 A task's data module (`neobert.data.glue_datamodule.GlueDataModule`, `neobert.data.ner_datamodule.NerDataModule`)
 adds only what is its own: which splits it reads and how (`setup`), and which it evaluates on.
@@ -9,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Sequence
+from typing import Iterator, Optional, Sequence
 
 import lightning as L
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, RandomSampler, Subset
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, Subset
 
-from neobert.data.glue import LengthGroupedSampler
 from neobert.model.modeling import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,66 @@ class PaddingCollator:
             batch["token_type_ids"], _ = pad_sequences([item["token_type_ids"] for item in items], 0,
                                                        self.pad_to_multiple_of)
         return batch
+
+
+def megabatch_size(num_examples: int, batch_size: int) -> int:
+    """Batches per mega-batch, as the Hugging Face `Trainer`'s `group_by_length` chooses them
+    (`transformers.trainer_pt_utils.get_length_grouped_indices`): 50, or fewer so the data holds at least 4
+    mega-batches, and at least 1."""
+    return max(1, min(num_examples // (batch_size * 4), 50))
+
+
+def length_grouped_indices(lengths: Sequence[int], batch_size: int, generator: torch.Generator,
+                           group_batches: Optional[int] = None) -> list[int]:
+    """One epoch's order of the Hugging Face `Trainer`'s length grouping, written out here (its algorithm, not its
+    code): a random permutation, cut into mega-batches of `group_batches * batch_size` examples, each sorted by
+    length, longest first, then the longest example of all swapped to the front so an out-of-memory error shows
+    at once. Consecutive `batch_size` slices are the batches: each holds examples of similar length, drawn from a
+    random `group_batches`-th of the data, and the mega-batches come in random order. `group_batches=None`: the
+    Trainer's choice (`megabatch_size`)."""
+    if group_batches is None:
+        group_batches = megabatch_size(len(lengths), batch_size)
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    size = group_batches * batch_size
+    megabatches = [sorted(order[start:start + size], key=lambda i: lengths[i], reverse=True)
+                   for start in range(0, len(order), size)]
+    if megabatches:
+        longest = max(range(len(megabatches)), key=lambda m: lengths[megabatches[m][0]])
+        megabatches[0][0], megabatches[longest][0] = megabatches[longest][0], megabatches[0][0]
+    return [i for megabatch in megabatches for i in megabatch]
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The generator seed of one epoch of a run seeded `seed`: distinct for every pair (`seed + epoch` would give
+    seed 1 the order of seed 0's second epoch; torch keeps only 32 bits of a seed, so the pair is hashed into them)."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+class LengthGroupedSampler(Sampler[int]):
+    """The training order of `data.group_by_length` (GLUE, NER): the Hugging Face `Trainer`'s length grouping
+    (`length_grouped_indices`), so short examples do not pay for long ones while the data is drawn in a random
+    order. Batches are consecutive `batch_size` slices, so only the last batch of the epoch can be short (the
+    DataLoader's batches line up with these). Under DDP, Lightning's sampler wrapper splits this order between
+    ranks, which keeps the shuffle but loosens the grouping. A new order every epoch, from (`seed`, `epoch`)
+    (`epoch_seed`)."""
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int = 0, group_batches: Optional[int] = None):
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.group_batches = group_batches
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
+        self.epoch += 1  # also advances when nobody calls set_epoch
+        yield from length_grouped_indices(self.lengths, self.batch_size, generator, self.group_batches)
 
 
 class FineTuneDataModule(L.LightningDataModule):

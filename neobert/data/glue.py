@@ -1,6 +1,6 @@
-"""GLUE: the task table, loading (hub or local files), tokenization, label checks and length-grouped batches
-(the DataModule that serves them is `neobert.data.glue_datamodule.GlueDataModule`, on the layout and batching of
-`neobert.data.finetune`).
+"""GLUE: the task table, loading (hub or local files), tokenization and label checks (the DataModule that serves
+them is `neobert.data.glue_datamodule.GlueDataModule`, on the layout and batching of `neobert.data.finetune`,
+length-grouped batches included).
 
 Every source yields the same thing, a `datasets.Dataset` with the hub's `nyu-mll/glue` columns (text columns,
 `label`, `idx`), so everything after loading is one code path:
@@ -17,14 +17,13 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Optional, Sequence
 
 import datasets
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
 from neobert.errors import ConfigError, DataError
 from neobert.hub import HubUnreachableError, require_hub
@@ -278,63 +277,3 @@ class TokenizedGlue(Dataset):
 
     def lengths(self) -> list[int]:
         return [len(ids) for ids in self.input_ids]
-
-
-def megabatch_size(num_examples: int, batch_size: int) -> int:
-    """Batches per mega-batch, as the Hugging Face `Trainer`'s `group_by_length` chooses them
-    (`transformers.trainer_pt_utils.get_length_grouped_indices`): 50, or fewer so the data holds at least 4
-    mega-batches, and at least 1."""
-    return max(1, min(num_examples // (batch_size * 4), 50))
-
-
-def length_grouped_indices(lengths: Sequence[int], batch_size: int, generator: torch.Generator,
-                           group_batches: Optional[int] = None) -> list[int]:
-    """One epoch's order of the Hugging Face `Trainer`'s length grouping, written out here (its algorithm, not its
-    code): a random permutation, cut into mega-batches of `group_batches * batch_size` examples, each sorted by
-    length, longest first, then the longest example of all swapped to the front so an out-of-memory error shows
-    at once. Consecutive `batch_size` slices are the batches: each holds examples of similar length, drawn from a
-    random `group_batches`-th of the data, and the mega-batches come in random order. `group_batches=None`: the
-    Trainer's choice (`megabatch_size`)."""
-    if group_batches is None:
-        group_batches = megabatch_size(len(lengths), batch_size)
-    order = torch.randperm(len(lengths), generator=generator).tolist()
-    size = group_batches * batch_size
-    megabatches = [sorted(order[start:start + size], key=lambda i: lengths[i], reverse=True)
-                   for start in range(0, len(order), size)]
-    if megabatches:
-        longest = max(range(len(megabatches)), key=lambda m: lengths[megabatches[m][0]])
-        megabatches[0][0], megabatches[longest][0] = megabatches[longest][0], megabatches[0][0]
-    return [i for megabatch in megabatches for i in megabatch]
-
-
-def epoch_seed(seed: int, epoch: int) -> int:
-    """The generator seed of one epoch of a run seeded `seed`: distinct for every pair (`seed + epoch` would give
-    seed 1 the order of seed 0's second epoch; torch keeps only 32 bits of a seed, so the pair is hashed into them)."""
-    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
-
-
-class LengthGroupedSampler(Sampler[int]):
-    """The training order of `data.group_by_length` (GLUE, NER): the Hugging Face `Trainer`'s length grouping
-    (`length_grouped_indices`), so short examples do not pay for long ones while the data is drawn in a random
-    order. Batches are consecutive `batch_size` slices, so only the last batch of the epoch can be short (the
-    DataLoader's batches line up with these). Under DDP, Lightning's sampler wrapper splits this order between
-    ranks, which keeps the shuffle but loosens the grouping. A new order every epoch, from (`seed`, `epoch`)
-    (`epoch_seed`)."""
-
-    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int = 0, group_batches: Optional[int] = None):
-        self.lengths = list(lengths)
-        self.batch_size = batch_size
-        self.group_batches = group_batches
-        self.seed = seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
-        self.epoch += 1  # also advances when nobody calls set_epoch
-        yield from length_grouped_indices(self.lengths, self.batch_size, generator, self.group_batches)

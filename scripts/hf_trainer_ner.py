@@ -15,12 +15,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 from datasets import Dataset
 from transformers import AutoModelForTokenClassification, AutoTokenizer, DataCollatorForTokenClassification, Trainer
 
 from neobert.config.ner import NerDataConfig
-from neobert.data.ner import TokenizedNer, get_ner_task, load_ner_split
+from neobert.data.ner import TokenizedNer, example_subset, get_ner_task, load_ner_split
 from neobert.eval.ner_metrics import entity_scores, word_tags
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # hf_trainer_baseline.py, also when loaded by file path
@@ -41,11 +40,7 @@ def main(argv: list[str] | None = None) -> dict:
     data = NerDataConfig(path=args.data_path)
 
     def tokenized(split: str, limit: int) -> TokenizedNer:
-        sentences = load_ner_split(task, split, data)
-        if limit and limit < len(sentences):  # the same subsets as experiments.ner's max_*_examples
-            order = (torch.randperm(len(sentences), generator=torch.Generator().manual_seed(0)).tolist()
-                     if split == "train" else list(range(len(sentences))))
-            sentences = sentences.select(sorted(order[:limit]))
+        sentences = example_subset(load_ner_split(task, split, data), split, limit)  # experiments.ner's subsets
         return TokenizedNer(sentences, task, tokenizer, args.max_length, f"{task.name}/{split}")
 
     train, validation = tokenized("train", args.max_train_examples), tokenized("validation", args.max_eval_examples)

@@ -18,7 +18,7 @@ from transformers import AutoModelForTokenClassification
 from experiments.ner import main
 from neobert.config import load_config
 from neobert.config.ner import NerConfig, NerDataConfig
-from neobert.data.ner import NER_TASKS, TokenizedNer, load_ner_split, read_conll
+from neobert.data.ner import NER_TASKS, NerSplit, TokenizedNer, example_subset, load_ner_split, read_conll
 from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import DataError
 from neobert.eval.ner_metrics import entity_scores
@@ -108,6 +108,15 @@ def test_the_reader_counts_the_shared_wnut17_sentences_and_entities():
     assert all(len(w) == len(t) > 0 for w, t in zip(train.words, train.tags))
     # Through the job's loader (data.path) the same sentences.
     assert len(load_ner_split(WNUT, "validation", NerDataConfig(path=str(folder)))) == 1009
+
+
+def test_max_examples_take_a_seeded_train_subset_and_the_first_eval_sentences_in_file_order():
+    sentences = NerSplit([[f"w{i}"] for i in range(50)], [["O"]] * 50, "synthetic")
+    train = example_subset(sentences, "train", 10)
+    order = torch.randperm(50, generator=torch.Generator().manual_seed(0)).tolist()
+    assert train.words == [[f"w{i}"] for i in sorted(order[:10])]  # the same subset at every run
+    assert example_subset(sentences, "validation", 10).words == [[f"w{i}"] for i in range(10)]
+    assert example_subset(sentences, "train", 0) is sentences and example_subset(sentences, "train", 50) is sentences
 
 
 def test_first_sub_token_labelling_on_a_word_of_several_pieces(tmp_path):

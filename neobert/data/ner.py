@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 import datasets
+import torch
 from seqeval.metrics.sequence_labeling import get_entities
 from torch.utils.data import Dataset
 
@@ -180,6 +181,18 @@ def load_ner_split(task: NerTask, split: str, config: NerDataConfig) -> NerSplit
     keep = [i for i, words in enumerate(dataset["tokens"]) if words]
     return NerSplit([list(dataset["tokens"][i]) for i in keep], [tags[i] for i in keep],
                     f"{task.hub_dataset}/{split}")
+
+
+def example_subset(sentences: NerSplit, split: str, limit: int) -> NerSplit:
+    """At most `limit` sentences of a split (`data.max_train_examples`, `data.max_eval_examples`; 0: all of them):
+    of the train split a random `limit` (seed 0: the same subset at every run and seed of a sweep), of any other
+    split its first `limit`; kept in file order. The NerDataModule's and the Hugging Face Trainer baseline's
+    (scripts/hf_trainer_ner.py)."""
+    if not limit or limit >= len(sentences):
+        return sentences
+    order = (torch.randperm(len(sentences), generator=torch.Generator().manual_seed(0)).tolist()
+             if split == "train" else list(range(len(sentences))))
+    return sentences.select(sorted(order[:limit]))
 
 
 # ------------------------------------------------------------------------------------------------ alignment

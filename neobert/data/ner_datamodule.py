@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch.utils.data import DataLoader
 
 from neobert.config.ner import NerDataConfig
 from neobert.data.finetune import FineTuneDataModule
-from neobert.data.ner import NerTask, TokenizedNer, load_ner_split
+from neobert.data.ner import NerTask, TokenizedNer, example_subset, load_ner_split
 
 
 class NerDataModule(FineTuneDataModule):
@@ -21,17 +20,13 @@ class NerDataModule(FineTuneDataModule):
         super().__init__(task, tokenizer, config, seed)
         self.validation: Optional[TokenizedNer] = None
 
-    def _tokenized(self, split: str, limit: int, shuffle_seed: Optional[int] = None) -> TokenizedNer:
-        sentences = load_ner_split(self.task, split, self.config)
-        if limit and limit < len(sentences):
-            order = (torch.randperm(len(sentences), generator=torch.Generator().manual_seed(shuffle_seed)).tolist()
-                     if shuffle_seed is not None else list(range(len(sentences))))
-            sentences = sentences.select(sorted(order[:limit]))
+    def _tokenized(self, split: str, limit: int) -> TokenizedNer:
+        sentences = example_subset(load_ner_split(self.task, split, self.config), split, limit)
         return TokenizedNer(sentences, self.task, self.tokenizer, self.max_length, f"{self.task.name}/{split}")
 
     def setup(self, stage: Optional[str] = None) -> None:
         if stage in (None, "fit") and self.train is None:
-            self.train = self._tokenized("train", self.config.max_train_examples, shuffle_seed=0)
+            self.train = self._tokenized("train", self.config.max_train_examples)
         if stage in (None, "fit", "validate") and self.validation is None:
             self.validation = self._tokenized("validation", self.config.max_eval_examples)
 

@@ -23,7 +23,7 @@ from neobert.config import flag_overrides, load_config
 from neobert.config.mteb import MtebConfig
 from neobert.jobs.cli import add_debug_flag, run_cli
 from neobert.jobs.mteb import evaluate_model, summary_markdown
-from neobert.layout import RESULTS_JSON
+from neobert.layout import MTEB_SUMMARY_MD, RESULTS_JSON
 
 
 def parse_args(argv=None) -> MtebConfig:
@@ -50,7 +50,7 @@ def main(argv=None) -> dict:
     report = evaluate_model(config)
     print(summary_markdown(report))
     output_dir = Path(config.output_dir)
-    print(f"results: {output_dir / RESULTS_JSON}, summary: {output_dir / 'summary.md'}")
+    print(f"results: {output_dir / RESULTS_JSON}, summary: {output_dir / MTEB_SUMMARY_MD}")
     return report
 
 

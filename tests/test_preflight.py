@@ -107,3 +107,60 @@ def test_the_derived_values_are_shown(tmp_path):
     assert "- the model's attention_backend: sdpa (model.preset tiny's)" in text
     text = preflight_report(tiny_config(tmp_path, "model.overrides.attention_backend=sdpa")).text()
     assert "- the model's attention_backend: sdpa (model.overrides.attention_backend)" in text
+
+
+def saved_bytes(model, length: int, precision: str, scored_every: int = 0) -> int:
+    """The bytes of the distinct storages autograd keeps for the backward of one forward of `length` tokens on the CPU
+    (weights and their 16-bit copies included; differences between two runs cancel them). `scored_every`: an MLM
+    forward scoring every n-th position, as the masked_index path of pretraining does."""
+    import torch
+
+    kept = {}
+
+    def keep(tensor):
+        kept.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+        return tensor
+
+    ids = torch.randint(5, 1000, (1, length))
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+        if scored_every:
+            index = torch.arange(0, length, scored_every)
+            labels = torch.full_like(ids, -100)
+            labels.view(-1)[index] = ids.view(-1)[index]
+            model(ids, labels=labels, masked_index=index)
+        else:
+            model(ids)
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true", "32-true"])
+@pytest.mark.parametrize("architecture", [{}, dict(activation="gelu", norm="layernorm", position_encoding="learned")],
+                         ids=["neobert", "bert-like"])
+def test_the_activation_estimate_is_what_the_model_keeps_for_its_backward(precision, architecture):
+    """Per token and layer (two lengths and two depths differenced, so weights cancel), and per scored row of the
+    MLM head: the preflight's term-by-term estimate against the tensors the model saves. One known difference: the
+    CPU's RMSNorm is not one fused kernel, and also keeps its normalised input for the weight's gradient."""
+    import torch
+
+    from neobert.jobs.preflight import activation_bytes
+    from neobert.model import NeoBERT, NeoBERTConfig, NeoBERTForMaskedLM
+
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if precision == "bf16-true" else torch.float32
+    configs = {layers: NeoBERTConfig.from_preset("tiny", num_hidden_layers=layers, **architecture) for layers in (1, 2)}
+    kept = {(layers, length): saved_bytes(NeoBERT(config).to(dtype), length, precision)
+            for layers, config in configs.items() for length in (64, 128)}
+    measured = ((kept[2, 128] - kept[2, 64]) - (kept[1, 128] - kept[1, 64])) / 64
+    estimated = activation_bytes(configs[2], 1, precision, 0) - activation_bytes(configs[1], 1, precision, 0)
+    hidden = configs[1].hidden_size
+    unfused_norms = 2 * (2 if precision == "bf16-true" else 4) * hidden if configs[1].norm == "rmsnorm" else 0
+    assert measured == pytest.approx(estimated + unfused_norms, rel=0.03)
+
+    mlm = NeoBERTForMaskedLM(configs[1]).to(dtype)
+    rows = (128 - 64) / 4
+    measured_head = ((saved_bytes(mlm, 128, precision, 4) - saved_bytes(mlm, 64, precision, 4))
+                     - (saved_bytes(mlm.model, 128, precision) - saved_bytes(mlm.model, 64, precision))) / rows
+    gradient = 4 * configs[1].vocab_size  # in the estimate: the log-probabilities' gradient, not saved but alive
+    estimated_head = (activation_bytes(configs[1], 0, precision, rows) - rows * gradient) / rows
+    assert measured_head == pytest.approx(estimated_head, rel=0.03)

@@ -116,10 +116,40 @@ def preflight_report(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> Prefligh
     return report
 
 
-def activation_bytes(model_config, tokens: int) -> float:
-    """Activations saved for the backward with a fused attention kernel: about 34 x hidden bytes per token and
-    layer in 16-bit (Korthikanti et al. 2022, "Reducing Activation Recomputation", table 2 without the s^2 term)."""
-    return 34 * model_config.hidden_size * model_config.num_hidden_layers * tokens
+def activation_bytes(model_config, tokens: int, precision: str, scored_rows: float) -> float:
+    """Bytes a micro-batch of `tokens` tokens holds for its backward, term by term: what each op of the encoder keeps
+    with the fused attention and norm kernels of a GPU (a norm keeps its input and a per-row scale; attention its
+    inputs, output and per-row log-sum-exp), then the MLM head over its `scored_rows` (the masked tokens when only
+    those are projected). `precision` decides the widths: under mixed precision the residual stream (every norm's
+    input) stays float32 and the matmuls read 16-bit copies; 16-true and 32-true keep one width throughout.
+    tests/test_preflight.py checks it against the tensors the model saves on a CPU."""
+    half = precision.startswith(("bf16", "16"))
+    width = 2 if half else 4  # every matmul's input and output
+    residual = 4 if precision.endswith("mixed") or not half else 2  # the residual stream, every norm's input
+    h, f = model_config.hidden_size, model_config.ffn_hidden_size
+    per_layer = (2 * residual * h  # the two norms' inputs
+                 + width * h  # qkv's input
+                 + width * 3 * h  # qkv's output (v, and q and k before RoPE, are views of it)
+                 + (width * 2 * h if model_config.position_encoding == "rope" else 0)  # q and k rotated
+                 + width * h  # attention's output, wo's input
+                 + width * h)  # the MLP's input
+    if model_config.activation == "swiglu":
+        per_layer += width * (2 * f + f + f)  # w12's output (gate, up), silu(gate), silu(gate) * up: w3's input
+    else:
+        per_layer += width * (f + f)  # w12's output, gelu of it: w3's input
+    encoder = tokens * (model_config.num_hidden_layers * per_layer + residual * h)  # + the final norm's input
+    vocab = model_config.vocab_size
+    # The head: the decoder's input, the float32 log-probabilities the loss keeps, and their float32 gradient, alive
+    # when the backward starts.
+    head = scored_rows * (width * h + 4 * vocab + 4 * vocab)
+    return encoder + head
+
+
+def config_activation_bytes(config: PretrainConfig, model_config) -> float:
+    """`activation_bytes` of a pretraining config on its GPUs: its micro-batch, precision and masked rows."""
+    tokens = config.trainer.micro_batch_size * config.data.max_length
+    scored = tokens * (config.masking.rate if config.model.masked_only_logits else 1.0)
+    return activation_bytes(model_config, tokens, resolve_precision_on_gpu(config), scored)
 
 
 def phases_section(report: Preflight, config: PretrainConfig, model_config) -> None:
@@ -141,7 +171,7 @@ def phases_section(report: Preflight, config: PretrainConfig, model_config) -> N
                    f"masking {c.masking.rate:g}, RoPE base {c.model.overrides.get('rope_theta', 'preset')}, lr peak "
                    f"{c.optimizer.lr:g} ({c.scheduler.name} {c.scheduler.phase}, schedule steps "
                    f"{run.schedule_start:,}-{run.schedule_end:,}); data: {sources}")
-        activations = activation_bytes(model_config, c.trainer.micro_batch_size * c.data.max_length)
+        activations = config_activation_bytes(c, model_config)
         report.add(f"  activations (estimate, as above): {activations / GiB:.1f} GiB per GPU")
 
 
@@ -290,9 +320,9 @@ def memory_section(report: Preflight, config: PretrainConfig, model, parameters:
         report.add(f"- model states (replicated: fp32 weights, gradients, Adam moments = 16 bytes/parameter): "
                    f"{gpu_bytes / GiB:.2f} GiB")
     tokens = trainer.micro_batch_size * config.data.max_length
-    activations = activation_bytes(model.config, tokens)
-    report.add(f"- activations (estimate, 34 x hidden bytes per token per layer, {tokens:,} tokens per "
-               f"micro-batch): {activations / GiB:.1f} GiB")
+    activations = config_activation_bytes(config, model.config)
+    report.add(f"- activations (what each op keeps for the backward, {tokens:,} tokens per micro-batch, "
+               f"{resolve_precision_on_gpu(config)}, the MLM head included): {activations / GiB:.1f} GiB")
     total = gpu_bytes + activations
     capacity = next((size for key, size in GPU_MEMORY_GIB.items() if key in gpu.lower()), None)
     report.add(f"- total about {total / GiB:.1f} GiB" + (f" of the {capacity} GiB of a {gpu}" if capacity else ""))

@@ -96,8 +96,11 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
     """A randomly initialised encoder (no download). Raises ModelUnavailable with the reason when it cannot."""
     if name in ("neobert", "neobert-liger"):
         kernels = "liger" if name == "neobert-liger" else "eager"
-        if kernels == "liger" and (device.type != "cuda" or liger_missing_reason()):
-            raise ModelUnavailable(liger_missing_reason() or "Liger-Kernel's kernels run on CUDA GPUs only")
+        if kernels == "liger":
+            unavailable = liger_missing_reason() or (
+                None if device.type == "cuda" else "Liger-Kernel's kernels run on CUDA GPUs only")
+            if unavailable:
+                raise ModelUnavailable(unavailable)
         config = NeoBERTConfig.from_preset(neobert_preset, kernels=kernels)
         module = NeoBERT(config)
         bench = BenchModel(name, module, config.num_hidden_layers, config.hidden_size, config.max_length,

@@ -40,7 +40,9 @@ def evaluate_model(config: MtebConfig, show_progress_bar: bool = True) -> dict[s
     tasks = resolve_tasks(config.tasks, config.max_examples, config.beir_split)  # before loading the model: bad specs fail fast
     try:
         backbone = load_backbone(config.model, tokenizer=config.tokenizer, kernels=config.kernels)
-    except ModelFieldError as err:  # the one NeoBERTConfig field this job sets
+    except ModelFieldError as err:
+        if err.field != "kernels":  # the one NeoBERTConfig field this job sets; others are the checkpoint's
+            raise
         raise ConfigError(f"invalid config key 'kernels': {err.reason}") from err
     if config.kernels != "eager" and not backbone.is_neobert:
         log.warning("kernels=%s applies to NeoBERT models only: %s runs its own code", config.kernels, config.model)

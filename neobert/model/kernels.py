@@ -19,6 +19,7 @@ import importlib.util
 import torch
 from torch import Tensor
 
+
 def liger_missing_reason() -> str | None:
     """Why Liger-Kernel cannot be used here (None when it can be imported)."""
     if importlib.util.find_spec("liger_kernel") is None:

@@ -35,7 +35,7 @@ class SwiGLU(nn.Module):
 class GeluMLP(nn.Module):
     """The BERT MLP (ablation M0), with the same parameter names as SwiGLU: `w12` in, `w3` out."""
 
-    def __init__(self, hidden: int, ffn_hidden: int, kernels: str = "eager"):  # no fused GELU: always eager
+    def __init__(self, hidden: int, ffn_hidden: int):
         super().__init__()
         self.w12 = nn.Linear(hidden, ffn_hidden, bias=False)
         self.w3 = nn.Linear(ffn_hidden, hidden, bias=False)

@@ -62,8 +62,10 @@ class EncoderBlock(nn.Module):
         self.dropout_p = config.dropout
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.wo = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
-        mlp = SwiGLU if config.activation == "swiglu" else GeluMLP
-        self.ffn = mlp(config.hidden_size, config.ffn_hidden_size, kernels=config.kernels)
+        if config.activation == "swiglu":
+            self.ffn = SwiGLU(config.hidden_size, config.ffn_hidden_size, kernels=config.kernels)
+        else:  # no fused GELU: always eager
+            self.ffn = GeluMLP(config.hidden_size, config.ffn_hidden_size)
         self.attention_norm = make_norm(config)
         self.ffn_norm = make_norm(config)
         self.dropout = nn.Dropout(config.dropout)

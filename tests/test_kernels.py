@@ -38,20 +38,14 @@ def test_liger_without_the_package_is_refused_naming_the_field(monkeypatch):
 
 
 def test_pretraining_names_its_override_when_liger_is_missing(monkeypatch):
+    from neobert.data.tokenizer import load_tokenizer
     from neobert.errors import ConfigError
     from neobert.jobs.pretrain import build_model_config, load_pretrain_config
 
     monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: "needs the liger-kernel package")
     config = load_pretrain_config("demo", ["model.overrides.kernels=liger"])
-
-    class Vocabulary:  # what build_model_config reads of a tokenizer
-        pad_token_id = 0
-
-        def __len__(self):
-            return 30522
-
     with pytest.raises(ConfigError, match=r"model\.overrides\.kernels.*liger-kernel"):
-        build_model_config(config, Vocabulary())
+        build_model_config(config, load_tokenizer(config.data.tokenizer))
 
 
 def test_kernels_are_the_machines_choice_not_written_to_config_json(tmp_path, monkeypatch):

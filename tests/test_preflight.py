@@ -164,3 +164,17 @@ def test_the_activation_estimate_is_what_the_model_keeps_for_its_backward(precis
     gradient = 4 * configs[1].vocab_size  # in the estimate: the log-probabilities' gradient, not saved but alive
     estimated_head = (activation_bytes(configs[1], 0, precision, rows) - rows * gradient) / rows
     assert measured_head == pytest.approx(estimated_head, rel=0.03)
+
+
+def test_the_activation_estimate_takes_the_highest_masking_rate_of_the_schedule():
+    """The MLM head keeps its log-probabilities for every masked row: the peak is at the schedule's highest rate."""
+    from neobert.data.tokenizer import load_tokenizer
+    from neobert.jobs.preflight import activation_bytes, config_activation_bytes
+    from neobert.jobs.pretrain import build_model_config
+
+    config = load_config(PretrainConfig, "neobert", ["masking.rate_schedule=[[0,0.4],[1000,0.2]]"])
+
+    model_config = build_model_config(config, load_tokenizer(config.data.tokenizer))
+    tokens = config.trainer.micro_batch_size * config.data.max_length
+    assert config_activation_bytes(config, model_config) == activation_bytes(model_config, tokens, "bf16-mixed",
+                                                                             0.4 * tokens)

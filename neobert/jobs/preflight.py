@@ -146,9 +146,10 @@ def activation_bytes(model_config, tokens: int, precision: str, scored_rows: flo
 
 
 def config_activation_bytes(config: PretrainConfig, model_config) -> float:
-    """`activation_bytes` of a pretraining config on its GPUs: its micro-batch, precision and masked rows."""
+    """`activation_bytes` of a pretraining config on its GPUs: its micro-batch, precision and masked rows (at the
+    run's highest masking rate, its schedule included: the peak)."""
     tokens = config.trainer.micro_batch_size * config.data.max_length
-    scored = tokens * (config.masking.rate if config.model.masked_only_logits else 1.0)
+    scored = tokens * (config.masking.highest_rate if config.model.masked_only_logits else 1.0)
     return activation_bytes(model_config, tokens, resolve_precision_on_gpu(config), scored)
 
 

@@ -1,8 +1,9 @@
 """NeoBERTConfig.kernels (neobert.model.kernels): the Liger path is wired where it should be and equals the eager path.
 
 On CPU: the choice is validated, never written to config.json, refused with the key's name where Liger-Kernel is
-missing, and, with Liger's two functions replaced by reference arithmetic, the model calls them at every norm and MLP
-with the layout Liger expects (gate first) and gives the eager outputs. On a CUDA machine with liger-kernel: Liger's
+missing, and, with Liger's three functions replaced by reference arithmetic, the model calls them at every norm and MLP
+with the layout Liger expects (gate first), and for the MLM head's masked rows in training, and gives the eager
+outputs, gradients and training accuracy. On a CUDA machine with liger-kernel: Liger's
 own kernels against the eager path, outputs and gradients, padded and packed, in bf16 inference and bf16-mixed
 training (the test at the bottom; it skips elsewhere).
 """
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from neobert.config.throughput import ThroughputConfig
 from neobert.model import NeoBERT, NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model import config as model_config_module
-from neobert.model import layers
+from neobert.model import layers, modeling
 from neobert.model.config import ModelFieldError
 from neobert.model.kernels import liger_missing_reason, use_liger
 
@@ -70,7 +71,7 @@ class ReferenceLiger:
     model's wiring checked on CPU."""
 
     def __init__(self, monkeypatch):
-        self.norm_calls = self.swiglu_calls = 0
+        self.norm_calls = self.swiglu_calls = self.loss_calls = 0
         reference = self
 
         class RMSNormFunction:
@@ -88,14 +89,35 @@ class ReferenceLiger:
                 gate, up = rows.chunk(2, dim=-1)  # Liger's fused gate-up layout: gate in the first half
                 return F.silu(gate) * up
 
-        for name, attributes in (("liger_kernel", {}), ("liger_kernel.ops", {}),
-                                 ("liger_kernel.ops.rms_norm", {"LigerRMSNormFunction": RMSNormFunction}),
-                                 ("liger_kernel.ops.swiglu", {"LigerFusedGateUpSiLUMulFunction": GateUpSiLUMulFunction})):
+        class FusedLinearCrossEntropyFunction:
+            @staticmethod
+            def apply(rows, weight, targets, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing,
+                      reduction, softcap, return_z_loss, accum_dtype, use_token_scaling, return_token_accuracy,
+                      return_predicted_tokens):
+                assert rows.dim() == 2 and targets.shape == rows.shape[:1] and weight.shape[1] == rows.shape[1]
+                assert (ce_weight, lse_square_scale, label_smoothing, softcap, use_token_scaling) == (None, 0.0, 0.0,
+                                                                                                       None, False)
+                assert reduction == "sum" and return_predicted_tokens and not return_z_loss
+                reference.loss_calls += 1
+                logits = F.linear(rows, weight, bias)
+                loss = F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction="sum")
+                # Liger's contract: -1 where the target is ignored, the argmax elsewhere
+                predictions = torch.where(targets == ignore_index, -1, logits.detach().argmax(-1))
+                return loss, None, None, predictions
+
+        for name, attributes in (
+                ("liger_kernel", {}), ("liger_kernel.ops", {}),
+                ("liger_kernel.ops.rms_norm", {"LigerRMSNormFunction": RMSNormFunction}),
+                ("liger_kernel.ops.swiglu", {"LigerFusedGateUpSiLUMulFunction": GateUpSiLUMulFunction}),
+                ("liger_kernel.ops.fused_linear_cross_entropy",
+                 {"LigerFusedLinearCrossEntropyFunction": FusedLinearCrossEntropyFunction})):
             module = types.ModuleType(name)
             module.__dict__.update(attributes)
             monkeypatch.setitem(sys.modules, name, module)
         monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
-        monkeypatch.setattr(layers, "use_liger", lambda kernels, x: kernels == "liger")  # as on a CUDA tensor
+        on_cuda = lambda kernels, x: kernels == "liger"  # noqa: E731 (what use_liger answers for a CUDA tensor)
+        monkeypatch.setattr(layers, "use_liger", on_cuda)
+        monkeypatch.setattr(modeling, "use_liger", on_cuda)
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -124,12 +146,100 @@ def test_the_liger_path_calls_its_kernels_at_every_norm_and_mlp_and_equals_eager
         torch.testing.assert_close(grad_l, grad_e, rtol=1e-4, atol=1e-5)
 
 
+def masked_batch(seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 1000, (2, 12), generator=generator)
+    labels = torch.where(torch.rand(ids.shape, generator=generator) < 0.3, ids, torch.full_like(ids, -100))
+    labels[0, 0] = ids[0, 0]
+    return ids, labels
+
+
+def eager_and_liger_models():
+    torch.manual_seed(0)
+    eager = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
+    liger = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", kernels="liger"))
+    liger.load_state_dict(eager.state_dict())
+    return eager, liger
+
+
+@pytest.mark.parametrize("selection", ["masked_index", "masked_only"])
+def test_in_training_liger_fuses_the_decoder_and_loss_and_equals_eager(monkeypatch, selection):
+    """The masked rows' loss runs as Liger's fused linear cross-entropy (no logits kept): the same loss, gradients
+    and predictions as the eager head. A static batch's filler entry (labelled -100) counts for nothing."""
+    reference = ReferenceLiger(monkeypatch)
+    eager, liger = eager_and_liger_models()
+    ids, labels = masked_batch()
+    if selection == "masked_index":
+        index = (labels.reshape(-1) != -100).nonzero().squeeze(1)
+        selected = {"masked_index": torch.cat([index, torch.tensor([1])])}  # position 1: filler, labelled -100
+        assert labels.reshape(-1)[1] == -100
+    else:
+        selected = {"masked_only": True}
+    outputs = []
+    for model in (eager, liger):
+        out = model(ids, labels=labels, **selected)
+        out.loss.backward()
+        outputs.append(out)
+    assert reference.loss_calls == 1
+    eager_out, liger_out = outputs
+    assert liger_out.logits is None and eager_out.logits is not None
+    torch.testing.assert_close(liger_out.loss, eager_out.loss, rtol=1e-5, atol=1e-6)
+    scored = torch.ones(eager_out.logits.shape[0], dtype=torch.bool)
+    if selection == "masked_index":
+        scored[-1] = False  # the filler's prediction is -1 under Liger, an argmax under eager: never counted
+    assert torch.equal(liger_out.predicted_ids()[scored], eager_out.predicted_ids()[scored])
+    for (name, p_liger), p_eager in zip(liger.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p_liger.grad, p_eager.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_liger_keeps_the_logits_where_no_backward_follows_or_nothing_is_masked(monkeypatch):
+    reference = ReferenceLiger(monkeypatch)
+    _, liger = eager_and_liger_models()
+    ids, labels = masked_batch()
+    with torch.no_grad():  # evaluation reads the logits (held-out loss, pseudo-perplexity)
+        assert liger(ids, labels=labels, masked_only=True).logits is not None
+    empty = liger(ids, labels=labels, masked_index=torch.zeros(0, dtype=torch.long))
+    assert empty.logits.shape[0] == 0 and float(empty.loss.detach()) == 0.0  # nothing to score: no fused call with no rows
+    assert liger(ids, labels=labels).logits.shape == (*ids.shape, liger.config.vocab_size)  # full logits asked for
+    assert reference.loss_calls == 0
+
+
+def test_pretraining_accuracy_reads_the_fused_losss_predictions(monkeypatch):
+    """The LightningModule's training accuracy is the same whether the head made logits or Liger gave its argmax:
+    targets set to the model's own prediction at every other masked row make a known number right."""
+    from neobert.lit.pretrain import MLMPretrainingModule
+
+    ReferenceLiger(monkeypatch)
+    eager, liger = eager_and_liger_models()
+    ids, labels = masked_batch(seed=3)
+    index = (labels.reshape(-1) != -100).nonzero().squeeze(1)
+    with torch.no_grad():
+        predicted = eager(ids, labels=labels, masked_index=index).logits.argmax(-1)
+    made_right = index[::2]
+    labels.view(-1)[made_right] = predicted[::2]
+    counts = [MLMPretrainingModule._accuracy_counts(model(ids, labels=labels, masked_index=index), labels)
+              for model in (eager, liger)]
+    (correct_eager, masked_eager), (correct_liger, masked_liger) = counts
+    assert int(correct_liger) == int(correct_eager) >= made_right.numel()
+    assert int(masked_liger) == int(masked_eager) == index.numel()
+
+
 def test_the_throughput_job_reports_why_neobert_liger_cannot_run_on_cpu():
     from neobert.eval.throughput import ModelUnavailable, build_model
 
     assert "neobert-liger" in ThroughputConfig().models
     with pytest.raises(ModelUnavailable, match="CUDA|liger"):
         build_model("neobert-liger", torch.device("cpu"), torch.float32, "tiny")
+
+
+def test_a_liger_kernel_older_than_the_fused_losss_argmax_is_refused(monkeypatch):
+    from neobert.model import kernels
+
+    monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: "0.7.3")
+    assert "liger-kernel >= 0.8" in kernels.liger_missing_reason()
+    monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: "0.8.5")
+    assert kernels.liger_missing_reason() is None
 
 
 needs_liger_on_cuda = pytest.mark.skipif(not torch.cuda.is_available() or liger_missing_reason() is not None,
@@ -148,17 +258,24 @@ def test_liger_kernels_equal_the_eager_path_on_cuda(preset):
     ids = torch.randint(5, 30000, (4, 256), device=device)
     labels = torch.where(torch.rand(ids.shape, device=device) < 0.2, ids, torch.full_like(ids, -100))
     cu_seqlens = torch.tensor([0, 100, 356, 700, 1024], dtype=torch.int32, device=device)
-    for kwargs in ({}, {"cu_seqlens": cu_seqlens, "max_seqlen": 344}):
+    masked_index = (labels.reshape(-1) != -100).nonzero().squeeze(1)
+    for kwargs in ({"masked_only": True}, {"masked_only": True, "cu_seqlens": cu_seqlens, "max_seqlen": 344},
+                   {"masked_index": masked_index, "cu_seqlens": cu_seqlens, "max_seqlen": 344}):
         results = []
         for model in (eager, liger):  # bf16-mixed training: float32 weights, bf16 matmuls, float32 residual stream
             model.zero_grad(set_to_none=True)
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                out = model(ids, labels=labels, masked_only=True, **kwargs)
+                out = model(ids, labels=labels, **kwargs)  # Liger: the fused linear cross-entropy, no logits
+                with torch.no_grad():
+                    logits = model(ids, labels=labels, **kwargs).logits.float()
             out.loss.backward()
-            results.append((out.logits.float(), out.loss, [p.grad.float() for p in model.parameters()]))
-        (logits_e, loss_e, grads_e), (logits_l, loss_l, grads_l) = results
+            results.append((logits, out.predicted_ids(), out.loss, [p.grad.float() for p in model.parameters()]))
+        (logits_e, predicted_e, loss_e, grads_e), (logits_l, predicted_l, loss_l, grads_l) = results
+        assert out.logits is None
         torch.testing.assert_close(loss_l, loss_e, rtol=2e-2, atol=2e-2)
         torch.testing.assert_close(logits_l, logits_e, rtol=5e-2, atol=5e-2)
+        # bf16 logits: an argmax may flip between two near-equal tokens, not more often than that
+        assert (predicted_l == logits_e.argmax(-1)).float().mean() > 0.98
         for grad_l, grad_e in zip(grads_l, grads_e):
             scale = grad_e.abs().max().clamp(min=1e-6)  # bf16 matmuls: compare relative to each tensor's scale
             assert (grad_l - grad_e).abs().max() / scale < 5e-2
@@ -167,3 +284,4 @@ def test_liger_kernels_equal_the_eager_path_on_cuda(preset):
         errors = [(model.to(torch.bfloat16).model(ids).last_hidden_state.float() - reference).norm() / reference.norm()
                   for model in (eager, liger)]
     assert errors[1] <= 1.5 * errors[0] + 1e-3, f"bf16 error vs float32: liger {errors[1]:.4f}, eager {errors[0]:.4f}"
+

@@ -166,6 +166,24 @@ def test_the_activation_estimate_is_what_the_model_keeps_for_its_backward(precis
     assert measured_head == pytest.approx(estimated_head, rel=0.03)
 
 
+def test_with_liger_the_heads_estimate_keeps_no_logits(monkeypatch):
+    """Liger's fused linear cross-entropy keeps no row of logits: its head costs the same per masked row whatever
+    the vocabulary, where the eager head keeps two float32 vocabulary-wide rows."""
+    from neobert.jobs.preflight import activation_bytes
+    from neobert.model import NeoBERTConfig
+    from neobert.model import config as model_config_module
+
+    monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
+    per_row = {}
+    for kernels in ("eager", "liger"):
+        for vocab in (1000, 30522):
+            config = NeoBERTConfig.from_preset("tiny", vocab_size=vocab, kernels=kernels)
+            per_row[kernels, vocab] = activation_bytes(config, 0, "bf16-mixed", 2) - activation_bytes(config, 0,
+                                                                                                      "bf16-mixed", 1)
+    assert per_row["liger", 1000] == per_row["liger", 30522] == 4 * NeoBERTConfig.from_preset("tiny").hidden_size
+    assert per_row["eager", 30522] - per_row["eager", 1000] == 8 * (30522 - 1000)
+
+
 def test_the_activation_estimate_takes_the_highest_masking_rate_of_the_schedule():
     """The MLM head keeps its log-probabilities for every masked row: the peak is at the schedule's highest rate."""
     from neobert.data.tokenizer import load_tokenizer

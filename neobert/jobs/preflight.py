@@ -120,8 +120,8 @@ def activation_bytes(model_config, tokens: int, precision: str, scored_rows: flo
     """Bytes a micro-batch of `tokens` tokens holds for its backward, term by term: what each op of the encoder keeps
     with the fused attention and norm kernels of a GPU (a norm keeps its input and a per-row scale; attention its
     inputs, output and per-row log-sum-exp), then the MLM head over its `scored_rows` (the masked tokens when only
-    those are projected). `precision` decides the widths: under mixed precision the residual stream (every norm's
-    input) stays float32 and the matmuls read 16-bit copies; 16-true and 32-true keep one width throughout.
+    those are projected; with kernels="liger" no logits are kept). `precision` decides the widths: under mixed
+    precision the residual stream (every norm's input) stays float32 and the matmuls read 16-bit copies; 16-true and 32-true keep one width throughout.
     tests/test_preflight.py checks it against the tensors the model saves on a CPU."""
     half = precision.startswith(("bf16", "16"))
     width = 2 if half else 4  # every matmul's input and output
@@ -139,6 +139,11 @@ def activation_bytes(model_config, tokens: int, precision: str, scored_rows: flo
         per_layer += width * (f + f)  # w12's output, gelu of it: w3's input
     encoder = tokens * (model_config.num_hidden_layers * per_layer + residual * h)  # + the final norm's input
     vocab = model_config.vocab_size
+    if model_config.kernels == "liger":
+        # Liger's fused linear cross-entropy makes the logits chunk by chunk and drops them; it keeps the gradients
+        # it computed in the forward: its input's (the final norm's output, residual width) and a float32 one of the
+        # decoder's weight and bias.
+        return encoder + scored_rows * residual * h + 4 * vocab * (h + 1)
     # The head: the decoder's input, the float32 log-probabilities the loss keeps, and their float32 gradient, alive
     # when the backward starts.
     head = scored_rows * (width * h + 4 * vocab + 4 * vocab)

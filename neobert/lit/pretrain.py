@@ -102,12 +102,12 @@ class MLMPretrainingModule(L.LightningModule):
         if output.masked_index is not None:
             targets = labels.reshape(-1).index_select(0, output.masked_index)
             scored = targets != IGNORE_INDEX
-            return ((output.logits.argmax(-1) == targets) & scored).sum(), scored.sum()
+            return ((output.predicted_ids() == targets) & scored).sum(), scored.sum()
         if output.masked_positions is not None:
             targets = labels[output.masked_positions]
-            return (output.logits.argmax(-1) == targets).sum(), targets.numel()
+            return (output.predicted_ids() == targets).sum(), targets.numel()
         scored = labels != IGNORE_INDEX
-        return ((output.logits.argmax(-1) == labels) & scored).sum(), scored.sum()
+        return ((output.predicted_ids() == labels) & scored).sum(), scored.sum()
 
     def training_step(self, batch: dict, batch_idx: int):
         data_state = batch.pop(DATA_STATE_KEY, None)

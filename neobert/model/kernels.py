@@ -6,18 +6,24 @@
   (issue 34's profile: RMSNorm, SwiGLU, RoPE and casts were 11% of a step's kernel time, `mul` another 13%).
   CPU tensors, LayerNorm and GELU (the ablation presets) and a model being compiled stay eager.
 
+  In training, the MLM head's decoder and cross-entropy run as Liger's fused linear cross-entropy: the logits of the
+  masked rows (rows x 30,522) are made chunk by chunk and dropped, never kept for the backward; the gradients are
+  computed in the forward, and the argmax of each row comes out for the training accuracy.
+
 RoPE stays ours under every choice: Liger rotates the two halves of a head vector (Llama's layout), NeoBERT rotates
 adjacent pairs (the released checkpoint's layout); the two agree only after permuting q and k, which costs the copy
-a fused kernel would save. The MLM loss stays PyTorch's: only the masked positions are projected (20% of tokens), and
-its logits are what the training accuracy is read from.
+a fused kernel would save.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 
 import torch
 from torch import Tensor
+
+LIGER_MINIMUM = (0, 8)
 
 
 def liger_missing_reason() -> str | None:
@@ -26,6 +32,11 @@ def liger_missing_reason() -> str | None:
         return "needs the liger-kernel package (pip install liger-kernel; it runs on CUDA GPUs only)"
     if importlib.util.find_spec("triton") is None:
         return "needs Triton (installed with PyTorch's CUDA builds; Liger-Kernel's kernels are Triton kernels)"
+    installed = importlib.metadata.version("liger-kernel")
+    if tuple(int(part) for part in installed.split(".")[:2] if part.isdigit()) < LIGER_MINIMUM:
+        # 0.8 added the fused loss's argmax output, which the training accuracy reads
+        return (f"needs liger-kernel >= {'.'.join(map(str, LIGER_MINIMUM))} (installed: {installed}; "
+                "pip install -U liger-kernel)")
     return None
 
 
@@ -54,3 +65,19 @@ def liger_swiglu(gate_up: Tensor) -> Tensor:
     # Rows of one token each: Liger's backward returns the gradient in that 2-D shape, whatever the input's.
     rows = gate_up.reshape(-1, gate_up.shape[-1])
     return LigerFusedGateUpSiLUMulFunction.apply(rows, True).view(*gate_up.shape[:-1], -1)
+
+
+def liger_linear_cross_entropy(rows: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
+                               ignore_index: int) -> tuple[Tensor, Tensor]:
+    """(the summed cross-entropy of rows @ weight.T + bias against `targets`, each row's argmax token) without the
+    logits: Liger's fused linear cross-entropy, chunk by chunk. Rows whose target is `ignore_index` count for nothing
+    (their prediction is -1). reduction="sum": the caller divides by its own count, so that a batch with nothing to
+    score gives 0, as the eager head does. Liger reads the number of scored rows on the host (one device sync per
+    call) and under autocast runs the matmuls in its dtype with float32 weight gradients."""
+    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction  # optional, GPU-only
+
+    # Positional: input, weight, target, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction,
+    # softcap, return_z_loss, accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens.
+    loss, _, _, predictions = LigerFusedLinearCrossEntropyFunction.apply(
+        rows, weight, targets, bias, None, ignore_index, 0.0, 0.0, "sum", None, False, None, False, False, True)
+    return loss, predictions

@@ -24,6 +24,7 @@ from neobert.model.attention import (
     rope_tables,
 )
 from neobert.model.config import NeoBERTConfig
+from neobert.model.kernels import liger_linear_cross_entropy, use_liger
 from neobert.model.layers import GeluMLP, SwiGLU, make_norm
 
 IGNORE_INDEX = -100
@@ -37,11 +38,18 @@ class EncoderOutput:
 
 @dataclass
 class MaskedLMOutput:
-    logits: Tensor  # [..., vocab], or [n_masked, vocab] when computed at masked positions only
+    # [..., vocab], or [n_masked, vocab] when computed at masked positions only; None where the loss was fused with
+    # the decoder (kernels="liger" in training), which never makes them: `predictions` holds their argmax instead
+    logits: Tensor | None
     loss: Tensor | None = None
     last_hidden_state: Tensor | None = None
     masked_positions: Tensor | None = None  # bool, input shape; set when logits are masked-only (masked_only)
     masked_index: Tensor | None = None  # flat indices of the logits' positions (masked_index)
+    predictions: Tensor | None = None  # the fused loss's argmax token per scored row (-1 for rows labelled -100)
+
+    def predicted_ids(self) -> Tensor:
+        """The most likely token of every row the head scored: from the logits, or the fused loss's predictions."""
+        return self.logits.argmax(-1) if self.logits is not None else self.predictions
 
 
 @dataclass
@@ -306,16 +314,26 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
             if labels is None:
                 raise ValueError("masked_index needs labels: they are the targets at those positions")
             targets = labels.reshape(-1).index_select(0, masked_index)
-            logits = self.decoder(hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_index))
+            rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_index)
             # The mean over the targets that are not -100; 0 when there are none (an empty index, or filler only).
             scored = (targets != IGNORE_INDEX).sum().clamp(min=1)
+            if rows.shape[0] and self._fuses_loss(rows):
+                loss, predictions = liger_linear_cross_entropy(rows, self.decoder.weight, self.decoder.bias, targets,
+                                                               IGNORE_INDEX)
+                return MaskedLMOutput(None, loss / scored, hidden, masked_index=masked_index, predictions=predictions)
+            logits = self.decoder(rows)
             loss = F.cross_entropy(logits.float(), targets, reduction="sum") / scored
             return MaskedLMOutput(logits, loss, hidden, masked_index=masked_index)
         if masked_only:
             if labels is None:
                 raise ValueError("masked_only=True needs labels to know which positions are masked")
             positions = labels != IGNORE_INDEX
-            logits = self.decoder(hidden[positions])
+            rows = hidden[positions]
+            if rows.shape[0] and self._fuses_loss(rows):
+                loss, predictions = liger_linear_cross_entropy(rows, self.decoder.weight, self.decoder.bias,
+                                                               labels[positions], IGNORE_INDEX)
+                return MaskedLMOutput(None, loss / rows.shape[0], hidden, positions, predictions=predictions)
+            logits = self.decoder(rows)
             loss = F.cross_entropy(logits.float(), labels[positions]) if logits.shape[0] else logits.sum() * 0.0
             return MaskedLMOutput(logits, loss, hidden, positions)
         logits = self.decoder(hidden)
@@ -324,6 +342,12 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                    ignore_index=IGNORE_INDEX)
         return MaskedLMOutput(logits, loss, hidden)
+
+    def _fuses_loss(self, rows: Tensor) -> bool:
+        """Whether the masked rows' decoder and loss run as one fused kernel (neobert.model.kernels): with
+        kernels="liger" on a GPU, and only when a backward follows (the fused kernel computes the gradients in the
+        forward; evaluation wants the logits). Only the masked-row paths fuse: full logits are asked for to be read."""
+        return torch.is_grad_enabled() and rows.requires_grad and use_liger(self.config.kernels, rows)
 
 
 class ClassificationHead:

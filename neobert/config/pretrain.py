@@ -23,6 +23,8 @@ PACKING_MODES = ("none", "greedy", "best_fit")
 # data.packing was a boolean before best-fit packing: true meant today's greedy packing.
 PACKING_BOOLEANS = {"true": "greedy", "false": "none"}
 STATIC_SHAPES = ("auto", "true", "false")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that record CUDA graphs
 
 
 @dataclass
@@ -31,6 +33,9 @@ class ModelConfig:
     # Any NeoBERTConfig field, e.g. position_encoding, activation, norm, max_length, attention_backend, dropout.
     overrides: Dict[str, Any] = field(default_factory=dict)
     compile: bool = False  # torch.compile the model
+    # torch.compile's mode with model.compile: reduce-overhead replays each step as CUDA graphs (one launch instead of
+    # hundreds; needs one batch shape, data.static_shapes), max-autotune also searches matmul kernels (slow to start).
+    compile_mode: str = "default"
     masked_only_logits: bool = True  # project to the vocabulary at masked positions only
 
 
@@ -317,6 +322,16 @@ class PretrainConfig:
         require(isinstance(data.unpad, bool), "data.unpad", f"must be true or false, got {data.unpad!r}")
         require(str(data.static_shapes).lower() in STATIC_SHAPES, "data.static_shapes",
                 f"must be one of {STATIC_SHAPES}, got {data.static_shapes!r}")
+        model = self.model
+        require(model.compile_mode in COMPILE_MODES, "model.compile_mode",
+                f"must be one of {COMPILE_MODES}, got {model.compile_mode!r}")
+        require(model.compile or model.compile_mode == "default", "model.compile_mode",
+                f"{model.compile_mode!r} is a mode of torch.compile: set model.compile=true too")
+        # A CUDA graph replays fixed shapes: a batch of new shape records another graph (memory and time)
+        require(model.compile_mode not in CUDA_GRAPH_MODES or str(data.static_shapes).lower() != "false"
+                and data.packing != "none", "model.compile_mode",
+                f"{model.compile_mode!r} records CUDA graphs, which need batches of one shape: packed batches "
+                "(data.packing=greedy or best_fit) with data.static_shapes true or auto")
         require(data.static_documents_per_row >= 0, "data.static_documents_per_row",
                 "must be >= 0 (0 = max(8, data.max_length // 32))")
         require(masking.pad_to_multiple_of >= 1, "masking.pad_to_multiple_of", "must be >= 1")

@@ -11,7 +11,7 @@ import lightning as L
 import torch
 from omegaconf import OmegaConf
 
-from neobert.config.pretrain import PretrainConfig
+from neobert.config.pretrain import CUDA_GRAPH_MODES, PretrainConfig
 from neobert.data.pretraining import SOURCE_KEY
 from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.eval.flops import attention_flops, flops_per_token, matmul_params, mfu, peak_flops
@@ -80,9 +80,13 @@ class MLMPretrainingModule(L.LightningModule):
             fsdp2_shard(self.model, self.model.model.transformer_encoder, self.device_mesh["data_parallel"],
                         self.trainer.precision)
         if self.config.model.compile:
-            self.model.compile()
+            self.model.compile(mode=self.config.model.compile_mode)
 
     def forward(self, batch: dict):
+        if self.config.model.compile_mode in CUDA_GRAPH_MODES:
+            # Every call is a new step of the CUDA graphs: they may reuse the memory of the previous call's outputs,
+            # which the step has read (the metrics are new tensors, and its backward ran).
+            torch.compiler.cudagraph_mark_step_begin()
         encoder_kwargs = {}
         if "cu_seqlens" in batch:
             encoder_kwargs = {"cu_seqlens": batch["cu_seqlens"], "max_seqlen": batch["max_seqlen"]}

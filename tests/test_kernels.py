@@ -10,7 +10,10 @@ training (the test at the bottom; it skips elsewhere).
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
 import sys
 import types
 
@@ -240,6 +243,41 @@ def test_a_liger_kernel_older_than_the_fused_losss_argmax_is_refused(monkeypatch
     assert "liger-kernel >= 0.8" in kernels.liger_missing_reason()
     monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: "0.8.5")
     assert kernels.liger_missing_reason() is None
+
+
+LIGER_UNDER_THE_INTERPRETER = """
+import torch, torch.nn.functional as F
+from neobert.model.kernels import liger_linear_cross_entropy
+torch.manual_seed(0)
+rows, weight, bias = (torch.randn(37, 64, requires_grad=True), torch.randn(300, 64, requires_grad=True),
+                      torch.randn(300, requires_grad=True))
+targets = torch.randint(0, 300, (37,))
+targets[3] = -100
+loss, predictions = liger_linear_cross_entropy(rows, weight, bias, targets, -100)
+(loss / 5).backward()  # a scale other than 1, as the mean over scored rows and gradient accumulation give
+fused = [t.grad.clone() for t in (rows, weight, bias)]
+for t in (rows, weight, bias):
+    t.grad = None
+logits = F.linear(rows, weight, bias)
+reference = F.cross_entropy(logits, targets, reduction="sum")
+(reference / 5).backward()
+torch.testing.assert_close(loss, reference)
+for got, t in zip(fused, (rows, weight, bias)):
+    torch.testing.assert_close(got, t.grad)
+assert predictions[3] == -1 and torch.equal(predictions[targets != -100], logits.argmax(-1)[targets != -100])
+print("ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None or importlib.util.find_spec("liger_kernel") is None,
+                    reason="Liger-Kernel under Triton's CPU interpreter needs the triton and liger-kernel packages")
+def test_our_call_of_ligers_fused_linear_cross_entropy_under_tritons_interpreter():
+    """The real Liger function on a CPU, its Triton kernels run by Triton's interpreter: our positional call (sum
+    reduction, argmax output) gives PyTorch's loss, gradients and predictions. Liger's RMSNorm cannot run there
+    (the interpreter fails on it), its fused loss can."""
+    result = subprocess.run([sys.executable, "-c", LIGER_UNDER_THE_INTERPRETER], capture_output=True, text=True,
+                            env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
 
 
 needs_liger_on_cuda = pytest.mark.skipif(not torch.cuda.is_available() or liger_missing_reason() is not None,

@@ -121,8 +121,9 @@ def activation_bytes(model_config, tokens: int, precision: str, scored_rows: flo
     with the fused attention and norm kernels of a GPU (a norm keeps its input and a per-row scale; attention its
     inputs, output and per-row log-sum-exp), then the MLM head over its `scored_rows` (the masked tokens when only
     those are projected; with kernels="liger" no logits are kept). `precision` decides the widths: under mixed
-    precision the residual stream (every norm's input) stays float32 and the matmuls read 16-bit copies; 16-true and 32-true keep one width throughout.
-    tests/test_preflight.py checks it against the tensors the model saves on a CPU."""
+    precision the residual stream (every norm's input) stays float32 and the matmuls read 16-bit copies; 16-true
+    and 32-true keep one width throughout. tests/test_preflight.py checks it against the tensors the model saves on
+    a CPU."""
     half = precision.startswith(("bf16", "16"))
     width = 2 if half else 4  # every matmul's input and output
     residual = 4 if precision.endswith("mixed") or not half else 2  # the residual stream, every norm's input

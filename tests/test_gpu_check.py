@@ -1,23 +1,30 @@
-"""`python -m experiments.gpu_check`, end to end on CPU with a tiny recipe: every stage reported, the resume at the
-right step, the export reloaded; a target it cannot reach and a stage that raises both end in a non-zero exit with
-the reason named, the other stages still reported."""
+"""`python -m experiments.gpu_check`, end to end on CPU with a tiny recipe: every stage reported, the loops judged
+against the ceiling with the MLM head, the profile of its step, the resume at the right step, the export reloaded; a
+target it cannot reach and a stage that raises both end in a non-zero exit with the reason named, the other stages
+still reported. The ceiling's step is the loop's: its batch, its forward, its FLOP count."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from experiments.gpu_check import main, parse_args
 from neobert.config import ConfigError
 from neobert.config.gpu_check import split_overrides
 from neobert.data.demo_corpus import demo_documents
+from neobert.eval.kernel_profile import CATEGORIES, MATMUL, MLM_LOSS
 from neobert.jobs.cli import run_cli
+from neobert.jobs.gpu_check import make_plan
+from neobert.jobs.gpu_check_stages import PROFILE_CSV, PROFILE_NAMES_CSV, PROFILE_TRACE, head_step
 from neobert.layout import GPU_CHECK_JSON, GPU_CHECK_MD
+from neobert.model.modeling import IGNORE_INDEX
 
-STAGES = ("model alone (ceiling)", "loop, recipe's strategy", "loop, plain strategy", "resume +2 steps",
-          "export + reload")
+ENCODER, CEILING, PROFILE = "encoder alone (reference)", "model + MLM head (ceiling)", "profile: model + MLM head"
+STAGES = (ENCODER, CEILING, "loop, recipe's strategy", "loop, plain strategy", "resume +2 steps", "export + reload")
 
 
 def tiny_check(tmp_path: Path, *extra: str) -> list[str]:
@@ -39,27 +46,85 @@ def report(tmp_path: Path) -> tuple[str, dict]:
 
 def test_the_check_runs_every_stage_on_cpu(tmp_path):
     # ddp on one CPU process against Lightning's auto: two different loops, as deepspeed_stage_2 against auto on a GPU
-    assert run_cli(main, tiny_check(tmp_path, "trainer.strategy=ddp")) == 0
+    assert run_cli(main, tiny_check(tmp_path, "trainer.strategy=ddp", "profile=true", "profile_steps=2")) == 0
     markdown, summary = report(tmp_path)
     rows = {row["stage"]: row for row in summary["rows"]}
-    assert list(rows) == list(STAGES) and summary["passed"] and not summary["failures"]
+    assert list(rows) == [ENCODER, CEILING, PROFILE, *STAGES[2:]] and summary["passed"] and not summary["failures"]
     assert all(row["status"] == "ok" for row in rows.values()), rows
-    for stage in STAGES:
+    for stage in rows:
         assert f"| {stage} |" in markdown
-    ceiling, loop, plain = rows[STAGES[0]], rows[STAGES[1]], rows[STAGES[2]]
+    encoder, ceiling, loop, plain = (rows[stage] for stage in STAGES[:4])
     assert (loop["strategy"], plain["strategy"]) == ("ddp", "auto")
-    assert ceiling["tokens_per_s"] > 0 and loop["tokens_per_s"] > 0 and plain["tokens_per_s"] > 0
+    assert all(row["tokens_per_s"] > 0 for row in (encoder, ceiling, loop, plain))
+    # the loops are judged against the ceiling with the MLM head; the encoder alone is reported, not judged against
     assert loop["loop_vs_ceiling"] == pytest.approx(loop["tokens_per_s"] / ceiling["tokens_per_s"])
+    assert plain["loop_vs_ceiling"] == pytest.approx(plain["tokens_per_s"] / ceiling["tokens_per_s"])
+    assert encoder["loop_vs_ceiling"] is None and ceiling["loop_vs_ceiling"] is None
+    assert summary["mlm_head_share"] == pytest.approx(1 - ceiling["tokens_per_s"] / encoder["tokens_per_s"])
+    assert f"is {summary['mlm_head_share']:.1%} of the ceiling's step" in markdown
+    assert "masked_index" in ceiling["notes"] and "judged against this row" in ceiling["notes"]
     assert loop["ratio_basis"] == "tokens/s"  # no MFU on a CPU: no published peak
     assert loop["strategy_vs_plain"] == pytest.approx(loop["tokens_per_s"] / plain["tokens_per_s"])
     assert loop["peak_memory_gib"] is None and loop["memory_estimate_gib"] is not None  # n/a on CPU, vs estimate
     assert "n/a /" in markdown and "validation loss" in loop["notes"] and "(step 4)" in loop["notes"]
-    assert "started at step 4, ended at 6" in rows[STAGES[3]]["notes"]
-    assert "AutoModelForMaskedLM" in rows[STAGES[4]]["notes"]
+    assert "started at step 4, ended at 6" in rows[STAGES[4]]["notes"]
+    assert "AutoModelForMaskedLM" in rows[STAGES[5]]["notes"]
     assert not summary["enforced"] and "not enforced" in loop["notes"]  # CPU ratios are reported only
     assert (tmp_path / "check" / "recipe" / "export" / "model.safetensors").is_file()
+    check_profile(tmp_path / "check", markdown, summary["profile"])
     with pytest.raises(ConfigError, match="holds an earlier check"):  # a second check does not mix with the first
         main(tiny_check(tmp_path))
+
+
+def check_profile(check: Path, markdown: str, profile: dict) -> None:
+    """The profile's files, its categories (every one, summing to the total) and its section of the report."""
+    trace = json.loads((check / PROFILE_TRACE).read_text())
+    assert any(event.get("name") == "aten::mm" for event in trace["traceEvents"])  # a Chrome trace of the step
+    with open(check / PROFILE_CSV) as table:
+        categories = {row["category"]: row for row in csv.DictReader(table)}
+    assert tuple(categories) == CATEGORIES
+    assert sum(float(row["share"]) for row in categories.values()) == pytest.approx(1, abs=1e-5)  # rounded to 6
+    assert sum(float(row["self_ms"]) for row in categories.values()) == pytest.approx(profile["total_ms"], rel=1e-3)
+    assert float(categories[MATMUL]["self_ms"]) > 0 and float(categories[MLM_LOSS]["self_ms"]) > 0
+    with open(check / PROFILE_NAMES_CSV) as table:
+        names = list(csv.DictReader(table))
+    assert {row["name"] for row in names} >= {"aten::mm", "aten::nll_loss_forward"}
+    assert sum(float(row["self_ms"]) for row in names) == pytest.approx(profile["total_ms"], rel=1e-3)
+    assert (profile["source"], profile["steps"]) == ("CPU operators", 2)
+    assert "## Profile: the ceiling's step (model + MLM head), 2 steps" in markdown
+    for category in CATEGORIES:
+        assert f"| {category} | {profile['self_ms'][category]:,.2f} |" in markdown
+
+
+def test_the_ceilings_step_is_the_loops_step(tmp_path):
+    """The batch built by the loop's masker at masking.rate, the module's own forward (masked-only logits at the
+    collator's masked_index, or full logits), its FLOP count; a step computes the loss's gradients and clears them."""
+    plan = make_plan(parse_args(tiny_check(tmp_path)))
+    step = head_step(plan)
+    batch, module, tokens = step.batch, step.module, 4 * 32
+    masked = int((batch["labels"] != IGNORE_INDEX).sum())
+    assert step.tokens == tokens and abs(masked / tokens - plan.recipe.masking.rate) < 0.1
+    assert torch.equal(batch["masked_index"], (batch["labels"].reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1))
+    output = module(batch)
+    assert output.masked_index is not None and tuple(output.logits.shape) == (masked, plan.model_config.vocab_size)
+    assert step.flops_per_token == pytest.approx(
+        module.matmul_flops_per_token + module.attention_flops_per_squared_length * 32)
+    assert step.run() > 0 and all(p.grad is None for p in module.parameters())
+    assert f"{masked:,} of {tokens:,} tokens masked" in step.describe()
+
+    # the loop's layout (data.unpad: one row of documents end to end), one full-length document per row
+    assert tuple(batch["input_ids"].shape) == (1, tokens) and batch["cu_seqlens"].tolist() == [0, 32, 64, 96, 128]
+
+    full = head_step(make_plan(parse_args(tiny_check(tmp_path, "model.masked_only_logits=false"))))
+    assert tuple(full.module(full.batch).logits.shape) == (1, tokens, plan.model_config.vocab_size)
+    decoder = module.model.decoder.weight.numel()  # projected at every position: (1 - rate) x 6 x decoder more
+    assert full.flops_per_token - step.flops_per_token == pytest.approx(6 * (1 - plan.recipe.masking.rate) * decoder)
+    assert "at all 128 positions" in full.describe()
+
+    for layout in ("data.packing=greedy", "data.unpad=false"):
+        other = head_step(make_plan(parse_args(tiny_check(tmp_path, layout))))
+        assert tuple(other.batch["input_ids"].shape) == (4, 32) and other.tokens == tokens
+        assert ("cu_seqlens" in other.batch) == (layout == "data.packing=greedy") and other.run() > 0
 
 
 def test_a_ratio_under_its_target_fails_the_check_and_names_it(tmp_path):
@@ -72,6 +137,9 @@ def test_a_ratio_under_its_target_fails_the_check_and_names_it(tmp_path):
     assert rows["loop, recipe's strategy"]["status"] == "BELOW TARGET" and not summary["passed"]
     assert rows["resume +2 steps"]["status"] == "ok" and rows["export + reload"]["status"] == "ok"
     assert "Result: FAILED" in markdown and "BELOW TARGET" in markdown
+    # no profile unless asked for: no row, no section, no files
+    assert PROFILE not in rows and "profile" not in summary and "## Profile" not in markdown
+    assert not (tmp_path / "check" / PROFILE_TRACE).exists()
 
 
 def test_a_stage_that_raises_fails_the_check_and_the_others_are_still_reported(tmp_path, monkeypatch):
@@ -88,20 +156,22 @@ def test_a_stage_that_raises_fails_the_check_and_the_others_are_still_reported(t
     assert export["status"] == "FAILED" and "the export disk is full" in export["error"]
     # the loop trained before its export failed: its figures stand, and the resume ran from its checkpoint
     assert rows["loop, recipe's strategy"]["status"] == "ok" and rows["loop, recipe's strategy"]["tokens_per_s"] > 0
-    assert rows["resume +2 steps"]["status"] == "ok" and rows["model alone (ceiling)"]["status"] == "ok"
+    assert rows["resume +2 steps"]["status"] == "ok" and rows[CEILING]["status"] == "ok"
     assert "| FAILED: after the loop, recipe's strategy: RuntimeError: the export disk is full" in markdown
 
 
 def test_overrides_are_the_checks_or_the_recipes():
     mine, recipe = split_overrides(["steps=3", "targets.loop_vs_ceiling=0.5", "output_dir=x", "data.source=a.jsonl",
-                                    "trainer.strategy=ddp", "model.overrides.max_length=64"])
-    assert mine == ["steps=3", "targets.loop_vs_ceiling=0.5", "output_dir=x"]
+                                    "trainer.strategy=ddp", "model.overrides.max_length=64", "profile=true"])
+    assert mine == ["steps=3", "targets.loop_vs_ceiling=0.5", "output_dir=x", "profile=true"]
     assert recipe == ["data.source=a.jsonl", "trainer.strategy=ddp", "model.overrides.max_length=64"]
     config = parse_args(["--config", "demo", "--steps", "20", "--no-targets", "data.max_length=64", "warmup_steps=5"])
     assert (config.config, config.steps, config.warmup_steps, config.targets.enforce) == ("demo", 20, 5, False)
     assert config.overrides == ["data.max_length=64"]
     with pytest.raises(ConfigError, match="warmup_steps"):
         parse_args(["--steps", "5", "warmup_steps=5"])
+    with pytest.raises(ConfigError, match="profile_steps"):
+        parse_args(["profile=true", "profile_steps=0"])
 
 
 def test_too_few_steps_for_a_measured_interval_is_a_config_error(tmp_path):

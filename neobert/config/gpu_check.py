@@ -1,6 +1,6 @@
 """The schema of a GPU-node check (`python -m experiments.gpu_check --config neobert [--steps 50] key=value ...`):
-a pretraining recipe, measured against its own model alone, under its strategy and the plain one, resumed and
-exported (neobert.jobs.gpu_check; docs/pretraining.md, "First GPU run").
+a pretraining recipe, measured against its own model alone (with its MLM head), under its strategy and the plain one,
+resumed and exported (neobert.jobs.gpu_check; docs/pretraining.md, "First GPU run").
 
 Keys of this schema are the check's; every other `key=value` of the command line is an override of the recipe
 (`data.source=...`, `trainer.micro_batch_size=...`), kept in `overrides` and applied to every stage.
@@ -22,7 +22,8 @@ class GpuCheckTargets:
     other processes'), so a tiny CPU recipe's loop/ceiling says nothing about a GPU node."""
 
     enforce: Optional[bool] = None
-    loop_vs_ceiling: float = 0.9  # the training loop's tokens/s (MFU where known) >= this x the model alone
+    # the training loop's tokens/s (MFU where known) >= this x the model alone with its MLM head (what the loop runs)
+    loop_vs_ceiling: float = 0.9
     strategy_vs_plain: float = 0.9  # the recipe's strategy (e.g. deepspeed_stage_2) >= this x the plain loop
 
     def validate(self, prefix: str = "targets") -> None:
@@ -39,8 +40,12 @@ class GpuCheckConfig:
     resume_steps: int = 10  # steps of the resumed run, from the loop's final checkpoint
     devices: Any = "auto"  # "auto": every CUDA GPU of the node (1 on a CPU); or a number (trainer.devices)
     plain_strategy: str = "auto"  # the comparison loop: "auto" = Lightning's auto on one device, ddp on several
-    ceiling_repeats: int = 5  # timed forward+backward steps of the model alone (the median is reported)
+    ceiling_repeats: int = 5  # timed forward+backward steps of each model alone (the median is reported)
     ceiling_warmup: int = 2  # untimed steps before them
+    # torch.profiler over more steps of the model with its MLM head: a Chrome trace and the self time of its CUDA
+    # kernels (CPU operators on a CPU) by category, in output_dir and gpu_check.md
+    profile: bool = False
+    profile_steps: int = 3
     output_dir: str = "runs/gpu_check"  # stage runs in <output_dir>/recipe and /plain; gpu_check.md and .json
     overwrite: bool = False  # remove an earlier check's stage runs and reports from output_dir first
     targets: GpuCheckTargets = field(default_factory=GpuCheckTargets)
@@ -55,6 +60,7 @@ class GpuCheckConfig:
         require(bool(self.plain_strategy), "plain_strategy", "must be a Lightning strategy name or 'auto'")
         require(self.ceiling_repeats >= 1, "ceiling_repeats", "must be at least 1")
         require(self.ceiling_warmup >= 0, "ceiling_warmup", "must be >= 0")
+        require(self.profile_steps >= 1, "profile_steps", "must be at least 1")
         require(all("=" in o for o in self.overrides), "overrides", "every override must look like key=value")
         self.targets.validate()
 

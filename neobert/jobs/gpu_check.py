@@ -2,13 +2,19 @@
 one command that proves a node runs a pretraining recipe, and how well. On the devices it finds (every CUDA GPU of
 the node; a CPU runs it too, end to end, with a tiny recipe), in order:
 
-1. ceiling: the recipe's encoder alone, forward + backward at the recipe's micro-batch and length, in the loop's
-   batch layout and precision: the throughput benchmark's training step (`neobert.eval.throughput`: its batch,
-   its timed step, its FLOP count), tokens/s and MFU;
+1. ceilings, forward + backward at the recipe's micro-batch and length, in the loop's batch layout and precision,
+   tokens/s and MFU: the encoder alone, for reference (the throughput benchmark's training step,
+   `neobert.eval.throughput`: its batch, its timed step, its FLOP count), then the model with its MLM head, the
+   ceiling: the same tokens masked by the loop's masker, one step of MLMPretrainingModule's forward, its MLM loss
+   and the backward (its FLOP count, train/mfu's); the report gives the head's share of the step (1 - encoder step
+   / with-head step). With `profile=true`, `profile_steps` more steps of the ceiling under torch.profiler: a Chrome
+   trace, and the self time of its CUDA kernels (its CPU operators on a CPU) by category
+   (`neobert.eval.kernel_profile`), as CSV and a section of the report;
 2. loops: the recipe's real training loop (`run_pretraining`) for `steps` steps under its own strategy (e.g.
    deepspeed_stage_2) and under the plain one (Lightning's auto on one device, ddp on several); tokens/s and MFU are
    those MLMPretrainingModule logs (train/tokens_per_sec, train/mfu in the run's metrics CSV), averaged over the
-   log intervals after `warmup_steps`; a validation and a checkpoint at the last step;
+   log intervals after `warmup_steps`; a validation and a checkpoint at the last step; loop/ceiling against the
+   ceiling with the MLM head (what the loop runs, its FLOPs counted alike);
 3. resume: `resume_steps` more steps with resume=true from that checkpoint, which must start at step `steps`;
 4. export: the end-of-run export, reloaded with NeoBERTForMaskedLM.from_pretrained and transformers'
    AutoModelForMaskedLM, one forward each (they must agree);
@@ -41,9 +47,11 @@ import torch
 from neobert.config import ConfigError
 from neobert.config.gpu_check import GpuCheckConfig
 from neobert.config.pretrain import PretrainConfig
-from neobert.jobs.gpu_check_stages import (BELOW_TARGET, CEILING, EXPORT, FAILED, OK, PLAIN_LOOP, RECIPE_LOOP, RESUME,
-                                           SKIPPED, Plan, StageRow, ceiling_stage, export_stage, log_interval,
-                                           loop_stage, resume_stage)
+from neobert.eval.kernel_profile import KernelProfile
+from neobert.jobs.gpu_check_stages import (BELOW_TARGET, CEILING, ENCODER, EXPORT, FAILED, OK, PLAIN_LOOP, PROFILE,
+                                           PROFILE_CSV, PROFILE_NAMES_CSV, PROFILE_TRACE, RECIPE_LOOP, RESUME, SKIPPED,
+                                           Plan, StageRow, encoder_stage, export_stage, head_ceiling_stage,
+                                           log_interval, loop_stage, profile_stage, resume_stage)
 from neobert.jobs.pretrain import load_pretrain_config, prepare
 from neobert.layout import GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_RECIPE_RUN, write_atomically
 from neobert.outputs import GPU_CHECK, claim_output_dir, clear_output_dir
@@ -57,6 +65,8 @@ class GpuCheckResult:
     failures: list[str]  # "stage: why", one per failed stage and per ratio under its target
     enforced: bool  # whether the ratio targets were enforced
     paths: dict[str, Path] = field(default_factory=dict)  # {"markdown", "json"}; empty on ranks other than 0
+    head_share: float | None = None  # the MLM head's share of the ceiling's step (`mlm_head_share`)
+    profile: KernelProfile | None = None  # with profile=true
 
     @property
     def passed(self) -> bool:
@@ -71,7 +81,15 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
     rank_zero = is_global_zero()
     if rank_zero:
         clear_earlier_check(plan.output_dir, config.overwrite)
-    rows = {CEILING: ceiling_stage(plan) if rank_zero else StageRow(CEILING, status=SKIPPED)}
+    rows, profiled = {}, None
+    if rank_zero:
+        rows[ENCODER] = encoder_stage(plan)
+        rows[CEILING], step = head_ceiling_stage(plan)
+        if config.profile:
+            rows[PROFILE], profiled = profile_stage(plan, step)
+        del step  # its model and gradients: not held through the loops
+    else:
+        rows[ENCODER], rows[CEILING] = StageRow(ENCODER, status=SKIPPED), StageRow(CEILING, status=SKIPPED)
     recipe_strategy = plan.recipe.trainer.strategy
     rows[RECIPE_LOOP], recipe_config = loop_stage(plan, RECIPE_LOOP, recipe_strategy, GPU_CHECK_RECIPE_RUN)
     if plan.plain_strategy == recipe_strategy:
@@ -86,7 +104,8 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
     rows[EXPORT] = export_stage(plan, resumed)
     enforced = config.targets.enforce if config.targets.enforce is not None else plan.device.type == "cuda"
     failures = judge(rows, config, enforced)
-    result = GpuCheckResult(device_name(plan.device), config.config, list(rows.values()), failures, enforced)
+    result = GpuCheckResult(device_name(plan.device), config.config, list(rows.values()), failures, enforced,
+                            head_share=mlm_head_share(rows), profile=profiled)
     result.paths = write_reports(result, plan)
     print(result.paths["markdown"].read_text())
     return result
@@ -142,6 +161,8 @@ def clear_earlier_check(output_dir: Path, overwrite: bool) -> None:
                              "another output_dir, or set overwrite=true to replace it",
                      overwrite=overwrite, flag="overwrite=true")
     clear_output_dir(output_dir, GPU_CHECK)
+    for name in (PROFILE_TRACE, PROFILE_CSV, PROFILE_NAMES_CSV):  # an earlier profile: the check's own files too
+        (output_dir / name).unlink(missing_ok=True)
 
 
 def device_name(device: torch.device) -> str:
@@ -152,7 +173,8 @@ def device_name(device: torch.device) -> str:
 
 # ---------------------------------------------------------------------------------------------- targets, reports
 def judge(rows: dict[str, StageRow], config: GpuCheckConfig, enforced: bool) -> list[str]:
-    """Fills the ratios in and returns the failures: failed stages, and (when enforced) ratios under target."""
+    """Fills the ratios in and returns the failures: failed stages, and (when enforced) ratios under target. The
+    loops are judged against the ceiling with the MLM head: what they run, its FLOPs counted as theirs are."""
     ceiling, recipe, plain = rows[CEILING], rows[RECIPE_LOOP], rows[PLAIN_LOOP]
     targets = config.targets
     for row in (recipe, plain):
@@ -178,6 +200,13 @@ def judge(rows: dict[str, StageRow], config: GpuCheckConfig, enforced: bool) -> 
     return failures
 
 
+def mlm_head_share(rows: dict[str, StageRow]) -> float | None:
+    """The MLM head's share of the ceiling's step: 1 - the encoder-alone step / the with-head step (both time the
+    same tokens, so the steps' ratio is their tokens/s' inverse ratio); None unless both ran."""
+    encoder, ceiling = rows[ENCODER].tokens_per_s, rows[CEILING].tokens_per_s
+    return None if encoder is None or ceiling is None else 1 - ceiling / encoder
+
+
 def write_reports(result: GpuCheckResult, plan: Plan) -> dict[str, Path]:
     paths = {"markdown": plan.output_dir / GPU_CHECK_MD, "json": plan.output_dir / GPU_CHECK_JSON}
     write_atomically(paths["markdown"], [markdown_report(result, plan)])
@@ -186,8 +215,14 @@ def write_reports(result: GpuCheckResult, plan: Plan) -> dict[str, Path]:
                "resume_steps": plan.config.resume_steps, "micro_batch_size": plan.recipe.trainer.micro_batch_size,
                "max_length": plan.recipe.data.max_length, "precision": plan.precision, "world_size": plan.world,
                "targets": dataclasses.asdict(plan.config.targets), "enforced": result.enforced,
-               "rows": [dataclasses.asdict(row) for row in result.rows], "failures": result.failures,
-               "passed": result.passed}
+               "rows": [dataclasses.asdict(row) for row in result.rows], "mlm_head_share": result.head_share,
+               "failures": result.failures, "passed": result.passed}
+    if result.profile is not None:
+        summary["profile"] = {"files": [PROFILE_TRACE, PROFILE_CSV, PROFILE_NAMES_CSV], "source": result.profile.source,
+                              "steps": result.profile.steps, "wall_ms": result.profile.wall_us / 1e3,
+                              "total_ms": result.profile.total_us / 1e3,
+                              "self_ms": {category: us / 1e3 for category, us in result.profile.self_us.items()},
+                              "other_names": [dataclasses.asdict(entry) for entry in result.profile.other_names()]}
     write_atomically(paths["json"], [json.dumps(summary, indent=1) + "\n"])
     return paths
 
@@ -200,7 +235,10 @@ def markdown_report(result: GpuCheckResult, plan: Plan) -> str:
              f"{recipe.data.max_length}, accumulation {recipe.trainer.accumulate_grad_batches}, {plan.precision}; "
              f"loops of {config.steps} steps (tokens/s and MFU after {config.warmup_steps} warm-up steps), resume "
              f"+{config.resume_steps}. Targets: loop/ceiling >= {targets.loop_vs_ceiling:g}, strategy/plain >= "
-             f"{targets.strategy_vs_plain:g} ({'enforced' if result.enforced else 'reported, not enforced'}).", "",
+             f"{targets.strategy_vs_plain:g} ({'enforced' if result.enforced else 'reported, not enforced'}). "
+             f"The ceiling is the model with its MLM head (what the loops run); the encoder alone is for reference"
+             + (f": the MLM head (its decoder and loss) is {result.head_share:.1%} of the ceiling's step (1 - encoder "
+                f"step / with-head step)." if result.head_share is not None else "."), "",
              "| stage | strategy | tokens/s | MFU | loop/ceiling | strategy/plain | peak memory / estimate | status | "
              "notes |",
              "|---|---|---:|---:|---:|---:|---:|---|---|"]
@@ -212,7 +250,32 @@ def markdown_report(result: GpuCheckResult, plan: Plan) -> str:
                      f"{_memory(row)} | {status} | {row.notes} |".replace("\n", " "))
     lines += ["", "Result: " + ("PASSED" if result.passed else "FAILED"), ""]
     lines += [f"- {failure}" for failure in result.failures]
+    if result.profile is not None:
+        lines += ["", *profile_section(result.profile)]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def profile_section(profile: KernelProfile, top: int = 10) -> list[str]:
+    """The profile's self time by category, and the largest names no rule knows (for a new rule)."""
+    lines = [f"## Profile: the ceiling's step (model + MLM head), {profile.steps} steps", "",
+             f"Self time of the {profile.source}: {profile.total_us / 1e3:,.1f} ms, "
+             f"{profile.total_us / profile.wall_us:.0%} of the steps' wall time (profiler overhead included). "
+             f"Categories by name (neobert.eval.kernel_profile.RULES); trace {PROFILE_TRACE} (ui.perfetto.dev), "
+             f"every name in {PROFILE_NAMES_CSV}.", "",
+             "| category | self time (ms) | share | names | calls |", "|---|---:|---:|---:|---:|"]
+    for category, self_us in profile.self_us.items():
+        names = profile.names_in(category)
+        lines.append(f"| {category} | {self_us / 1e3:,.2f} | {profile.share(category):.1%} | {len(names)} | "
+                     f"{sum(entry.calls for entry in names)} |")
+    others = profile.other_names(top)
+    if others:
+        lines += ["", f"The largest names in \"other\" ({len(others)}):", ""]
+        lines += [f"- {entry.self_us / 1e3:,.2f} ms, {entry.calls} calls: `{_short(entry.name)}`" for entry in others]
+    return lines
+
+
+def _short(name: str, limit: int = 160) -> str:
+    return name if len(name) <= limit else name[: limit - 3] + "..."
 
 
 def _number(value: float | None, form: str) -> str:

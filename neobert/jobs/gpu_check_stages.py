@@ -1,7 +1,10 @@
 """The stages of the GPU-node check (`neobert.jobs.gpu_check`, which plans, runs, judges and reports them): each
 takes the Plan and returns its StageRow, a failure caught and marked FAILED by `attempt`.
 
-1. the ceiling: the recipe's encoder alone (`ceiling_stage`, the throughput benchmark's timed step);
+1. the ceilings: the recipe's encoder alone, for reference (`encoder_stage`, the throughput benchmark's timed
+   step), then its model with the MLM head, one step as the pretraining module runs it on a batch built as the loop
+   builds it (`head_ceiling_stage`): the ceiling the loops are judged against; with `profile`, a torch.profiler
+   recording of that step and its self time by kind of kernel (`profile_stage`);
 2. the loops: the recipe's real training loop under a strategy (`loop_stage`, its figures from the metrics CSV);
 3. the resume from the loop's checkpoint (`resume_stage`);
 4. the export, reloaded by our loader and transformers' (`export_stage`);
@@ -14,6 +17,7 @@ import dataclasses
 import gc
 import importlib.util
 import statistics
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,27 +25,37 @@ from typing import Callable
 
 import lightning as L
 import torch
+from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForMaskedLM
 
 from neobert.config.gpu_check import GpuCheckConfig
 from neobert.config.pretrain import PretrainConfig
+from neobert.data.masking import MLMMasker
+from neobert.data.pretraining import BatchBuilder
 from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import CheckpointError
 from neobert.eval.flops import mfu, peak_flops
+from neobert.eval.kernel_profile import KernelProfile, self_times, summarise
 from neobert.eval.plots import read_curves
 from neobert.eval.throughput import Batch, BenchModel, make_batch, neobert_forward, time_step
 from neobert.jobs.cli import one_line
 from neobert.jobs.preflight import GiB, Preflight, memory_section
 from neobert.jobs.pretrain import run_pretraining
-from neobert.layout import CONFIG_NAME, EXPORT_DIR, has_tokenizer, metrics_csvs
+from neobert.layout import CONFIG_NAME, EXPORT_DIR, has_tokenizer, metrics_csvs, write_atomically
 from neobert.lit.checkpoints import newest_readable_checkpoint, verify_checkpoint
+from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.lit.strategies import is_deepspeed
 from neobert.lit.trainer import resolve_precision
 from neobert.model import NeoBERT, NeoBERTForMaskedLM
+from neobert.model.modeling import IGNORE_INDEX
 
 OK, FAILED, SKIPPED, BELOW_TARGET = "ok", "FAILED", "skipped", "BELOW TARGET"
-CEILING, RECIPE_LOOP, PLAIN_LOOP, RESUME, EXPORT = ("model alone (ceiling)", "loop, recipe's strategy",
-                                                    "loop, plain strategy", "resume", "export + reload")
+ENCODER, CEILING, PROFILE = "encoder alone (reference)", "model + MLM head (ceiling)", "profile: model + MLM head"
+RECIPE_LOOP, PLAIN_LOOP, RESUME, EXPORT = "loop, recipe's strategy", "loop, plain strategy", "resume", "export + reload"
+# The profile's files in output_dir: the Chrome trace, the self time per category, and per kernel or operator name.
+# (Not yet in neobert.layout nor outputs.GPU_CHECK: clear_earlier_check removes them itself.)
+PROFILE_TRACE, PROFILE_CSV, PROFILE_NAMES_CSV = ("gpu_check_trace.json", "gpu_check_profile.csv",
+                                                 "gpu_check_profile_names.csv")
 TOKENS_PER_S, MFU, VAL_LOSS = "train/tokens_per_sec", "train/mfu", "val/loss"
 AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 WEIGHT_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16}
@@ -113,6 +127,11 @@ def start_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def peak_memory_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else None
 
@@ -126,23 +145,24 @@ def memory_estimate_gib(plan: Plan, loop: PretrainConfig) -> float:
     return memory_section(report, loop, model, sum(p.numel() for p in model.parameters()), gpu) / GiB
 
 
-# ---------------------------------------------------------------------------------------------- 1. the ceiling
-def ceiling_stage(plan: Plan) -> StageRow:
-    row = StageRow(CEILING, "none (one model, no optimizer)")
+# ---------------------------------------------------------------------------------------------- 1. the ceilings
+def encoder_stage(plan: Plan) -> StageRow:
+    row = StageRow(ENCODER, "none (one model, no optimizer)")
 
     def work() -> None:
         start_peak_memory(plan.device)
-        row.tokens_per_s, row.mfu = measure_ceiling(plan)
+        row.tokens_per_s, row.mfu = measure_encoder(plan)
         row.peak_memory_gib = peak_memory_gib(plan.device)
         trainer, data = plan.recipe.trainer, plan.recipe.data
-        row.notes = (f"encoder forward + backward, {trainer.micro_batch_size} x {data.max_length} tokens, "
-                     f"{plan.precision}, median of {plan.config.ceiling_repeats}")
+        row.notes = (f"encoder forward + backward, no MLM head, {trainer.micro_batch_size} x {data.max_length} "
+                     f"tokens, {plan.precision}, median of {plan.config.ceiling_repeats}; for reference: the loops are "
+                     f"judged against the row with the MLM head, what they run")
 
     attempt(row, work)
     return row
 
 
-def measure_ceiling(plan: Plan) -> tuple[float, float | None]:
+def measure_encoder(plan: Plan) -> tuple[float, float | None]:
     """(tokens/s, MFU or None where the device has no published peak) of the recipe's encoder alone, timed by the
     throughput benchmark's step on its full-length batch of micro_batch_size x data.max_length tokens (laid end to
     end with cu_seqlens where the loop is: packing or data.unpad)."""
@@ -164,6 +184,141 @@ def measure_ceiling(plan: Plan) -> tuple[float, float | None]:
     peak = peak_flops(device)
     per_token = bench.flops_per_token(recipe.data.max_length, training=True)
     return tokens_per_s, (mfu(tokens_per_s, per_token, peak) if peak else None)
+
+
+@dataclass
+class HeadStep:
+    """One training step of the model with its MLM head as the loop takes it, without the optimizer: the pretraining
+    module (MLMPretrainingModule: its model, its forward with masked-only logits or not, its FLOP count), a batch
+    built by the loop's BatchBuilder and masker, on the device."""
+
+    module: MLMPretrainingModule
+    batch: dict
+    tokens: int  # real tokens of the batch
+    flops_per_token: float  # the module's count (train/mfu's): its matmuls, the decoder as it projects, attention
+    device: torch.device
+    autocast: torch.dtype | None
+
+    def run(self) -> float:
+        """Seconds of forward + MLM loss + backward (under the precision's autocast, as Lightning runs them)."""
+        synchronize(self.device)
+        start = time.perf_counter()
+        with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            loss = self.module(self.batch).loss
+        loss.backward()
+        self.module.zero_grad(set_to_none=True)
+        synchronize(self.device)
+        return time.perf_counter() - start
+
+    def describe(self) -> str:
+        """What the head computes on this batch (one host read: outside the timed steps)."""
+        masked = int((self.batch["labels"] != IGNORE_INDEX).sum())
+        if self.module.masked_only:
+            head = (f"the decoder at the collator's masked_index, {self.batch['masked_index'].numel():,} positions "
+                    f"(model.masked_only_logits)")
+        else:
+            head = f"the decoder at all {self.tokens:,} positions (model.masked_only_logits=false)"
+        return f"{head}; {masked:,} of {self.tokens:,} tokens masked"
+
+
+def head_step(plan: Plan) -> HeadStep:
+    """The ceiling batch's token ids (the encoder row's) as documents of data.max_length tokens, through the loop's
+    BatchBuilder and masker (its layout: padded, unpadded or packed, static shapes included; masked at masking.rate,
+    the rate the module's FLOP count assumes, with a seeded generator), and the module that will run it, compiled
+    as its configure_model compiles it (model.compile)."""
+    recipe, device = plan.recipe, plan.device
+    rows = recipe.trainer.micro_batch_size
+    documents = ceiling_batch(plan).input_ids.reshape(rows, -1).tolist()
+    masker = MLMMasker.for_pretraining(plan.tokenizer, recipe.masking, recipe.data, rows)
+    builder = BatchBuilder(masker, recipe.data.max_length, recipe.data.packing, set(plan.tokenizer.all_special_ids),
+                           recipe.data.packing_open_rows, unpad=recipe.data.unpad)
+    for ids in documents:
+        builder.add(ids)
+    builder.flush()
+    batch, stats = builder.pop(rows, torch.Generator().manual_seed(recipe.trainer.seed))
+    torch.manual_seed(recipe.trainer.seed)
+    module = MLMPretrainingModule(recipe, plan.model_config, plan.tokenizer)
+    module.to(device=device, dtype=WEIGHT_DTYPES.get(plan.precision, torch.float32)).train()
+    module.configure_model()
+    # train/mfu's count per token (MLMPretrainingModule._read_metrics): matmuls + attention at the real lengths
+    attention = module.attention_flops_per_squared_length * stats["squared_lengths"] / stats["tokens"]
+    return HeadStep(module, {key: value.to(device) if isinstance(value, torch.Tensor) else value
+                             for key, value in batch.items()},
+                    stats["tokens"], module.matmul_flops_per_token + attention, device,
+                    AUTOCAST_DTYPES.get(plan.precision))
+
+
+def head_ceiling_stage(plan: Plan) -> tuple[StageRow, HeadStep | None]:
+    """(the row, the step measured: for the profile)."""
+    row = StageRow(CEILING, "none (one model, no optimizer)")
+    measured = []
+
+    def work() -> None:
+        start_peak_memory(plan.device)
+        step = head_step(plan)
+        for _ in range(plan.config.ceiling_warmup):
+            step.run()
+        seconds = statistics.median(step.run() for _ in range(plan.config.ceiling_repeats))
+        row.tokens_per_s = step.tokens / seconds
+        peak = peak_flops(plan.device)
+        row.mfu = mfu(row.tokens_per_s, step.flops_per_token, peak) if peak else None
+        row.peak_memory_gib = peak_memory_gib(plan.device)
+        trainer, data = plan.recipe.trainer, plan.recipe.data
+        row.notes = (f"NeoBERTForMaskedLM forward + MLM loss + backward as the pretraining module runs it ("
+                     f"{step.describe()}), {trainer.micro_batch_size} x {data.max_length} tokens, {plan.precision}, "
+                     f"median of {plan.config.ceiling_repeats}; the loops are judged against this row")
+        measured.append(step)
+
+    attempt(row, work)
+    return row, (measured[0] if measured else None)
+
+
+def profile_stage(plan: Plan, step: HeadStep | None) -> tuple[StageRow, KernelProfile | None]:
+    """`profile_steps` more steps of the ceiling's step under torch.profiler: the Chrome trace, and the self time of
+    every CUDA kernel (on a GPU; every CPU operator otherwise) by category, into output_dir."""
+    row = StageRow(PROFILE, "none (one model, no optimizer)")
+    if step is None:
+        row.status, row.notes = SKIPPED, "the ceiling with the MLM head did not run: nothing to profile"
+        return row, None
+    found = []
+
+    def work() -> None:
+        on_gpu = plan.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+        steps = plan.config.profile_steps
+        with profile(activities=activities) as recording:
+            wall = sum(step.run() for _ in range(steps))
+        plan.output_dir.mkdir(parents=True, exist_ok=True)
+        recording.export_chrome_trace(str(plan.output_dir / PROFILE_TRACE))
+        result = summarise(self_times(recording.events(), on_gpu), "CUDA kernels" if on_gpu else "CPU operators",
+                           steps, wall * 1e6)
+        write_profile_tables(result, plan.output_dir)
+        largest = sorted(result.self_us, key=lambda category: -result.self_us[category])[:3]
+        row.notes = (f"{steps} steps: {result.source} {result.total_us / 1e3:,.1f} ms, "
+                     f"{result.total_us / result.wall_us:.0%} of their wall time; "
+                     + ", ".join(f"{category} {result.share(category):.0%}" for category in largest)
+                     + f"; {PROFILE_TRACE}, {PROFILE_CSV}, the table below")
+        found.append(result)
+
+    attempt(row, work)
+    return row, (found[0] if found else None)
+
+
+def write_profile_tables(result: KernelProfile, output_dir: Path) -> None:
+    """The self time per category (PROFILE_CSV, every category, their shares summing to 1) and per name, with its
+    category (PROFILE_NAMES_CSV: what a new rule of neobert.eval.kernel_profile would be written from)."""
+    categories = ["category,self_ms,share,names,calls\n"] + [
+        f"{category},{self_us / 1e3:.4f},{result.share(category):.6f},{len(result.names_in(category))},"
+        f"{sum(entry.calls for entry in result.names_in(category))}\n" for category, self_us in result.self_us.items()]
+    write_atomically(output_dir / PROFILE_CSV, categories)
+    names = ["category,self_ms,calls,name\n"] + [
+        f"{entry.category},{entry.self_us / 1e3:.4f},{entry.calls},{csv_field(entry.name)}\n" for entry in result.names]
+    write_atomically(output_dir / PROFILE_NAMES_CSV, names)
+
+
+def csv_field(text: str) -> str:
+    """A CSV field: quoted, its quotes doubled (kernel names hold commas)."""
+    return '"' + text.replace('"', '""') + '"'
 
 
 def ceiling_batch(plan: Plan) -> Batch:

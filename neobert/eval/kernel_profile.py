@@ -1,0 +1,118 @@
+"""Where a training step's time goes, by kind of work: the self time of each kernel (on a GPU) or operator (on a
+CPU) of a `torch.profiler` recording, put into categories by name (`category_of`, the explicit patterns of
+`RULES`) and summed (`summarise`). The GPU check's profile of the model with its MLM head uses it
+(`neobert.jobs.gpu_check_stages`, `profile=true`).
+
+Categories by name only: a pointwise kernel of the eager RMSNorm (a multiply, an rsqrt) is "elementwise", not
+"norm"; a fused Inductor kernel is "norm" when it computes an rsqrt, else "elementwise". Names no rule knows are
+"other", and the largest of them are listed (`KernelProfile.other_names`) so that a reader can add a rule.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from torch.autograd import DeviceType
+
+MATMUL, ATTENTION, MLM_LOSS, NORM, ELEMENTWISE, COPY, OTHER = (
+    "matmul (GEMM)", "attention", "MLM loss", "norm", "elementwise", "copy/cast", "other")
+CATEGORIES = (MATMUL, ATTENTION, MLM_LOSS, NORM, ELEMENTWISE, COPY, OTHER)
+
+# (category, pattern), the first match wins; patterns are searched in the lower-cased name. The order matters: the
+# loss before attention (the loss's log-softmax kernel is cunn_SoftMaxForward<..., LogSoftMaxForwardEpilogue>, an
+# attention softmax has SoftMaxForwardEpilogue), attention before matmul (fmha_cutlass... is attention), copy before
+# elementwise (a dtype cast is vectorized_elementwise_kernel<..., bfloat16_copy_kernel_cuda...>).
+RULES: tuple[tuple[str, re.Pattern], ...] = tuple((category, re.compile(pattern)) for category, pattern in (
+    # cross-entropy = log-softmax + NLL, eager (aten::_log_softmax, aten::nll_loss_forward and their CUDA kernels),
+    # Liger's (_cross_entropy_kernel, fused linear cross-entropy) and Inductor's (triton_..._log_softmax_...)
+    (MLM_LOSS, r"cross_entropy|log_?softmax|nll_loss"),
+    # FlashAttention (flash_fwd_kernel, pytorch_flash::...), memory-efficient (fmha_cutlassF/B), cuDNN's SDPA,
+    # PyTorch's varlen and CPU SDPA (aten::_scaled_dot_product_flash_attention_for_cpu), xFormers; a plain softmax
+    # is an attention's (the loss's was caught above)
+    (ATTENTION, r"flash|fmha|attention|attn|sdpa|softmax"),
+    # cuBLAS/cuBLASLt (sm90_xmma_gemm..., ampere_bf16_s16816gemm..., nvjet_..., splitKreduce), CUTLASS, Inductor's
+    # matmul templates (triton_tem_fused_mm...), and the CPU's matmul operators
+    (MATMUL, r"gemm|xmma|nvjet|cublas|cutlass|wgmma|s16816|s1688|splitkreduce|^triton_tem_\w*mm"
+             r"|^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_addmm_activation)$"),
+    # RMSNorm / LayerNorm kernels and operators (Liger's _rms_norm_forward_kernel, aten::_fused_rms_norm, PyTorch's
+    # layer-norm kernels that also serve RMSNorm, their weight-gradient GammaBeta kernels), the eager RMSNorm's
+    # vector norm (reduce_kernel<..., NormTwoOps...>), Inductor's fused norm (an rsqrt)
+    (NORM, r"rms_?norm|layer_?norm|gammabeta|normtwoops|vector_norm|^triton_\w*rsqrt"),
+    # Inductor's other fused kernels: pointwise and reductions
+    (ELEMENTWISE, r"^triton_(poi|red|per)_"),
+    # copies and casts, and the data movement that does no arithmetic: concatenation, index/gather/scatter, the
+    # embedding's lookup and gradient, memcpy and memset
+    (COPY, r"copy|memcpy|memset|^aten::(to|clone|contiguous|cat|index|index_select|gather|scatter)$"
+           r"|index_?select|indexselect|index_?put|gather|scatter|catarray|embedding"),
+    # pointwise kernels (at::native::vectorized_elementwise_kernel<...MulFunctor...>), reductions, Liger's SwiGLU
+    (ELEMENTWISE, r"elementwise|reduce_kernel|functor|swiglu|geglu"
+                  r"|^aten::(mul|add|sub|div|neg|pow|rsqrt|sqrt|exp|silu|sigmoid|gelu|tanh|where|fill|zero|clamp"
+                  r"|mean|sum|masked_fill|square|reciprocal)(_\w*)?$"),
+))
+
+
+def category_of(name: str) -> str:
+    """The category of a kernel or operator name (`RULES`; "other" when none matches)."""
+    lowered = name.lower()
+    return next((category for category, pattern in RULES if pattern.search(lowered)), OTHER)
+
+
+@dataclass
+class NameTime:
+    """One kernel or operator name: its self time over the recording, its calls, its category."""
+
+    name: str
+    category: str
+    self_us: float
+    calls: int
+
+
+@dataclass
+class KernelProfile:
+    """A recording's self time by category. `self_us` holds every category of CATEGORIES (0 where none ran), in
+    that order; they sum to `total_us`."""
+
+    source: str  # what was timed: "CUDA kernels" (device time) or "CPU operators" (self CPU time)
+    steps: int
+    wall_us: float  # the recorded steps' wall time (the profiler's overhead included)
+    total_us: float
+    self_us: dict[str, float]
+    names: list[NameTime] = field(default_factory=list)  # every name, the largest self time first
+
+    def share(self, category: str) -> float:
+        return self.self_us[category] / self.total_us if self.total_us else 0.0
+
+    def names_in(self, category: str) -> list[NameTime]:
+        """The category's names, the largest self time first."""
+        return [entry for entry in self.names if entry.category == category]
+
+    def other_names(self, top: int = 10) -> list[NameTime]:
+        """The largest names no rule knows: where a new rule would pay off most."""
+        return self.names_in(OTHER)[:top]
+
+
+def summarise(times: Iterable[tuple[str, float]], source: str, steps: int, wall_us: float) -> KernelProfile:
+    """(name, self time in µs) of every kernel or operator call -> their totals per name and per category."""
+    totals: dict[str, list[float]] = {}
+    for name, self_us in times:
+        entry = totals.setdefault(name, [0.0, 0])
+        entry[0] += self_us
+        entry[1] += 1
+    names = sorted((NameTime(name, category_of(name), total, int(calls)) for name, (total, calls) in totals.items()),
+                   key=lambda entry: -entry.self_us)
+    by_category = dict.fromkeys(CATEGORIES, 0.0)
+    for entry in names:
+        by_category[entry.category] += entry.self_us
+    return KernelProfile(source, steps, wall_us, sum(by_category.values()), by_category, names)
+
+
+def self_times(events, on_gpu: bool) -> list[tuple[str, float]]:
+    """(name, self time in µs) of a torch.profiler recording's events (`prof.events()`): on a GPU its CUDA kernels
+    and memory copies (the device's time: the CPU's operators only launch them), on a CPU its operators' self
+    time (an operator's time less its children's, so nothing is counted twice)."""
+    if on_gpu:
+        return [(event.name, event.time_range.elapsed_us()) for event in events
+                if event.device_type == DeviceType.CUDA]
+    return [(event.name, event.self_cpu_time_total) for event in events if event.device_type == DeviceType.CPU]

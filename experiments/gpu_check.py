@@ -1,5 +1,5 @@
-"""Prove a GPU node in one command: a pretraining recipe's model alone (the ceiling), its real training loop under
-its own strategy and under the plain one (tokens/s, MFU, a validation, a checkpoint), a resume, the export and its
+"""Prove a GPU node in one command: a pretraining recipe's model alone (the encoder, and the model with its MLM head:
+the ceiling), its real training loop under its own strategy and under the plain one (tokens/s, MFU, a validation, a checkpoint), a resume, the export and its
 reload, and peak memory against the preflight's estimate; one table (output_dir/gpu_check.md and .json).
 
     python -m experiments.gpu_check --config neobert --steps 50 data.source=/data/refinedweb/ \
@@ -7,7 +7,7 @@ reload, and peak memory against the preflight's estimate; one table (output_dir/
     python -m experiments.gpu_check --config demo --steps 20 --no-targets          # any machine, a CPU too
 
 `key=value` arguments are the check's own keys (steps, warmup_steps, resume_steps, devices, plain_strategy,
-ceiling_repeats, output_dir, overwrite, targets.loop_vs_ceiling, targets.strategy_vs_plain, targets.enforce) or
+ceiling_repeats, profile, profile_steps, output_dir, overwrite, targets.loop_vs_ceiling, targets.strategy_vs_plain, targets.enforce) or
 overrides of the recipe (any other key: data.source=..., trainer.micro_batch_size=...). Exit status 1 when a stage
 failed or a ratio is under its target (targets are enforced on CUDA unless targets.enforce=false; on a CPU only
 with targets.enforce=true). See docs/pretraining.md, "First GPU run".

@@ -51,6 +51,9 @@ LONG_CONTEXT_DATA_DIR = "data"  # experiments.long_context: the generated tasks,
 THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT = "throughput.csv", "throughput.md", "throughput.png"
 # experiments.gpu_check: the report, and the run directories of its training loops inside its output_dir
 GPU_CHECK_MD, GPU_CHECK_JSON = "gpu_check.md", "gpu_check.json"
+# profile=true: the Chrome trace of the profiled step, its self time per category and per kernel/op name
+GPU_CHECK_TRACE, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV = ("gpu_check_trace.json", "gpu_check_profile.csv",
+                                                                     "gpu_check_profile_names.csv")
 GPU_CHECK_RECIPE_RUN, GPU_CHECK_PLAIN_RUN = "recipe", "plain"
 PPPL_DOCUMENTS_CSV, PPPL_BUCKETS_JSON = "documents.csv", "buckets.json"
 PPPL_MD, PPPL_PLOT = "pseudo_perplexity.md", "pseudo_perplexity.png"

@@ -19,8 +19,9 @@ from neobert.data.demo_corpus import demo_documents
 from neobert.eval.kernel_profile import CATEGORIES, MATMUL, MLM_LOSS
 from neobert.jobs.cli import run_cli
 from neobert.jobs.gpu_check import make_plan
-from neobert.jobs.gpu_check_stages import PROFILE_CSV, PROFILE_NAMES_CSV, PROFILE_TRACE, head_step
-from neobert.layout import GPU_CHECK_JSON, GPU_CHECK_MD
+from neobert.jobs.gpu_check_stages import head_step
+from neobert.layout import (GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV,
+                            GPU_CHECK_TRACE)
 from neobert.model.modeling import IGNORE_INDEX
 
 ENCODER, CEILING, PROFILE = "encoder alone (reference)", "model + MLM head (ceiling)", "profile: model + MLM head"
@@ -78,15 +79,15 @@ def test_the_check_runs_every_stage_on_cpu(tmp_path):
 
 def check_profile(check: Path, markdown: str, profile: dict) -> None:
     """The profile's files, its categories (every one, summing to the total) and its section of the report."""
-    trace = json.loads((check / PROFILE_TRACE).read_text())
+    trace = json.loads((check / GPU_CHECK_TRACE).read_text())
     assert any(event.get("name") == "aten::mm" for event in trace["traceEvents"])  # a Chrome trace of the step
-    with open(check / PROFILE_CSV) as table:
+    with open(check / GPU_CHECK_PROFILE_CSV) as table:
         categories = {row["category"]: row for row in csv.DictReader(table)}
     assert tuple(categories) == CATEGORIES
     assert sum(float(row["share"]) for row in categories.values()) == pytest.approx(1, abs=1e-5)  # rounded to 6
     assert sum(float(row["self_ms"]) for row in categories.values()) == pytest.approx(profile["total_ms"], rel=1e-3)
     assert float(categories[MATMUL]["self_ms"]) > 0 and float(categories[MLM_LOSS]["self_ms"]) > 0
-    with open(check / PROFILE_NAMES_CSV) as table:
+    with open(check / GPU_CHECK_PROFILE_NAMES_CSV) as table:
         names = list(csv.DictReader(table))
     assert {row["name"] for row in names} >= {"aten::mm", "aten::nll_loss_forward"}
     assert sum(float(row["self_ms"]) for row in names) == pytest.approx(profile["total_ms"], rel=1e-3)
@@ -139,7 +140,7 @@ def test_a_ratio_under_its_target_fails_the_check_and_names_it(tmp_path):
     assert "Result: FAILED" in markdown and "BELOW TARGET" in markdown
     # no profile unless asked for: no row, no section, no files
     assert PROFILE not in rows and "profile" not in summary and "## Profile" not in markdown
-    assert not (tmp_path / "check" / PROFILE_TRACE).exists()
+    assert not (tmp_path / "check" / GPU_CHECK_TRACE).exists()
 
 
 def test_a_stage_that_raises_fails_the_check_and_the_others_are_still_reported(tmp_path, monkeypatch):

@@ -49,11 +49,12 @@ from neobert.config.gpu_check import GpuCheckConfig
 from neobert.config.pretrain import PretrainConfig
 from neobert.eval.kernel_profile import KernelProfile
 from neobert.jobs.gpu_check_stages import (BELOW_TARGET, CEILING, ENCODER, EXPORT, FAILED, OK, PLAIN_LOOP, PROFILE,
-                                           PROFILE_CSV, PROFILE_NAMES_CSV, PROFILE_TRACE, RECIPE_LOOP, RESUME, SKIPPED,
+                                           RECIPE_LOOP, RESUME, SKIPPED,
                                            Plan, StageRow, encoder_stage, export_stage, head_ceiling_stage,
                                            log_interval, loop_stage, profile_stage, resume_stage)
 from neobert.jobs.pretrain import load_pretrain_config, prepare
-from neobert.layout import GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_RECIPE_RUN, write_atomically
+from neobert.layout import (GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV,
+                            GPU_CHECK_PROFILE_NAMES_CSV, GPU_CHECK_RECIPE_RUN, GPU_CHECK_TRACE, write_atomically)
 from neobert.outputs import GPU_CHECK, claim_output_dir, clear_output_dir
 
 
@@ -161,8 +162,6 @@ def clear_earlier_check(output_dir: Path, overwrite: bool) -> None:
                              "another output_dir, or set overwrite=true to replace it",
                      overwrite=overwrite, flag="overwrite=true")
     clear_output_dir(output_dir, GPU_CHECK)
-    for name in (PROFILE_TRACE, PROFILE_CSV, PROFILE_NAMES_CSV):  # an earlier profile: the check's own files too
-        (output_dir / name).unlink(missing_ok=True)
 
 
 def device_name(device: torch.device) -> str:
@@ -218,7 +217,8 @@ def write_reports(result: GpuCheckResult, plan: Plan) -> dict[str, Path]:
                "rows": [dataclasses.asdict(row) for row in result.rows], "mlm_head_share": result.head_share,
                "failures": result.failures, "passed": result.passed}
     if result.profile is not None:
-        summary["profile"] = {"files": [PROFILE_TRACE, PROFILE_CSV, PROFILE_NAMES_CSV], "source": result.profile.source,
+        summary["profile"] = {"files": [GPU_CHECK_TRACE, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV],
+                              "source": result.profile.source,
                               "steps": result.profile.steps, "wall_ms": result.profile.wall_us / 1e3,
                               "total_ms": result.profile.total_us / 1e3,
                               "self_ms": {category: us / 1e3 for category, us in result.profile.self_us.items()},
@@ -260,8 +260,8 @@ def profile_section(profile: KernelProfile, top: int = 10) -> list[str]:
     lines = [f"## Profile: the ceiling's step (model + MLM head), {profile.steps} steps", "",
              f"Self time of the {profile.source}: {profile.total_us / 1e3:,.1f} ms, "
              f"{profile.total_us / profile.wall_us:.0%} of the steps' wall time (profiler overhead included). "
-             f"Categories by name (neobert.eval.kernel_profile.RULES); trace {PROFILE_TRACE} (ui.perfetto.dev), "
-             f"every name in {PROFILE_NAMES_CSV}.", "",
+             f"Categories by name (neobert.eval.kernel_profile.RULES); trace {GPU_CHECK_TRACE} (ui.perfetto.dev), "
+             f"every name in {GPU_CHECK_PROFILE_NAMES_CSV}.", "",
              "| category | self time (ms) | share | names | calls |", "|---|---:|---:|---:|---:|"]
     for category, self_us in profile.self_us.items():
         names = profile.names_in(category)

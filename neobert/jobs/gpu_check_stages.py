@@ -41,7 +41,8 @@ from neobert.eval.throughput import Batch, BenchModel, make_batch, neobert_forwa
 from neobert.jobs.cli import one_line
 from neobert.jobs.preflight import GiB, Preflight, memory_section
 from neobert.jobs.pretrain import run_pretraining
-from neobert.layout import CONFIG_NAME, EXPORT_DIR, has_tokenizer, metrics_csvs, write_atomically
+from neobert.layout import (CONFIG_NAME, EXPORT_DIR, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV,
+                            GPU_CHECK_TRACE, has_tokenizer, metrics_csvs, write_atomically)
 from neobert.lit.checkpoints import newest_readable_checkpoint, verify_checkpoint
 from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.lit.strategies import is_deepspeed
@@ -52,10 +53,6 @@ from neobert.model.modeling import IGNORE_INDEX
 OK, FAILED, SKIPPED, BELOW_TARGET = "ok", "FAILED", "skipped", "BELOW TARGET"
 ENCODER, CEILING, PROFILE = "encoder alone (reference)", "model + MLM head (ceiling)", "profile: model + MLM head"
 RECIPE_LOOP, PLAIN_LOOP, RESUME, EXPORT = "loop, recipe's strategy", "loop, plain strategy", "resume", "export + reload"
-# The profile's files in output_dir: the Chrome trace, the self time per category, and per kernel or operator name.
-# (Not yet in neobert.layout nor outputs.GPU_CHECK: clear_earlier_check removes them itself.)
-PROFILE_TRACE, PROFILE_CSV, PROFILE_NAMES_CSV = ("gpu_check_trace.json", "gpu_check_profile.csv",
-                                                 "gpu_check_profile_names.csv")
 TOKENS_PER_S, MFU, VAL_LOSS = "train/tokens_per_sec", "train/mfu", "val/loss"
 AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 WEIGHT_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16}
@@ -289,7 +286,7 @@ def profile_stage(plan: Plan, step: HeadStep | None) -> tuple[StageRow, KernelPr
         with profile(activities=activities) as recording:
             wall = sum(step.run() for _ in range(steps))
         plan.output_dir.mkdir(parents=True, exist_ok=True)
-        recording.export_chrome_trace(str(plan.output_dir / PROFILE_TRACE))
+        recording.export_chrome_trace(str(plan.output_dir / GPU_CHECK_TRACE))
         result = summarise(self_times(recording.events(), on_gpu), "CUDA kernels" if on_gpu else "CPU operators",
                            steps, wall * 1e6)
         write_profile_tables(result, plan.output_dir)
@@ -297,7 +294,7 @@ def profile_stage(plan: Plan, step: HeadStep | None) -> tuple[StageRow, KernelPr
         row.notes = (f"{steps} steps: {result.source} {result.total_us / 1e3:,.1f} ms, "
                      f"{result.total_us / result.wall_us:.0%} of their wall time; "
                      + ", ".join(f"{category} {result.share(category):.0%}" for category in largest)
-                     + f"; {PROFILE_TRACE}, {PROFILE_CSV}, the table below")
+                     + f"; {GPU_CHECK_TRACE}, {GPU_CHECK_PROFILE_CSV}, the table below")
         found.append(result)
 
     attempt(row, work)
@@ -305,15 +302,16 @@ def profile_stage(plan: Plan, step: HeadStep | None) -> tuple[StageRow, KernelPr
 
 
 def write_profile_tables(result: KernelProfile, output_dir: Path) -> None:
-    """The self time per category (PROFILE_CSV, every category, their shares summing to 1) and per name, with its
-    category (PROFILE_NAMES_CSV: what a new rule of neobert.eval.kernel_profile would be written from)."""
+    """The self time per category (GPU_CHECK_PROFILE_CSV, every category, their shares summing to 1) and per name,
+    with its category (GPU_CHECK_PROFILE_NAMES_CSV: what a new rule of neobert.eval.kernel_profile would be written
+    from)."""
     categories = ["category,self_ms,share,names,calls\n"] + [
         f"{category},{self_us / 1e3:.4f},{result.share(category):.6f},{len(result.names_in(category))},"
         f"{sum(entry.calls for entry in result.names_in(category))}\n" for category, self_us in result.self_us.items()]
-    write_atomically(output_dir / PROFILE_CSV, categories)
+    write_atomically(output_dir / GPU_CHECK_PROFILE_CSV, categories)
     names = ["category,self_ms,calls,name\n"] + [
         f"{entry.category},{entry.self_us / 1e3:.4f},{entry.calls},{csv_field(entry.name)}\n" for entry in result.names]
-    write_atomically(output_dir / PROFILE_NAMES_CSV, names)
+    write_atomically(output_dir / GPU_CHECK_PROFILE_NAMES_CSV, names)
 
 
 def csv_field(text: str) -> str:

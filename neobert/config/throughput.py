@@ -9,7 +9,13 @@ from typing import List, Optional
 from neobert.config.loader import require
 
 # neobert-liger: our encoder with NeoBERTConfig.kernels="liger" (CUDA with liger-kernel installed; else a row saying why)
-MODEL_NAMES = ("neobert", "neobert-liger", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
+DEFAULT_MODELS = ("neobert", "neobert-liger", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
+# neobert-<kernel>: our encoder with NeoBERTConfig.attention_kernel=<kernel> (neobert.model.attention), full rows (one
+# document each) and unpadded documents through that kernel, beside neobert's auto; on CUDA where its package is
+# installed (else a row saying why; padded batches run SDPA whatever the kernel: a row saying so)
+ATTENTION_KERNEL_MODELS = ("neobert-flash_attn_3", "neobert-flash_attn", "neobert-varlen_attn", "neobert-xformers",
+                           "neobert-padded_sdpa")
+MODEL_NAMES = DEFAULT_MODELS + ATTENTION_KERNEL_MODELS
 LAYOUTS = ("full", "padded", "unpadded")
 MODES = ("inference", "training")
 DTYPES = ("auto", "float32", "bfloat16")
@@ -20,7 +26,7 @@ LENGTH_DISTRIBUTIONS = ("uniform", "lognormal")
 class ThroughputConfig:
     """Empty lists take device-dependent defaults."""
 
-    models: List[str] = field(default_factory=lambda: list(MODEL_NAMES))
+    models: List[str] = field(default_factory=lambda: list(DEFAULT_MODELS))  # any of MODEL_NAMES
     lengths: List[int] = field(default_factory=list)  # CPU: 128, 512; GPU: 128 ... 4096
     # full: every row `length` real tokens. padded / unpadded: variable-length documents (length_distribution,
     # capped at `length`), padded to the batch's longest (sdpa) or laid end to end (varlen); tokens/s counts

@@ -5,7 +5,10 @@ is `neobert.jobs.throughput.run_throughput`.
 
 * encoders: our NeoBERT and the Hugging Face implementations of BERT-base, RoBERTa-base and ModernBERT-base
   (random init from their config classes, nothing downloaded), plus the official NeoBERT hub code when it can be
-  imported (`build_model`, `BenchModel`);
+  imported (`build_model`, `BenchModel`); ours also with Liger's kernels (``neobert-liger``) and with each attention
+  kernel of `NeoBERTConfig.attention_kernel` (``neobert-<kernel>``: full rows as one document each, and unpadded
+  documents, through that kernel; padded batches run SDPA whatever the choice), each NeoBERT row's note naming the
+  kernel its layout ran;
 * batch size: the largest candidate that fits (a token budget on CPU, an out-of-memory probe on GPU), then the
   fastest of the largest few that fit (`search_batch_size`);
 * layouts: ``full`` (every sequence exactly `length` tokens), ``padded`` (a realistic spread of document
@@ -18,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -28,8 +31,10 @@ from torch import Tensor, nn
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, RobertaConfig
 
+from neobert.config.throughput import ATTENTION_KERNEL_MODELS
 from neobert.eval.flops import flops_per_token, matmul_params
 from neobert.model import NeoBERT, NeoBERTConfig
+from neobert.model.attention import attention_kernel_missing_reason, chosen_packed_kernel
 from neobert.model.kernels import liger_missing_reason
 
 OFFICIAL_HUB_NAME = "chandar-lab/NeoBERT"
@@ -49,6 +54,8 @@ class BenchModel:
     pad_token_id: int
     supports_unpadded: bool
     forward: Callable[[nn.Module, "Batch"], Tensor]
+    attention: dict[str, str] = field(default_factory=dict)  # NeoBERT: layout -> the attention kernel it runs
+    skipped_layouts: dict[str, str] = field(default_factory=dict)  # layout -> why it is not timed for this model
 
     @property
     def matmul_weights(self) -> int:
@@ -68,6 +75,16 @@ def neobert_forward(module: nn.Module, batch: "Batch") -> Tensor:
     if batch.cu_seqlens is not None:  # our packed varlen path: pad tokens are never computed
         return module(batch.input_ids, cu_seqlens=batch.cu_seqlens, max_seqlen=batch.max_seqlen).last_hidden_state
     return module(batch.input_ids, batch.attention_mask).last_hidden_state
+
+
+def neobert_documents_forward(module: nn.Module, batch: "Batch") -> Tensor:
+    """`neobert_forward` with full rows (no padding) given as one document each (cu_seqlens), so that a full batch
+    runs the packed kernel of `NeoBERTConfig.attention_kernel` too, as a packed pretraining batch does."""
+    if batch.cu_seqlens is None and batch.attention_mask is None:
+        rows, length = batch.input_ids.shape
+        cu_seqlens = torch.arange(0, (rows + 1) * length, length, dtype=torch.int32, device=batch.input_ids.device)
+        return module(batch.input_ids, cu_seqlens=cu_seqlens, max_seqlen=length).last_hidden_state
+    return neobert_forward(module, batch)
 
 
 def _hf_forward(module: nn.Module, batch: "Batch") -> Tensor:
@@ -92,19 +109,13 @@ def _hf_max_length(name: str, config) -> int:
 
 
 def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_preset: str = "neobert",
-                official_code_dir: str | None = None) -> BenchModel:
-    """A randomly initialised encoder (no download). Raises ModelUnavailable with the reason when it cannot."""
-    if name in ("neobert", "neobert-liger"):
-        kernels = "liger" if name == "neobert-liger" else "eager"
-        if kernels == "liger":
-            unavailable = liger_missing_reason() or (
-                None if device.type == "cuda" else "Liger-Kernel's kernels run on CUDA GPUs only")
-            if unavailable:
-                raise ModelUnavailable(unavailable)
-        config = NeoBERTConfig.from_preset(neobert_preset, kernels=kernels)
-        module = NeoBERT(config)
-        bench = BenchModel(name, module, config.num_hidden_layers, config.hidden_size, config.max_length,
-                           config.vocab_size, config.pad_token_id, True, neobert_forward)
+                official_code_dir: str | None = None, compute_dtype: torch.dtype | None = None,
+                training: bool = False) -> BenchModel:
+    """A randomly initialised encoder (no download), its weights in `dtype`. `compute_dtype` (the autocast dtype of a
+    training step; default `dtype`) and `training` (dropout on) decide which attention kernel a NeoBERT runs. Raises
+    ModelUnavailable with the reason when it cannot be built or its kernels cannot run here."""
+    if name in ("neobert", "neobert-liger") + ATTENTION_KERNEL_MODELS:
+        bench = _build_neobert(name, device, compute_dtype or dtype, training, neobert_preset)
     elif name == "neobert-official":
         bench = _build_official(official_code_dir)
     else:
@@ -117,6 +128,44 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
                            config.vocab_size, config.pad_token_id, attn == "flash_attention_2", _hf_forward)
     bench.module.to(device=device, dtype=dtype)
     return bench
+
+
+def _build_neobert(name: str, device: torch.device, compute_dtype: torch.dtype, training: bool,
+                   preset: str) -> BenchModel:
+    """neobert (auto attention kernel, eager norms and MLP), neobert-liger, or neobert-<attention kernel>."""
+    kernels, attention_kernel = "eager", "auto"
+    if name == "neobert-liger":
+        kernels = "liger"
+        unavailable = liger_missing_reason() or (
+            None if device.type == "cuda" else "Liger-Kernel's kernels run on CUDA GPUs only")
+        if unavailable:
+            raise ModelUnavailable(unavailable)
+    elif name != "neobert":
+        attention_kernel = name.removeprefix("neobert-")
+        unavailable = attention_kernel_missing_reason(attention_kernel)
+        if unavailable is None and device.type != "cuda" and attention_kernel != "padded_sdpa":
+            # elsewhere every choice runs padded_sdpa: a row under this kernel's name would time another kernel
+            unavailable = f"attention_kernel={attention_kernel} runs on CUDA GPUs only"
+        if unavailable:
+            raise ModelUnavailable(unavailable)
+    config = NeoBERTConfig.from_preset(preset, kernels=kernels, attention_kernel=attention_kernel)
+    try:
+        packed = chosen_packed_kernel(attention_kernel, device.type, compute_dtype,
+                                      config.dropout if training else 0.0)
+    except ValueError as err:  # the kernel does not take this dtype or dropout
+        raise ModelUnavailable(str(err)) from err
+    skipped = {}
+    if attention_kernel == "auto":
+        attention = {"full": "attention: sdpa (no mask)", "padded": "attention: sdpa (key-padding mask)"}
+        forward = neobert_forward
+    else:  # full rows go through the chosen kernel as one document each; a padded batch would time SDPA instead
+        attention = {"full": f"attention: {packed} (rows as documents, cu_seqlens)"}
+        skipped["padded"] = (f"padded batches run SDPA with a key-padding mask whatever attention_kernel; the "
+                             f"unpadded layout times {attention_kernel} on the same documents")
+        forward = neobert_documents_forward
+    attention["unpadded"] = f"attention: {packed}"
+    return BenchModel(name, NeoBERT(config), config.num_hidden_layers, config.hidden_size, config.max_length,
+                      config.vocab_size, config.pad_token_id, True, forward, attention, skipped)
 
 
 def _has_flash_attn() -> bool:

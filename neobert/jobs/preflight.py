@@ -344,8 +344,13 @@ def attention_section(report: Preflight, config: PretrainConfig, model_config, p
     # The dtype attention computes in: bf16 under bf16-mixed autocast and bf16-true, else what the weights are.
     dtype = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16,
              "16-true": torch.float16}.get(precision, torch.float32)
-    kernel = training_attention_kernel(config.data.packing, model_config.attention_backend, "cuda",
-                                       unpad=config.data.unpad, dtype=dtype, dropout=model_config.dropout)
+    try:
+        kernel = training_attention_kernel(config.data.packing, model_config.attention_backend, "cuda",
+                                           unpad=config.data.unpad, dtype=dtype, dropout=model_config.dropout,
+                                           kernel=model_config.attention_kernel)
+    except ValueError as err:  # the chosen attention kernel cannot take this step's precision or dropout
+        report.refuse("model.overrides.attention_kernel", str(err))
+        return
     report.add(f"- {kernel}")
     if "attention_backend" in config.derived_model_overrides():
         origin = ("derived from the data: its batches carry cu_seqlens (data.packing, data.unpad); "

@@ -9,7 +9,8 @@ The run (`run_throughput`), with the measurement's pieces from `neobert.eval.thr
 * repetitions are interleaved across models (A, B, C, A, B, C, ...) and the median is reported, so a shared or
   throttling machine slows every model alike and the ratios stay fair; on a CPU without a published peak, the
   matmul reference is measured between them (MFU's denominator);
-* a model that cannot be built or run at a (layout, length) is a row with its reason in `note`.
+* a model that cannot be built or run at a (layout, length) is a row with its reason in `note`; a measured NeoBERT
+  row's note names the attention kernel that ran (`neobert` with the auto choice, `neobert-<kernel>` with that one).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     torch.manual_seed(config.seed)
     for name in config.models:
         try:
-            models[name] = build_model(name, device, weights_dtype, config.neobert_preset, config.official_code_dir)
+            models[name] = build_model(name, device, weights_dtype, config.neobert_preset, config.official_code_dir,
+                                       compute_dtype=autocast_dtype or weights_dtype, training=training)
         except ModelUnavailable as err:
             progress(f"{name}: not available: {err}")
             for layout in config.layouts:
@@ -113,6 +115,9 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                         continue
                     if layout == "unpadded" and not bench.supports_unpadded:
                         unavailable(name, layout, length, "no unpadded path on this machine", bench)
+                        continue
+                    if layout in bench.skipped_layouts:
+                        unavailable(name, layout, length, bench.skipped_layouts[layout], bench)
                         continue
                     best = _search(bench, layout, length, candidates, config, device, training, autocast_dtype)
                     if best is None:
@@ -142,7 +147,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                         name, config.mode, layout, length, size, tokens_per_s, step, fpt, achieved,
                         None if group_peak is None else achieved / group_peak,
                         sum(p.numel() for p in bench.module.parameters()), device.type,
-                        str(dtype).removeprefix("torch."),
+                        str(dtype).removeprefix("torch."), note=bench.attention.get(layout, ""),
                         peak_flops=group_peak, peak_source=peak_source, reference_standalone=standalone,
                     ))
                     progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")

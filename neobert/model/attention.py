@@ -6,12 +6,24 @@ layer rebuilds a mask), and every layer calls :func:`attend` with it.
 * padded (``sdpa`` backend): q/k/v are ``[B, L, heads, head_dim]``; padded keys are hidden by a boolean
   key-padding mask, or no mask at all when the batch has no padding (which lets PyTorch pick flash kernels).
 * packed (``varlen`` backend): q/k/v are ``[T, heads, head_dim]``, the documents of the batch laid end to end
-  and described by ``cu_seqlens``; no document attends to another. Kernels, fastest first: flash-attn's
-  varlen kernel (if installed), PyTorch's ``varlen_attn`` (CUDA, half precision), xFormers' block-diagonal
-  attention (if installed), and everywhere else a correct fallback that scatters the documents into a padded
-  batch, runs SDPA with a key-padding mask and gathers them back. Zero-length documents (the repeated last offset
+  and described by ``cu_seqlens``; no document attends to another. Zero-length documents (the repeated last offset
   that keeps a static packed batch's cu_seqlens one length) are allowed: varlen kernels take them as empty
   sequences; in the fallback their grid rows are wholly masked (SDPA gives 0 there, not NaN), never gathered.
+
+The packed kernel is `NeoBERTConfig.attention_kernel` (a choice of the machine, never written to config.json):
+
+* ``auto``, fastest first: FlashAttention 3 (``flash_attn_3`` installed, a Hopper GPU, sm90; no dropout), flash-attn's
+  varlen kernel (``flash_attn`` installed), PyTorch's ``varlen_attn`` (FlashAttention 2 inside PyTorch; no dropout),
+  xFormers' block-diagonal attention (installed, for dropout), else ``padded_sdpa``: all but the last on CUDA
+  tensors in bf16/fp16 only;
+* an explicit kernel (``flash_attn_3``, ``flash_attn``, ``varlen_attn``, ``xformers``, ``padded_sdpa``) runs as
+  asked on CUDA tensors, or raises naming the field where it cannot (a dtype or a dropout it does not take; a missing
+  package is refused when the config is built). On other devices every choice runs ``padded_sdpa``, as Liger's
+  kernels fall back to eager on CPU: tests and CPU runs of a GPU recipe work unchanged;
+* ``padded_sdpa``: the documents scattered into a padded batch, SDPA with a key-padding mask, gathered back.
+
+Padded batches run SDPA under every choice: with padding it needs a mask, which FlashAttention takes none of (the
+``varlen`` backend unpads them instead, outside training); without padding PyTorch picks its own flash kernel.
 """
 
 from __future__ import annotations
@@ -25,9 +37,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.varlen import varlen_attn
 
+_HAS_FLASH_ATTN_3 = importlib.util.find_spec("flash_attn_interface") is not None  # the flash_attn_3 package
 _HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
 _HAS_XFORMERS = importlib.util.find_spec("xformers") is not None
 _HALF = (torch.float16, torch.bfloat16)
+
+ATTENTION_KERNELS = ("auto", "flash_attn_3", "flash_attn", "varlen_attn", "xformers", "padded_sdpa")
+_HALF_ONLY = ("flash_attn_3", "flash_attn", "varlen_attn")  # FlashAttention kernels: bf16 and fp16 only
+_NO_DROPOUT = ("flash_attn_3", "varlen_attn")  # neither takes a dropout probability
 
 
 @dataclass
@@ -91,10 +108,12 @@ def position_ids_from_cu_seqlens(cu_seqlens: Tensor, total: int | None = None) -
     return torch.arange(total, device=cu_seqlens.device) - starts
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float = 0.0) -> Tensor:
-    """softmax(q k^T / sqrt(d)) v. Returns the same layout as q: [B, L, h, d] padded or [T, h, d] packed."""
+def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float = 0.0,
+           kernel: str = "auto") -> Tensor:
+    """softmax(q k^T / sqrt(d)) v. Returns the same layout as q: [B, L, h, d] padded or [T, h, d] packed.
+    `kernel`: NeoBERTConfig.attention_kernel, the packed layout's kernel (padded batches run SDPA)."""
     if layout.packed:
-        return _attend_packed(q, k, v, layout, dropout_p)
+        return _attend_packed(q, k, v, layout, dropout_p, kernel)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
         attn_mask=layout.key_padding_mask, dropout_p=dropout_p,
@@ -102,10 +121,32 @@ def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: 
     return out.transpose(1, 2)
 
 
+def attention_kernel_missing_reason(kernel: str) -> str | None:
+    """Why an explicit `NeoBERTConfig.attention_kernel` cannot be used on this machine: its package is not installed
+    (None when it is, or when the kernel is PyTorch's own)."""
+    if kernel == "flash_attn_3" and not _HAS_FLASH_ATTN_3:
+        return ("needs FlashAttention 3 (the flash_attn_3 package, module flash_attn_interface; not on PyPI: built "
+                "from the hopper/ folder of github.com/Dao-AILab/flash-attention, `cd hopper && python setup.py "
+                "install`)")
+    if kernel == "flash_attn" and not _HAS_FLASH_ATTN:
+        return "needs the flash-attn package (pip install flash-attn --no-build-isolation)"
+    if kernel == "xformers" and not _HAS_XFORMERS:
+        return "needs the xformers package (pip install xformers)"
+    return None
+
+
+def _on_hopper() -> bool:
+    """Whether the current CUDA device is a Hopper GPU (sm90), the one FlashAttention 3 was built for (`auto` takes
+    it only there; each rank sets its own device before the first forward)."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
 def packed_kernel(device_type: str, dtype: torch.dtype, dropout_p: float) -> str:
-    """The kernel a packed (cu_seqlens) batch runs on: "flash_attn", "varlen_attn", "xformers" or "padded_sdpa"
-    (the fallback, `_attend_packed_by_padding`)."""
+    """The kernel `attention_kernel="auto"` runs a packed (cu_seqlens) batch on: "flash_attn_3", "flash_attn",
+    "varlen_attn", "xformers" or "padded_sdpa" (the fallback, `_attend_packed_by_padding`)."""
     if device_type == "cuda" and dtype in _HALF:
+        if _HAS_FLASH_ATTN_3 and dropout_p == 0.0 and _on_hopper():
+            return "flash_attn_3"
         if _HAS_FLASH_ATTN:
             return "flash_attn"
         if dropout_p == 0.0:
@@ -115,9 +156,36 @@ def packed_kernel(device_type: str, dtype: torch.dtype, dropout_p: float) -> str
     return "padded_sdpa"
 
 
-def _attend_packed(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float) -> Tensor:
+def chosen_packed_kernel(choice: str, device_type: str, dtype: torch.dtype, dropout_p: float) -> str:
+    """The kernel a packed batch runs on under `NeoBERTConfig.attention_kernel=choice`: `packed_kernel`'s for
+    "auto"; an explicit kernel on CUDA tensors, or a ValueError naming the field where it cannot take the dtype or
+    the dropout; "padded_sdpa" on any other device, whatever the choice (as Liger's kernels fall back on CPU)."""
+    if choice == "auto":
+        return packed_kernel(device_type, dtype, dropout_p)
+    if device_type != "cuda":
+        return "padded_sdpa"
+    if choice in _HALF_ONLY and dtype not in _HALF:
+        raise ValueError(f"NeoBERTConfig.attention_kernel={choice!r} takes bfloat16 or float16 tensors, got {dtype} "
+                         f"(run under bf16-mixed autocast or cast the model; 'xformers' and 'padded_sdpa' take "
+                         f"float32)")
+    if choice in _NO_DROPOUT and dropout_p > 0.0:
+        raise ValueError(f"NeoBERTConfig.attention_kernel={choice!r} has no attention dropout, and this training step "
+                         f"asks for {dropout_p} (NeoBERTConfig.dropout); 'flash_attn', 'xformers' and 'padded_sdpa' "
+                         f"take it")
+    return choice
+
+
+def _attend_packed(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float,
+                   choice: str) -> Tensor:
     cu, max_len = layout.cu_seqlens, layout.max_seqlen
-    kernel = packed_kernel(q.device.type, q.dtype, dropout_p)
+    kernel = chosen_packed_kernel(choice, q.device.type, q.dtype, dropout_p)
+    if kernel == "flash_attn_3":
+        from flash_attn_interface import flash_attn_varlen_func  # optional GPU kernel package (FlashAttention 3)
+
+        out = flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len)
+        # FlashAttention 3's early releases return (out, softmax_lse); later ones return out alone unless asked for the
+        # lse (return_attn_probs=True, an argument the early ones lack): called without it, either return is taken.
+        return out[0] if isinstance(out, tuple) else out
     if kernel == "flash_attn":
         from flash_attn import flash_attn_varlen_func  # optional GPU kernel package
 
@@ -134,6 +202,7 @@ def _attend_packed(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dro
 
 
 _KERNEL_WORDS = {
+    "flash_attn_3": "FlashAttention 3's flash_attn_varlen_func (flash_attn_interface, Hopper)",
     "flash_attn": "flash-attn's flash_attn_varlen_func (FlashAttention varlen)",
     "varlen_attn": "PyTorch's varlen_attn (FlashAttention varlen)",
     "xformers": "xFormers' memory_efficient_attention with a block-diagonal mask (one host read per forward)",
@@ -143,16 +212,24 @@ _KERNEL_WORDS = {
 
 
 def training_attention_kernel(packing: str, attention_backend: str, device_type: str, unpad: bool = True,
-                              dtype: torch.dtype = torch.bfloat16, dropout: float = 0.0) -> str:
+                              dtype: torch.dtype = torch.bfloat16, dropout: float = 0.0, kernel: str = "auto") -> str:
     """In words, the attention kernel of a pretraining step (data.packing, the model's attention_backend, the device
-    type, data.unpad, the compute dtype and the model's dropout). In training the batch's layout chooses it, not
-    `attention_backend`: the step reads nothing from the device, so a padded batch is never unpadded inside."""
+    type, data.unpad, the compute dtype, the model's dropout and its attention_kernel). In training the batch's layout
+    chooses the path, not `attention_backend`: the step reads nothing from the device, so a padded batch is never
+    unpadded inside. A ValueError naming the field where the chosen kernel cannot run the step."""
+    chosen = f" (attention_kernel={kernel})" if kernel != "auto" else ""
     if packing == "none" and not unpad:
         note = " (attention_backend=varlen does not unpad it in training)" if attention_backend == "varlen" else ""
+        applies = f"; attention_kernel={kernel} applies to batches with cu_seqlens only" if chosen else ""
         return ("padded batches (data.unpad=false): SDPA with a key-padding mask, so not the FlashAttention kernel "
-                f"(it takes no mask), and [PAD] goes through every matmul{note}")
+                f"(it takes no mask), and [PAD] goes through every matmul{note}{applies}")
     layout = f"packed rows ({packing})" if packing != "none" else "unpadded documents (data.unpad)"
-    return f"{layout} with cu_seqlens: {_KERNEL_WORDS[packed_kernel(device_type, dtype, dropout)]}"
+    picked = chosen_packed_kernel(kernel, device_type, dtype, dropout)
+    if (kernel == "auto" and device_type == "cuda" and dtype in _HALF and dropout == 0.0 and _HAS_FLASH_ATTN_3
+            and picked != "flash_attn_3"):
+        # auto looks at the GPU it runs on: a preflight on a machine without one cannot
+        chosen = " (FlashAttention 3's instead on a Hopper GPU, sm90: flash_attn_3 is installed)"
+    return f"{layout} with cu_seqlens: {_KERNEL_WORDS[picked]}{chosen}"
 
 
 def _attend_packed_by_padding(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float) -> Tensor:

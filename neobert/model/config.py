@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from neobert.model.attention import ATTENTION_KERNELS, attention_kernel_missing_reason
 from neobert.model.kernels import liger_missing_reason
 
 POSITION_ENCODINGS = ("rope", "learned")
@@ -14,6 +15,8 @@ ACTIVATIONS = ("swiglu", "gelu")
 NORMS = ("rmsnorm", "layernorm")
 ATTENTION_BACKENDS = ("sdpa", "varlen")
 KERNELS = ("eager", "liger")  # neobert.model.kernels
+# The fields that are choices of the machine, not of the model: never written to config.json (chosen at load).
+MACHINE_FIELDS = ("kernels", "attention_kernel")
 
 
 class ModelFieldError(ValueError):
@@ -47,6 +50,9 @@ class NeoBERTConfig:
     # Which kernels run the norms and the MLP's activation (neobert.model.kernels): a choice of the machine, not of
     # the model, so it is not written to config.json.
     kernels: str = "eager"
+    # Which kernel runs attention over packed (cu_seqlens) batches (neobert.model.attention: auto takes the fastest
+    # installed; an explicit one is measured against it by experiments.throughput): also the machine's choice.
+    attention_kernel: str = "auto"
     embedding_init_range: float = 0.02
     decoder_init_range: float = 0.02
     classifier_init_range: float = 0.02
@@ -75,12 +81,15 @@ class NeoBERTConfig:
             ("norm", NORMS),
             ("attention_backend", ATTENTION_BACKENDS),
             ("kernels", KERNELS),
+            ("attention_kernel", ATTENTION_KERNELS),
         ):
             value = getattr(self, name)
             if value not in allowed:
                 raise ModelFieldError(name, f"must be one of {allowed}, got {value!r}")
         if self.kernels == "liger" and (missing := liger_missing_reason()):
             raise ModelFieldError("kernels", f"'liger' {missing}; 'eager' runs everywhere")
+        if missing := attention_kernel_missing_reason(self.attention_kernel):
+            raise ModelFieldError("attention_kernel", f"{self.attention_kernel!r} {missing}; 'auto' runs everywhere")
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_length", "num_labels"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:

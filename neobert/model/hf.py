@@ -23,7 +23,7 @@ from transformers import (
 from transformers.modeling_outputs import (BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput,
                                            TokenClassifierOutput)
 
-from neobert.model.config import NeoBERTConfig
+from neobert.model.config import MACHINE_FIELDS, NeoBERTConfig
 from neobert.model.modeling import (ClassificationHead, NeoBERT, NeoBERTForMaskedLM, NeoBERTPreTrained,
                                     TokenClassificationHead)
 
@@ -45,6 +45,11 @@ class NeoBERTHFConfig(PretrainedConfig):
         for name, value in values.items():
             setattr(self, name, value)
         self.dim_head = self.hidden_size // self.num_attention_heads
+
+    def to_dict(self) -> dict:
+        # The machine's choices stay out of config.json, as NeoBERTConfig.to_hub_dict leaves them out: whoever loads
+        # the checkpoint picks the kernels of their own machine (from_pretrained(..., attention_kernel=...)).
+        return {name: value for name, value in super().to_dict().items() if name not in MACHINE_FIELDS}
 
     def _get_generation_parameters(self) -> dict:
         # The hub's `max_length` is the encoder's context length, not a text-generation setting.

@@ -1,0 +1,346 @@
+"""NeoBERTConfig.attention_kernel (neobert.model.attention): the packed batches' attention kernel, chosen or auto.
+
+On CPU: the choice is validated, refused with the key's name where its package is missing, never written to
+config.json; `auto` picks FlashAttention 3 only on a Hopper GPU in half precision without dropout; an explicit kernel
+raises where it cannot take the dtype or the dropout, and runs padded_sdpa on CPU tensors. With stand-ins for
+FlashAttention 3 (both of its return conventions), flash-attn and PyTorch's varlen_attn that compute attention per
+document and record their arguments, the model calls the chosen one at every layer with int32 cu_seqlens and the
+longest document, and gives the padded_sdpa outputs. The throughput job measures each kernel as a row of its own,
+labelled with the kernel that ran, or says why not.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neobert.config.throughput import ATTENTION_KERNEL_MODELS, MODEL_NAMES, ThroughputConfig
+from neobert.model import NeoBERT, NeoBERTConfig, attention
+from neobert.model.attention import ATTENTION_KERNELS, chosen_packed_kernel, packed_kernel, training_attention_kernel
+from neobert.model.config import ModelFieldError
+
+CU_SEQLENS = [0, 5, 12, 24]  # three documents, the longest 12 tokens
+EXPLICIT = [kernel for kernel in ATTENTION_KERNELS if kernel != "auto"]
+
+
+@pytest.fixture
+def installed(monkeypatch):
+    """Every optional attention package "installed" (the flags the config and `auto` read)."""
+    for flag in ("_HAS_FLASH_ATTN_3", "_HAS_FLASH_ATTN", "_HAS_XFORMERS"):
+        monkeypatch.setattr(attention, flag, True)
+
+
+# ---------------------------------------------------------------------------------------------- the choice
+def test_attention_kernel_is_validated_naming_the_field():
+    with pytest.raises(ModelFieldError, match=r"attention_kernel must be one of .*'fa3'") as err:
+        NeoBERTConfig.from_preset("tiny", attention_kernel="fa3")
+    assert err.value.field == "attention_kernel"
+
+
+@pytest.mark.parametrize("kernel, flag, install", [
+    ("flash_attn_3", "_HAS_FLASH_ATTN_3", "cd hopper && python setup.py install"),
+    ("flash_attn", "_HAS_FLASH_ATTN", "pip install flash-attn"),
+    ("xformers", "_HAS_XFORMERS", "pip install xformers"),
+])
+def test_an_explicit_kernel_without_its_package_is_refused_with_the_install_command(monkeypatch, kernel, flag,
+                                                                                    install):
+    monkeypatch.setattr(attention, flag, False)
+    with pytest.raises(ModelFieldError, match=f"attention_kernel '{kernel}' needs") as err:
+        NeoBERTConfig.from_preset("tiny", attention_kernel=kernel)
+    assert err.value.field == "attention_kernel" and install in err.value.reason
+    monkeypatch.setattr(attention, flag, True)
+    assert NeoBERTConfig.from_preset("tiny", attention_kernel=kernel).attention_kernel == kernel
+
+
+def test_pytorchs_own_kernels_need_no_package(monkeypatch):
+    for flag in ("_HAS_FLASH_ATTN_3", "_HAS_FLASH_ATTN", "_HAS_XFORMERS"):
+        monkeypatch.setattr(attention, flag, False)
+    for kernel in ("auto", "varlen_attn", "padded_sdpa"):
+        assert NeoBERTConfig.from_preset("tiny", attention_kernel=kernel).attention_kernel == kernel
+
+
+def test_pretraining_sets_it_with_model_overrides_and_names_the_key(monkeypatch):
+    from neobert.data.tokenizer import load_tokenizer
+    from neobert.errors import ConfigError
+    from neobert.jobs.pretrain import build_model_config, load_pretrain_config
+
+    config = load_pretrain_config("demo", ["model.overrides.attention_kernel=flash_attn_3"])
+    tokenizer = load_tokenizer(config.data.tokenizer)
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)
+    with pytest.raises(ConfigError, match=r"model\.overrides\.attention_kernel.*FlashAttention 3"):
+        build_model_config(config, tokenizer)
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", True)
+    assert build_model_config(config, tokenizer).attention_kernel == "flash_attn_3"
+    bad = load_pretrain_config("demo", ["model.overrides.attention_kernel=fa3"])
+    with pytest.raises(ConfigError, match=r"model\.overrides\.attention_kernel.*must be one of"):
+        build_model_config(bad, tokenizer)
+
+
+def test_the_choice_is_the_machines_not_written_to_config_json(tmp_path, installed):
+    from neobert.model.hf import NeoBERTHFConfig
+
+    model = NeoBERT(NeoBERTConfig.from_preset("tiny", attention_kernel="flash_attn_3"))
+    model.save_pretrained(tmp_path / "ours")
+    assert "attention_kernel" not in json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert NeoBERT.from_pretrained(tmp_path / "ours").config.attention_kernel == "auto"
+    loaded = NeoBERT.from_pretrained(tmp_path / "ours", attention_kernel="varlen_attn")  # chosen at load
+    assert loaded.config.attention_kernel == "varlen_attn"
+    NeoBERTHFConfig(attention_kernel="flash_attn", kernels="eager").save_pretrained(tmp_path / "hf")
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert "attention_kernel" not in written and "kernels" not in written
+    hf = NeoBERTHFConfig.from_pretrained(tmp_path / "hf", attention_kernel="flash_attn")
+    assert hf.to_neobert_config().attention_kernel == "flash_attn"
+
+
+# ---------------------------------------------------------------------------------------------- resolution
+@pytest.mark.parametrize("hopper, fa3, fa2, xformers, dtype, dropout, expected", [
+    (True, True, True, True, torch.bfloat16, 0.0, "flash_attn_3"),
+    (True, True, True, True, torch.float16, 0.0, "flash_attn_3"),
+    (False, True, True, True, torch.bfloat16, 0.0, "flash_attn"),  # FA3 on Hopper (sm90) only
+    (True, True, True, True, torch.bfloat16, 0.1, "flash_attn"),  # FA3 has no dropout
+    (True, True, False, False, torch.bfloat16, 0.0, "flash_attn_3"),
+    (True, False, False, False, torch.bfloat16, 0.0, "varlen_attn"),
+    (True, True, False, False, torch.bfloat16, 0.1, "padded_sdpa"),
+    (False, False, False, True, torch.bfloat16, 0.1, "xformers"),
+    (True, True, True, True, torch.float32, 0.0, "padded_sdpa"),  # FlashAttention takes half precision only
+])
+def test_auto_takes_the_fastest_kernel_that_runs_the_step(monkeypatch, hopper, fa3, fa2, xformers, dtype, dropout,
+                                                          expected):
+    monkeypatch.setattr(attention, "_on_hopper", lambda: hopper)
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", fa3)
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN", fa2)
+    monkeypatch.setattr(attention, "_HAS_XFORMERS", xformers)
+    assert packed_kernel("cuda", dtype, dropout) == expected
+    assert chosen_packed_kernel("auto", "cuda", dtype, dropout) == expected
+    assert chosen_packed_kernel("auto", "cpu", dtype, dropout) == "padded_sdpa"
+
+
+@pytest.mark.parametrize("kernel", EXPLICIT)
+def test_an_explicit_kernel_runs_as_asked_on_cuda_and_padded_sdpa_elsewhere(monkeypatch, kernel):
+    monkeypatch.setattr(attention, "_on_hopper", lambda: False)  # no check of the GPU's generation when asked for
+    assert chosen_packed_kernel(kernel, "cuda", torch.bfloat16, 0.0) == kernel
+    for device_type in ("cpu", "meta"):  # as Liger's kernels fall back to eager on CPU tensors
+        assert chosen_packed_kernel(kernel, device_type, torch.float32, 0.1) == "padded_sdpa"
+
+
+@pytest.mark.parametrize("kernel", ["flash_attn_3", "flash_attn", "varlen_attn"])
+def test_flashattention_kernels_refuse_float32_naming_the_field(kernel):
+    with pytest.raises(ValueError, match=f"NeoBERTConfig.attention_kernel='{kernel}' takes bfloat16 or float16"):
+        chosen_packed_kernel(kernel, "cuda", torch.float32, 0.0)
+
+
+@pytest.mark.parametrize("kernel", ["flash_attn_3", "varlen_attn"])
+def test_kernels_without_dropout_refuse_a_training_dropout_naming_the_field(kernel):
+    with pytest.raises(ValueError, match=f"attention_kernel='{kernel}' has no attention dropout.*0.1"):
+        chosen_packed_kernel(kernel, "cuda", torch.bfloat16, 0.1)
+
+
+def test_kernels_with_dropout_or_float32_take_them():
+    assert chosen_packed_kernel("flash_attn", "cuda", torch.bfloat16, 0.1) == "flash_attn"
+    assert chosen_packed_kernel("xformers", "cuda", torch.float32, 0.1) == "xformers"
+    assert chosen_packed_kernel("padded_sdpa", "cuda", torch.float32, 0.1) == "padded_sdpa"
+
+
+def test_the_preflight_words_follow_the_choice_and_refuse_what_cannot_run(monkeypatch):
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN", False)
+    assert "PyTorch's varlen_attn" in training_attention_kernel("best_fit", "varlen", "cuda")
+    words = training_attention_kernel("best_fit", "varlen", "cuda", kernel="flash_attn_3")
+    assert "FlashAttention 3" in words and "(attention_kernel=flash_attn_3)" in words
+    words = training_attention_kernel("none", "sdpa", "cuda", unpad=False, kernel="flash_attn_3")
+    assert "SDPA with a key-padding mask" in words and "applies to batches with cu_seqlens only" in words
+    with pytest.raises(ValueError, match="attention_kernel='varlen_attn' has no attention dropout"):
+        training_attention_kernel("best_fit", "varlen", "cuda", dropout=0.1, kernel="varlen_attn")
+    # auto looks at the GPU it runs on: a preflight without one says what a Hopper GPU would run
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", True)
+    monkeypatch.setattr(attention, "_on_hopper", lambda: False)
+    assert "FlashAttention 3's instead on a Hopper GPU" in training_attention_kernel("best_fit", "varlen", "cuda")
+    monkeypatch.setattr(attention, "_on_hopper", lambda: True)
+    assert training_attention_kernel("best_fit", "varlen", "cuda").endswith(
+        "FlashAttention 3's flash_attn_varlen_func (flash_attn_interface, Hopper)")
+
+
+def test_the_preflight_refuses_a_kernel_the_run_cannot_use_naming_the_override():
+    from neobert.jobs.preflight import Preflight, attention_section
+    from neobert.jobs.pretrain import load_pretrain_config
+
+    config = load_pretrain_config("demo", ["model.overrides.attention_kernel=varlen_attn", "data.packing=best_fit"])
+    report = Preflight()
+    attention_section(report, config, NeoBERTConfig.from_preset("tiny", attention_kernel="varlen_attn"), "32-true")
+    [(key, why)] = report.refusals
+    assert key == "model.overrides.attention_kernel" and "takes bfloat16 or float16" in why
+    report = Preflight()
+    attention_section(report, config, NeoBERTConfig.from_preset("tiny", attention_kernel="varlen_attn"), "bf16-mixed")
+    assert not report.refusals and "PyTorch's varlen_attn" in "\n".join(report.lines)
+
+
+# ---------------------------------------------------------------------------------------------- the wiring
+def _attention_per_document(q, k, v, cu_seqlens):
+    """What every varlen kernel computes: each document attends to itself only."""
+    out = torch.empty_like(q)
+    bounds = cu_seqlens.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        out[start:end] = F.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1), k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)).transpose(0, 1)
+    return out
+
+
+class StandInKernels:
+    """FlashAttention 3 (`flash_attn_interface`), flash-attn and PyTorch's varlen_attn replaced by the attention they
+    compute, recording their arguments; the model's tensors pass for CUDA bf16 ones in the kernel's choice (the rest,
+    the arithmetic included, runs as on CPU)."""
+
+    def __init__(self, monkeypatch, fa3_returns_lse: bool = False):
+        self.calls: list[tuple[str, dict]] = []
+        calls = self.calls
+
+        def recorder(name, returns_lse=False):
+            def varlen(q, k, v, cu_q, cu_k, max_q, max_k, *args, **kwargs):
+                calls.append((name, dict(cu_q=cu_q, cu_k=cu_k, max_q=max_q, max_k=max_k, args=args, kwargs=kwargs)))
+                out = _attention_per_document(q, k, v, cu_q)
+                return (out, torch.zeros(q.shape[1], q.shape[0])) if returns_lse else out
+            return varlen
+
+        for module_name, name, returns_lse in (("flash_attn_interface", "flash_attn_3", fa3_returns_lse),
+                                               ("flash_attn", "flash_attn", False)):
+            module = types.ModuleType(module_name)
+            module.flash_attn_varlen_func = recorder(name, returns_lse)
+            monkeypatch.setitem(sys.modules, module_name, module)
+        monkeypatch.setattr(attention, "varlen_attn", recorder("varlen_attn"))
+        for flag in ("_HAS_FLASH_ATTN_3", "_HAS_FLASH_ATTN"):
+            monkeypatch.setattr(attention, flag, True)
+        monkeypatch.setattr(attention, "_on_hopper", lambda: True)
+        resolve = attention.chosen_packed_kernel
+        monkeypatch.setattr(attention, "chosen_packed_kernel",
+                            lambda choice, device_type, dtype, dropout_p: resolve(choice, "cuda", torch.bfloat16,
+                                                                                  dropout_p))
+
+
+def _packed_outputs(config: NeoBERTConfig, reference: NeoBERT, train: bool = False):
+    model = NeoBERT(config)
+    model.load_state_dict(reference.state_dict())
+    model.train(train)
+    ids = torch.randint(5, 1000, (CU_SEQLENS[-1],), generator=torch.Generator().manual_seed(0))
+    cu_seqlens = torch.tensor(CU_SEQLENS)  # int64 on purpose: the kernels get int32
+    return model(ids, cu_seqlens=cu_seqlens, max_seqlen=12).last_hidden_state
+
+
+@pytest.mark.parametrize("choice, called, fa3_returns_lse", [
+    ("flash_attn_3", "flash_attn_3", False),  # FlashAttention 3 returning out alone (later releases)
+    ("flash_attn_3", "flash_attn_3", True),  # and (out, softmax_lse) (early releases)
+    ("auto", "flash_attn_3", True),  # auto on a Hopper GPU with FlashAttention 3 installed
+    ("flash_attn", "flash_attn", False),
+    ("varlen_attn", "varlen_attn", False),
+])
+def test_the_chosen_kernel_runs_every_layer_with_int32_cu_seqlens_and_equals_padded_sdpa(monkeypatch, choice,
+                                                                                         called, fa3_returns_lse):
+    torch.manual_seed(0)
+    reference = NeoBERT(NeoBERTConfig.from_preset("tiny"))
+    expected = _packed_outputs(NeoBERTConfig.from_preset("tiny"), reference)  # CPU: padded_sdpa
+    kernels = StandInKernels(monkeypatch, fa3_returns_lse)
+    out = _packed_outputs(NeoBERTConfig.from_preset("tiny", attention_kernel=choice), reference)
+    assert [name for name, _ in kernels.calls] == [called] * reference.config.num_hidden_layers
+    for _, call in kernels.calls:
+        assert call["cu_q"].dtype == torch.int32 and call["cu_q"].tolist() == CU_SEQLENS
+        assert call["cu_k"] is call["cu_q"] and call["max_q"] == call["max_k"] == 12
+        if called == "flash_attn_3":  # no dropout argument (it has none), nothing beyond the varlen arguments
+            assert call["args"] == () and call["kwargs"] == {}
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_flash_attn_gets_the_training_dropout_and_none_in_eval(monkeypatch):
+    reference = NeoBERT(NeoBERTConfig.from_preset("tiny"))
+    kernels = StandInKernels(monkeypatch)
+    config = NeoBERTConfig.from_preset("tiny", attention_kernel="flash_attn", dropout=0.1)
+    _packed_outputs(config, reference, train=True)
+    _packed_outputs(config, reference, train=False)
+    layers = config.num_hidden_layers
+    assert [call["kwargs"]["dropout_p"] for _, call in kernels.calls] == [0.1] * layers + [0.0] * layers
+
+
+def test_a_kernel_without_dropout_raises_in_a_training_step_with_dropout(monkeypatch):
+    reference = NeoBERT(NeoBERTConfig.from_preset("tiny"))
+    StandInKernels(monkeypatch)
+    config = NeoBERTConfig.from_preset("tiny", attention_kernel="varlen_attn", dropout=0.1)
+    _packed_outputs(config, reference, train=False)  # no dropout in evaluation: runs
+    with pytest.raises(ValueError, match="attention_kernel='varlen_attn' has no attention dropout"):
+        _packed_outputs(config, reference, train=True)
+
+
+@pytest.mark.parametrize("kernel", EXPLICIT)
+def test_on_cpu_every_choice_runs_padded_sdpa_and_calls_no_kernel_package(monkeypatch, installed, kernel):
+    def never(*args, **kwargs):
+        raise AssertionError("a GPU kernel was called on CPU tensors")
+
+    for module_name in ("flash_attn_interface", "flash_attn"):
+        module = types.ModuleType(module_name)
+        module.flash_attn_varlen_func = never
+        monkeypatch.setitem(sys.modules, module_name, module)
+    monkeypatch.setattr(attention, "varlen_attn", never)
+    monkeypatch.setitem(sys.modules, "xformers", None)  # importing it would fail
+    torch.manual_seed(0)
+    reference = NeoBERT(NeoBERTConfig.from_preset("tiny"))
+    expected = _packed_outputs(NeoBERTConfig.from_preset("tiny"), reference)
+    out = _packed_outputs(NeoBERTConfig.from_preset("tiny", attention_kernel=kernel), reference, train=True)
+    torch.testing.assert_close(out, expected)  # dropout 0: train and eval agree
+
+
+# ---------------------------------------------------------------------------------------------- throughput
+def test_every_explicit_kernel_has_a_throughput_model_and_the_default_run_is_unchanged():
+    assert ATTENTION_KERNEL_MODELS == tuple(f"neobert-{kernel}" for kernel in EXPLICIT)
+    assert set(ATTENTION_KERNEL_MODELS) <= set(MODEL_NAMES)
+    assert not set(ATTENTION_KERNEL_MODELS) & set(ThroughputConfig().models)
+    ThroughputConfig(models=["neobert", *ATTENTION_KERNEL_MODELS]).validate()
+
+
+def test_a_kernel_that_cannot_run_here_is_a_row_saying_why(monkeypatch):
+    from neobert.eval.throughput import ModelUnavailable, build_model
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)
+    with pytest.raises(ModelUnavailable, match="needs FlashAttention 3"):
+        build_model("neobert-flash_attn_3", cpu, torch.float32, "tiny")
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", True)
+    with pytest.raises(ModelUnavailable, match="attention_kernel=flash_attn_3 runs on CUDA GPUs only"):
+        build_model("neobert-flash_attn_3", cpu, torch.float32, "tiny")
+    # on a GPU, the step's dtype and dropout decide (refused before the model is built: no GPU needed here)
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN", True)
+    with pytest.raises(ModelUnavailable, match="takes bfloat16 or float16"):
+        build_model("neobert-flash_attn", torch.device("cuda"), torch.float32, "tiny")
+    with pytest.raises(ModelUnavailable, match="has no attention dropout"):
+        build_model("neobert-varlen_attn", torch.device("cuda"), torch.float32, "bert-base",
+                    compute_dtype=torch.bfloat16, training=True)  # bert-base's dropout 0.1
+
+
+def test_measured_rows_are_labelled_with_the_kernel_that_ran_and_exercise_it(monkeypatch, tmp_path):
+    from neobert.eval.throughput_report import markdown_table
+    from neobert.jobs import throughput as job
+
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)
+    padded_sdpa_calls = []
+    by_padding = attention._attend_packed_by_padding
+    monkeypatch.setattr(attention, "_attend_packed_by_padding",
+                        lambda *args: padded_sdpa_calls.append(1) or by_padding(*args))
+    config = ThroughputConfig(models=["neobert", "neobert-padded_sdpa", "neobert-flash_attn_3"], neobert_preset="tiny",
+                              lengths=[16], layouts=["full", "padded", "unpadded"], batch_sizes=[2], repeats=1,
+                              warmup=0, device="cpu", matmul_calls=1)
+    rows = {(row.model, row.layout): row for row in job.run_throughput(config)}
+    assert rows["neobert", "full"].note == "attention: sdpa (no mask)"
+    assert rows["neobert", "padded"].note == "attention: sdpa (key-padding mask)"
+    assert rows["neobert", "unpadded"].note == "attention: padded_sdpa"  # what auto picks on a CPU
+    assert rows["neobert-padded_sdpa", "full"].note == "attention: padded_sdpa (rows as documents, cu_seqlens)"
+    assert rows["neobert-padded_sdpa", "unpadded"].note == "attention: padded_sdpa"
+    assert rows["neobert-padded_sdpa", "padded"].tokens_per_s is None  # it would time SDPA, not the kernel
+    assert rows["neobert-padded_sdpa", "padded"].note.startswith("padded batches run SDPA")
+    assert all(rows["neobert-padded_sdpa", layout].tokens_per_s > 0 for layout in ("full", "unpadded"))
+    for layout in ("full", "padded", "unpadded"):
+        assert rows["neobert-flash_attn_3", layout].tokens_per_s is None
+        assert "needs FlashAttention 3" in rows["neobert-flash_attn_3", layout].note
+    # the explicit kernel's full and unpadded steps went through it (2 layers, one timed step each), auto's unpadded
+    assert len(padded_sdpa_calls) == 2 * (2 + 1)
+    table = markdown_table(list(rows.values()))
+    assert "| neobert-padded_sdpa |" in table and "neobert-flash_attn_3: not available" in table

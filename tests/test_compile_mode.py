@@ -55,3 +55,51 @@ def test_without_cuda_graphs_no_step_is_marked(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: pytest.fail("no CUDA graphs here"))
     ids = torch.randint(5, 100, (2, 8))
     module({"input_ids": ids, "labels": torch.where(ids % 3 == 0, ids, -100)})
+
+
+def test_a_scope_needs_model_compile_and_a_known_name(tmp_path):
+    with pytest.raises(ConfigError, match=r"model\.compile_scope.*model\.compile=true"):
+        tiny_config(tmp_path, "model.compile_scope=blocks")
+    with pytest.raises(ConfigError, match=r"model\.compile_scope.*one of"):
+        tiny_config(tmp_path, "model.compile=true", "model.compile_scope=layers")
+
+
+def test_the_blocks_scope_compiles_each_encoder_block_and_leaves_the_rest_eager(tmp_path, monkeypatch):
+    """Regional compilation: every block's forward compiled (one graph they share), the embedding and the MLM head
+    not; the scope and the mode reach it from the pretraining config."""
+    config = tiny_config(tmp_path, *PACKED, "model.compile_scope=blocks",
+                         "model.compile_mode=max-autotune-no-cudagraphs")
+    tokenizer, model_config, _ = prepare(config)
+    module = MLMPretrainingModule(config, model_config, tokenizer)
+    compiled = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **kw: compiled.append((self, kw)))
+    module.configure_model()
+    blocks = list(module.model.model.transformer_encoder)
+    assert [m for m, _ in compiled] == blocks
+    assert all(kw == {"mode": "max-autotune-no-cudagraphs"} for _, kw in compiled)
+
+
+def test_per_block_compilation_computes_what_the_eager_model_does():
+    """The compiled blocks (Dynamo with the eager backend: no code generation, seconds on CPU) give the eager loss and
+    gradients, the model's own `compile(scope=...)` on a tiny model."""
+    from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
+
+    torch.manual_seed(0)
+    eager = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
+    regional = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
+    regional.load_state_dict(eager.state_dict())
+    regional.compile(scope="blocks", backend="eager", fullgraph=True)
+    ids = torch.randint(5, 1000, (2, 16))
+    labels = torch.where(ids % 4 == 0, ids, -100)
+    losses = []
+    for model in (eager, regional):
+        loss = model(ids, labels=labels, masked_only=True).loss
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[1], losses[0])
+    for p_regional, p_eager in zip(regional.parameters(), eager.parameters()):
+        torch.testing.assert_close(p_regional.grad, p_eager.grad)
+    assert all(block._compiled_call_impl is not None for block in regional.model.transformer_encoder)
+    assert regional._compiled_call_impl is None and regional.decoder._compiled_call_impl is None
+    with pytest.raises(ValueError, match="scope"):
+        regional.compile(scope="layers")

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional
 
-from neobert.config.common import (LoggingConfig, OptimizerConfig, SchedulerConfig, TrainerConfig,
+from neobert.config.common import (COMPILE_SCOPES, LoggingConfig, OptimizerConfig, SchedulerConfig, TrainerConfig,
                                    check_optimizer_strategy)
 from neobert.config.loader import require
 
@@ -36,6 +36,9 @@ class ModelConfig:
     # torch.compile's mode with model.compile: reduce-overhead replays each step as CUDA graphs (one launch instead of
     # hundreds; needs one batch shape, data.static_shapes), max-autotune also searches matmul kernels (slow to start).
     compile_mode: str = "default"
+    # model: one graph of the whole forward. blocks: each encoder block compiled on its own, one graph they share
+    # (compiles in the time of one block; the embedding and the MLM head stay eager, where kernels=liger fuses the loss)
+    compile_scope: str = "model"
     masked_only_logits: bool = True  # project to the vocabulary at masked positions only
 
 
@@ -327,6 +330,10 @@ class PretrainConfig:
                 f"must be one of {COMPILE_MODES}, got {model.compile_mode!r}")
         require(model.compile or model.compile_mode == "default", "model.compile_mode",
                 f"{model.compile_mode!r} is a mode of torch.compile: set model.compile=true too")
+        require(model.compile_scope in COMPILE_SCOPES, "model.compile_scope",
+                f"must be one of {COMPILE_SCOPES}, got {model.compile_scope!r}")
+        require(model.compile or model.compile_scope == "model", "model.compile_scope",
+                "chooses what torch.compile compiles: set model.compile=true too")
         # A CUDA graph replays fixed shapes: a batch of new shape records another graph (memory and time)
         require(model.compile_mode not in CUDA_GRAPH_MODES or str(data.static_shapes).lower() != "false"
                 and data.packing != "none", "model.compile_mode",

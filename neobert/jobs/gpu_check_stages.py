@@ -169,8 +169,8 @@ def measure_encoder(plan: Plan) -> tuple[float, float | None]:
                        model_config.max_length, model_config.vocab_size, model_config.pad_token_id, True,
                        neobert_forward)
     bench.module.to(device=device, dtype=WEIGHT_DTYPES.get(plan.precision, torch.float32))
-    if recipe.model.compile:
-        bench.module = torch.compile(bench.module, dynamic=False)
+    if recipe.model.compile:  # as the loop's module compiles it (its configure_model)
+        bench.module.compile(dynamic=False, mode=recipe.model.compile_mode, scope=recipe.model.compile_scope)
     batch = ceiling_batch(plan)
     autocast = AUTOCAST_DTYPES.get(plan.precision)
     for _ in range(plan.config.ceiling_warmup):

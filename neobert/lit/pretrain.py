@@ -80,7 +80,7 @@ class MLMPretrainingModule(L.LightningModule):
             fsdp2_shard(self.model, self.model.model.transformer_encoder, self.device_mesh["data_parallel"],
                         self.trainer.precision)
         if self.config.model.compile:
-            self.model.compile(mode=self.config.model.compile_mode)
+            self.model.compile(mode=self.config.model.compile_mode, scope=self.config.model.compile_scope)
 
     def forward(self, batch: dict):
         if self.config.model.compile_mode in CUDA_GRAPH_MODES:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from neobert.config.common import COMPILE_SCOPES
 from neobert.model import checkpoint
 from neobert.model.attention import (
     AttentionLayout,
@@ -111,6 +112,20 @@ class NeoBERTPreTrained(nn.Module):
     def _reads_device(self) -> bool:
         """Whether the forward may read device values on the host (never inside a compiled graph)."""
         return self.validate_inputs and not torch.compiler.is_compiling()
+
+    def compile(self, *args, scope: str = "model", **kwargs) -> None:
+        """`torch.compile` in place (`nn.Module.compile`'s arguments). scope="blocks" compiles each encoder block on
+        its own (regional compilation): the blocks share one compiled graph, so compiling costs one block's time, not
+        the whole depth's, while the embedding and the heads run eager (the MLM loss fused by kernels="liger" there).
+        scope="model": one graph of the whole forward, the head's loss included."""
+        if scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile scope must be one of {COMPILE_SCOPES}, got {scope!r}")
+        if scope == "model":
+            super().compile(*args, **kwargs)
+            return
+        encoder = self if isinstance(self, NeoBERT) else self.model
+        for block in encoder.transformer_encoder:
+            block.compile(*args, **kwargs)
 
     def init_weights(self) -> None:
         self.apply(self._init_module)
@@ -274,7 +289,8 @@ class NeoBERT(NeoBERTPreTrained):
             longest = input_ids.shape[1]
         if longest > config.max_length:
             raise ValueError(f"sequence length {longest} exceeds max_length={config.max_length}")
-        if check_values and position_ids is not None and position_ids.numel() and int(position_ids.max()) >= config.max_length:
+        if (check_values and position_ids is not None and position_ids.numel()
+                and int(position_ids.max()) >= config.max_length):
             raise ValueError(f"position id {int(position_ids.max())} exceeds max_length={config.max_length}")
 
 

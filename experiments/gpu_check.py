@@ -7,10 +7,11 @@ reload, and peak memory against the preflight's estimate; one table (output_dir/
     python -m experiments.gpu_check --config demo --steps 20 --no-targets          # any machine, a CPU too
 
 `key=value` arguments are the check's own keys (steps, warmup_steps, resume_steps, devices, plain_strategy,
-ceiling_repeats, profile, profile_steps, output_dir, overwrite, targets.loop_vs_ceiling, targets.strategy_vs_plain, targets.enforce) or
-overrides of the recipe (any other key: data.source=..., trainer.micro_batch_size=...). Exit status 1 when a stage
-failed or a ratio is under its target (targets are enforced on CUDA unless targets.enforce=false; on a CPU only
-with targets.enforce=true). See docs/pretraining.md, "First GPU run".
+ceiling_repeats, profile, profile_steps, speed_only, output_dir, overwrite, targets.loop_vs_ceiling,
+targets.strategy_vs_plain, targets.enforce) or overrides of the recipe (any other key: data.source=...,
+trainer.micro_batch_size=...). Exit status 1 when a stage failed or a ratio is under its target (targets are enforced
+on CUDA unless targets.enforce=false; on a CPU only with targets.enforce=true). See docs/pretraining.md, "First GPU
+run".
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from neobert.eval.kernel_profile import CATEGORIES, MATMUL, MLM_LOSS
 from neobert.jobs.cli import run_cli
 from neobert.jobs.gpu_check import make_plan
 from neobert.jobs.gpu_check_stages import head_step
-from neobert.layout import (GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV,
-                            GPU_CHECK_TRACE)
+from neobert.layout import (GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV,
+                            GPU_CHECK_PROFILE_NAMES_CSV, GPU_CHECK_TRACE)
 from neobert.model.modeling import IGNORE_INDEX
 
 ENCODER, CEILING, PROFILE = "encoder alone (reference)", "model + MLM head (ceiling)", "profile: model + MLM head"
@@ -178,3 +178,16 @@ def test_overrides_are_the_checks_or_the_recipes():
 def test_too_few_steps_for_a_measured_interval_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="invalid config key 'steps'.*log_every_n_steps"):
         main(tiny_check(tmp_path, "logging.log_every_n_steps=3"))  # 4 steps: one read after the warm-up, no interval
+
+
+def test_speed_only_measures_the_ceilings_and_the_recipes_loop_and_skips_the_rest(tmp_path):
+    """speed_only=true, for comparing kernel or compile variants: the two ceiling rows and the recipe's loop are
+    measured; the plain loop, the resume and the export are reported as skipped and never run."""
+    assert run_cli(main, tiny_check(tmp_path, "trainer.strategy=ddp", "speed_only=true")) == 0
+    markdown, summary = report(tmp_path)
+    rows = {row["stage"]: row for row in summary["rows"]}
+    assert [rows[stage]["status"] for stage in (ENCODER, CEILING, "loop, recipe's strategy")] == ["ok"] * 3
+    assert rows["loop, recipe's strategy"]["loop_vs_ceiling"] is not None
+    skipped = [row for row in rows.values() if row["status"] == "skipped"]
+    assert len(skipped) == 3 and all(row["notes"] == "speed_only=true" for row in skipped)
+    assert not (tmp_path / "check" / GPU_CHECK_PLAIN_RUN).exists() and summary["passed"]

@@ -93,16 +93,22 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
         rows[ENCODER], rows[CEILING] = StageRow(ENCODER, status=SKIPPED), StageRow(CEILING, status=SKIPPED)
     recipe_strategy = plan.recipe.trainer.strategy
     rows[RECIPE_LOOP], recipe_config = loop_stage(plan, RECIPE_LOOP, recipe_strategy, GPU_CHECK_RECIPE_RUN)
-    if plan.plain_strategy == recipe_strategy:
+    if config.speed_only:
+        for stage in (PLAIN_LOOP, RESUME, EXPORT):
+            rows[stage] = StageRow(stage, status=SKIPPED, notes="speed_only=true")
+        plain_config = None
+    elif plan.plain_strategy == recipe_strategy:
         rows[PLAIN_LOOP], plain_config = StageRow(PLAIN_LOOP, recipe_strategy, notes=(
             f"the recipe's strategy is the plain one ({recipe_strategy}): measured once, in the row above")), None
     else:
         rows[PLAIN_LOOP], plain_config = loop_stage(plan, PLAIN_LOOP, plan.plain_strategy, GPU_CHECK_PLAIN_RUN)
     resumed = recipe_config or plain_config  # the recipe's loop, or the plain one where the recipe's could not run
-    rows[RESUME] = resume_stage(plan, resumed)
+    if not config.speed_only:
+        rows[RESUME] = resume_stage(plan, resumed)
     if not rank_zero:
         return GpuCheckResult(str(plan.device), config.config, list(rows.values()), [], False)
-    rows[EXPORT] = export_stage(plan, resumed)
+    if not config.speed_only:
+        rows[EXPORT] = export_stage(plan, resumed)
     enforced = config.targets.enforce if config.targets.enforce is not None else plan.device.type == "cuda"
     failures = judge(rows, config, enforced)
     result = GpuCheckResult(device_name(plan.device), config.config, list(rows.values()), failures, enforced,

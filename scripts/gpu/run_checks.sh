@@ -1,12 +1,27 @@
 #!/usr/bin/env bash
-# On a GPU machine: the checks of docs/benchmarks.md's GPU sections in one call, each with its own time limit, so a
-# short lease still returns what finished. Reads what scripts/gpu/prepare_offline.sh wrote (wheels are installed
-# into /tmp/site when present); writes logs and CSVs into RESULTS (default: $OUT, else runs/gpu_checks).
-#   bash scripts/gpu/run_checks.sh [PREPARED=.gpu] [RESULTS]
+# On a GPU machine: the checks of docs/benchmarks.md's GPU sections, each with its own time limit, so a short lease
+# still returns what finished. Reads what scripts/gpu/prepare_offline.sh wrote (wheels are installed into /tmp/site
+# when present); writes logs, reports and CSVs into RESULTS (default: $OUT, else runs/gpu_checks).
+#   bash scripts/gpu/run_checks.sh [PREPARED=.gpu] [RESULTS] [STEP ...]
+# STEPs, most wanted first (the default: all of them in this order; a device call runs 10 minutes at most, so name
+# the ones that fit):
+#   tests            the fused kernels and the attention kernels against the eager path (CUDA tests)      ~1 min
+#   check_liger      gpu_check speed_only, kernels=liger (Liger's norms, SwiGLU and fused MLM loss), profile ~2 min
+#   check_packed     gpu_check speed_only, eager on best-fit packed rows of one shape (the compiled steps' data) ~2 min
+#   check_blocks     the same, model.compile=true compile_scope=blocks                                  ~2 min
+#   check_compiled   the same, model.compile=true (the whole forward)                                   ~4 min
+#   check_graphs     the same, compile_scope=blocks compile_mode=reduce-overhead (CUDA graphs)          ~3 min
+#   check            gpu_check, the recipe as shipped, every stage, profile                              ~4 min
+#   attention        throughput training per attention kernel (full rows as documents, unpadded)         ~2 min
+#   train            throughput training: eager, liger, bert-base                                        ~2 min
+#   infer            throughput inference: eager, liger, bert-base, modernbert-base                      ~2 min
+#   compiled         throughput training compiled: neobert, bert-base                                    ~2 min
 set -u
 cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
+shift $(( $# < 2 ? $# : 2 ))
+STEPS=${*:-tests check_liger check_packed check_blocks check_compiled check_graphs check attention train infer compiled}
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$PREPARED"/wheels/*.whl || exit 1
@@ -14,30 +29,55 @@ if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 LOG=$RESULTS/log.txt
-step() { echo "=== $(date -u +%T) $*" | tee -a "$LOG"; }
+say() { echo "=== $(date -u +%T) $*" | tee -a "$LOG"; }
 # throughput NAME SECONDS key=value...: one experiments.throughput run, its tables logged, its CSV kept as NAME.csv
 throughput() {
     local name=$1 seconds=$2
     shift 2
-    timeout "$seconds" python3 -m experiments.throughput "$@" output_dir=/tmp/"$name" 2>&1 | tail -14 | tee -a "$LOG"
+    timeout "$seconds" python3 -m experiments.throughput "$@" output_dir=/tmp/"$name" 2>&1 | tail -16 | tee -a "$LOG"
     cp /tmp/"$name"/throughput.csv "$RESULTS"/"$name".csv
 }
+# gpu_check NAME SECONDS key=value...: experiments.gpu_check --config neobert on the prepared corpus and tokenizer,
+# 16 steps (4 left out of tokens/s); its report, JSON and profile tables kept in RESULTS/NAME/
+gpu_check() {
+    local name=$1 seconds=$2
+    shift 2
+    mkdir -p "$RESULTS"/"$name"
+    timeout "$seconds" python3 -m experiments.gpu_check --config neobert --steps 16 warmup_steps=4 resume_steps=4 \
+        logging.log_every_n_steps=2 data.source="$PREPARED"/corpus data.tokenizer="$PREPARED"/tokenizer \
+        output_dir=/tmp/"$name" overwrite=true "$@" > /tmp/"$name".log 2>&1
+    echo "$name exit $?" | tee -a "$LOG"
+    cp /tmp/"$name"/gpu_check.md /tmp/"$name"/gpu_check.json /tmp/"$name"/gpu_check_profile*.csv "$RESULTS"/"$name"/ \
+        2>/dev/null
+    [ -f "$RESULTS"/"$name"/gpu_check.md ] && cat "$RESULTS"/"$name"/gpu_check.md >> "$LOG" \
+        || tail -40 /tmp/"$name".log >> "$LOG"
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$LOG"
-step "the fused kernels against the eager path"
-timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py 2>&1 | tail -6 | tee -a "$LOG"
-step "training throughput: eager, liger, bert-base"
-throughput throughput_training 120 mode=training 'lengths=[512,1024]' 'models=[neobert,neobert-liger,bert-base]' \
-    'batch_sizes=[32,64]' search_top=2 repeats=5
-step "the recipe on this node: experiments.gpu_check --config neobert"
-timeout 240 python3 -m experiments.gpu_check --config neobert --steps 16 warmup_steps=4 resume_steps=4 \
-    logging.log_every_n_steps=2 data.source="$PREPARED"/corpus data.tokenizer="$PREPARED"/tokenizer \
-    output_dir=/tmp/gpu_check > /tmp/gpu_check.log 2>&1
-echo "gpu_check exit $?" | tee -a "$LOG"
-cp /tmp/gpu_check/gpu_check.md /tmp/gpu_check/gpu_check.json "$RESULTS"/ 2>/dev/null || tail -40 /tmp/gpu_check.log >> "$LOG"
-step "inference throughput: eager, liger, bert-base, modernbert-base"
-throughput throughput_inference 90 mode=inference 'lengths=[512,1024,4096]' \
-    'models=[neobert,neobert-liger,bert-base,modernbert-base]' 'batch_sizes=[16,32,64]' search_top=2 repeats=3
-step "training throughput, compiled: neobert, bert-base"
-throughput throughput_compiled 100 mode=training 'lengths=[512]' 'models=[neobert,bert-base]' 'batch_sizes=[64]' \
-    search_top=1 repeats=5 compile=true
-step done
+for step in $STEPS; do
+    say "$step"
+    case $step in
+        tests) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_attention_kernels.py \
+                   2>&1 | tail -8 | tee -a "$LOG" ;;
+        check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
+        # Compiling needs batches of one shape: best-fit packed rows (data.static_shapes auto follows model.compile)
+        check_packed) gpu_check check_packed 150 speed_only=true data.packing=best_fit ;;
+        check_blocks) gpu_check check_blocks 200 speed_only=true data.packing=best_fit model.compile=true \
+                          model.compile_scope=blocks ;;
+        check_compiled) gpu_check check_compiled 300 speed_only=true data.packing=best_fit model.compile=true ;;
+        check_graphs) gpu_check check_graphs 240 speed_only=true data.packing=best_fit model.compile=true \
+                          model.compile_scope=blocks model.compile_mode=reduce-overhead ;;
+        check) gpu_check check 240 profile=true ;;
+        attention) throughput throughput_attention 150 mode=training 'lengths=[1024]' 'layouts=[full,unpadded]' \
+                       'models=[neobert,neobert-flash_attn_3,neobert-flash_attn,neobert-varlen_attn,neobert-padded_sdpa]' \
+                       'batch_sizes=[32]' search_top=1 repeats=5 ;;
+        train) throughput throughput_training 120 mode=training 'lengths=[512,1024]' \
+                   'models=[neobert,neobert-liger,bert-base]' 'batch_sizes=[32,64]' search_top=2 repeats=5 ;;
+        infer) throughput throughput_inference 90 mode=inference 'lengths=[512,1024,4096]' \
+                   'models=[neobert,neobert-liger,bert-base,modernbert-base]' 'batch_sizes=[16,32,64]' search_top=2 \
+                   repeats=3 ;;
+        compiled) throughput throughput_compiled 100 mode=training 'lengths=[512]' 'models=[neobert,bert-base]' \
+                      'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
+        *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;
+    esac
+done
+say done

@@ -17,14 +17,14 @@ import sys
 from neobert.config import flag_overrides, load_config
 from neobert.config.throughput import ThroughputConfig
 from neobert.jobs.cli import add_debug_flag, print_report, run_cli
+from neobert.config.throughput import MODEL_NAMES
 from neobert.jobs.throughput import run_throughput_job
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file with ThroughputConfig keys")
-    parser.add_argument("--models", help="comma-separated: neobert,neobert-official,bert-base,roberta-base,"
-                                         "modernbert-base")
+    parser.add_argument("--models", help="comma-separated, any of: " + ",".join(MODEL_NAMES))
     parser.add_argument("--lengths", help="comma-separated sequence lengths, e.g. 128,512,1024")
     parser.add_argument("--batch-sizes", help="comma-separated candidates; one value fixes the batch size")
     parser.add_argument("--layouts", help="comma-separated: full,padded,unpadded")

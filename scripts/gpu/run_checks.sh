@@ -9,6 +9,7 @@
 #   check_liger      gpu_check speed_only, kernels=liger (Liger's norms, SwiGLU and fused MLM loss), profile ~2 min
 #   check_packed     gpu_check speed_only, eager on best-fit packed rows of one shape (the compiled steps' data) ~2 min
 #   check_blocks     the same, model.compile=true compile_scope=blocks                                  ~2 min
+#   check_blocks_liger  the same + kernels=liger (compiled blocks, Liger's fused MLM loss in the eager head) ~2 min
 #   check_compiled   the same, model.compile=true (the whole forward)                                   ~4 min
 #   check_graphs     the same, compile_scope=blocks compile_mode=reduce-overhead (CUDA graphs)          ~3 min
 #   check            gpu_check, the recipe as shipped, every stage, profile                              ~4 min
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests check_liger check_packed check_blocks check_compiled check_graphs check attention train infer compiled}
+STEPS=${*:-tests check_liger check_packed check_blocks check_blocks_liger check_compiled check_graphs check attention train infer compiled}
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$PREPARED"/wheels/*.whl || exit 1
@@ -63,6 +64,8 @@ for step in $STEPS; do
         check_packed) gpu_check check_packed 150 speed_only=true data.packing=best_fit ;;
         check_blocks) gpu_check check_blocks 200 speed_only=true data.packing=best_fit model.compile=true \
                           model.compile_scope=blocks ;;
+        check_blocks_liger) gpu_check check_blocks_liger 200 speed_only=true data.packing=best_fit model.compile=true \
+                                model.compile_scope=blocks model.overrides.kernels=liger ;;
         check_compiled) gpu_check check_compiled 300 speed_only=true data.packing=best_fit model.compile=true ;;
         check_graphs) gpu_check check_graphs 240 speed_only=true data.packing=best_fit model.compile=true \
                           model.compile_scope=blocks model.compile_mode=reduce-overhead ;;

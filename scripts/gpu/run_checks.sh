@@ -17,12 +17,13 @@
 #   train            throughput training: eager, liger, bert-base                                        ~2 min
 #   infer            throughput inference: eager, liger, bert-base, modernbert-base                      ~2 min
 #   compiled         throughput training compiled: neobert, bert-base                                    ~2 min
+#   infer_compiled   throughput inference compiled at 512: neobert, bert-base (the per-FLOP target)       ~2 min
 set -u
 cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests check_liger check_packed check_blocks check_blocks_liger check_compiled check_graphs check attention train infer compiled}
+STEPS=${*:-tests check_liger check_packed check_blocks check_blocks_liger check_compiled check_graphs check attention train infer compiled infer_compiled}
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$PREPARED"/wheels/*.whl || exit 1
@@ -80,6 +81,8 @@ for step in $STEPS; do
                    repeats=3 ;;
         compiled) throughput throughput_compiled 100 mode=training 'lengths=[512]' 'models=[neobert,bert-base]' \
                       'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
+        infer_compiled) throughput throughput_inference_compiled 120 mode=inference 'lengths=[512]' \
+                            'models=[neobert,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
         *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;
     esac
 done

@@ -191,3 +191,5 @@ def test_speed_only_measures_the_ceilings_and_the_recipes_loop_and_skips_the_res
     skipped = [row for row in rows.values() if row["status"] == "skipped"]
     assert len(skipped) == 3 and all(row["notes"] == "speed_only=true" for row in skipped)
     assert not (tmp_path / "check" / GPU_CHECK_PLAIN_RUN).exists() and summary["passed"]
+    # a variant's report says what it was: the loop only, and the recipe's overrides
+    assert "the recipe's loop only (speed_only=true)" in markdown and "trainer.strategy=ddp" in markdown

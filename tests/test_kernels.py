@@ -265,6 +265,29 @@ torch.testing.assert_close(loss, reference)
 for got, t in zip(fused, (rows, weight, bias)):
     torch.testing.assert_close(got, t.grad)
 assert predictions[3] == -1 and torch.equal(predictions[targets != -100], logits.argmax(-1)[targets != -100])
+
+# The model's head on it: the masked_index path with a filler entry, against the eager head (the encoder stays eager:
+# only the head is told it runs on a GPU).
+from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM, modeling
+from neobert.model import config as model_config_module
+model_config_module.liger_missing_reason = lambda: None
+modeling.use_liger = lambda kernels, x: kernels == "liger"
+eager = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
+liger = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", kernels="liger"))
+liger.load_state_dict(eager.state_dict())
+ids = torch.randint(5, 1000, (2, 12))
+labels = torch.where(torch.rand(ids.shape) < 0.3, ids, torch.full_like(ids, -100))
+labels[0, 0], labels[0, 1] = ids[0, 0], -100
+index = torch.cat([(labels.reshape(-1) != -100).nonzero().squeeze(1), torch.tensor([1])])
+outputs = []
+for model in (eager, liger):
+    out = model(ids, labels=labels, masked_index=index)
+    out.loss.backward()
+    outputs.append(out)
+assert outputs[1].logits is None
+torch.testing.assert_close(outputs[1].loss, outputs[0].loss)
+for p_liger, p_eager in zip(liger.parameters(), eager.parameters()):
+    torch.testing.assert_close(p_liger.grad, p_eager.grad, rtol=1e-4, atol=1e-6)
 print("ok")
 """
 
@@ -273,7 +296,7 @@ print("ok")
                     reason="Liger-Kernel under Triton's CPU interpreter needs the triton and liger-kernel packages")
 def test_our_call_of_ligers_fused_linear_cross_entropy_under_tritons_interpreter():
     """The real Liger function on a CPU, its Triton kernels run by Triton's interpreter: our positional call (sum
-    reduction, argmax output) gives PyTorch's loss, gradients and predictions. Liger's RMSNorm cannot run there
+    reduction, argmax output) gives PyTorch's loss, gradients and predictions, and so does the model's fused head. Liger's RMSNorm cannot run there
     (the interpreter fails on it), its fused loss can."""
     result = subprocess.run([sys.executable, "-c", LIGER_UNDER_THE_INTERPRETER], capture_output=True, text=True,
                             env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)

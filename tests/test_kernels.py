@@ -101,6 +101,7 @@ class ReferenceLiger:
                 assert (ce_weight, lse_square_scale, label_smoothing, softcap, use_token_scaling) == (None, 0.0, 0.0,
                                                                                                        None, False)
                 assert reduction == "sum" and return_predicted_tokens and not return_z_loss
+                assert accum_dtype == torch.float32  # the weight's gradient summed over chunks in float32
                 reference.loss_calls += 1
                 logits = F.linear(rows, weight, bias)
                 loss = F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction="sum")
@@ -360,3 +361,29 @@ def test_liger_kernels_equal_the_eager_path_on_cuda(preset):
                   for model in (eager, liger)]
     assert errors[1] <= 1.5 * errors[0] + 1e-3, f"bf16 error vs float32: liger {errors[1]:.4f}, eager {errors[0]:.4f}"
 
+
+
+@needs_liger_on_cuda
+def test_the_fused_loss_with_bf16_weights_is_no_further_from_float32_than_the_eager_head():
+    """DeepSpeed's bf16 keeps bf16 weights: the fused loss's decoder gradient, summed over its chunks in float32, is
+    as close to the float32 model's as the eager head's one bf16 matmul."""
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    reference = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("neobert", attention_backend="varlen")).to(device)
+    ids = torch.randint(5, 30000, (8, 512), device=device)
+    labels = torch.where(torch.rand(ids.shape, device=device) < 0.2, ids, torch.full_like(ids, -100))
+    index = (labels.reshape(-1) != -100).nonzero().squeeze(1)
+    gradients = {}
+    for name, kernels, dtype in (("float32", "eager", torch.float32), ("eager", "eager", torch.bfloat16),
+                                 ("liger", "liger", torch.bfloat16)):
+        model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("neobert", attention_backend="varlen", kernels=kernels))
+        model.load_state_dict(reference.state_dict())
+        model.to(device=device, dtype=dtype)
+        out = model(ids.reshape(-1), labels=labels.reshape(-1), masked_index=index,
+                    cu_seqlens=torch.arange(0, 9 * 512, 512, dtype=torch.int32, device=device), max_seqlen=512)
+        assert (out.logits is None) == (kernels == "liger")
+        out.loss.backward()
+        gradients[name] = model.decoder.weight.grad.float()
+    errors = {name: ((gradients[name] - gradients["float32"]).norm() / gradients["float32"].norm()).item()
+              for name in ("eager", "liger")}
+    assert errors["liger"] <= 1.5 * errors["eager"] + 1e-3, errors

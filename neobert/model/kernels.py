@@ -73,11 +73,14 @@ def liger_linear_cross_entropy(rows: Tensor, weight: Tensor, bias: Tensor | None
     logits: Liger's fused linear cross-entropy, chunk by chunk. Rows whose target is `ignore_index` count for nothing
     (their prediction is -1). reduction="sum": the caller divides by its own count, so that a batch with nothing to
     score gives 0, as the eager head does. Liger reads the number of scored rows on the host (one device sync per
-    call) and under autocast runs the matmuls in its dtype with float32 weight gradients."""
+    call) and under autocast runs the matmuls in its dtype."""
     from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction  # optional, GPU-only
 
     # Positional: input, weight, target, bias, ce_weight, ignore_index, lse_square_scale, label_smoothing, reduction,
     # softcap, return_z_loss, accum_dtype, use_token_scaling, return_token_accuracy, return_predicted_tokens.
+    # accum_dtype float32: the weight's gradient is summed over the chunks in float32 even where the weights are bf16
+    # (DeepSpeed's bf16), as one eager matmul would accumulate it, not rounded to bf16 after every chunk.
     loss, _, _, predictions = LigerFusedLinearCrossEntropyFunction.apply(
-        rows, weight, targets, bias, None, ignore_index, 0.0, 0.0, "sum", None, False, None, False, False, True)
+        rows, weight, targets, bias, None, ignore_index, 0.0, 0.0, "sum", None, False, torch.float32, False, False,
+        True)
     return loss, predictions

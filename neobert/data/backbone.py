@@ -23,7 +23,7 @@ from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
 from neobert.errors import ConfigError
 from neobert.hub import is_hub_name, require_hub
 from neobert.layout import CONFIG_NAME, has_tokenizer
-from neobert.model.config import NeoBERTConfig
+from neobert.model.config import ModelFieldError, NeoBERTConfig
 from neobert.model.modeling import NeoBERT
 
 log = logging.getLogger(__name__)
@@ -73,11 +73,30 @@ class Backbone(nn.Module):
 def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: str = "model",
                   **neobert_overrides) -> Backbone:
     """`tokenizer` overrides where the tokenizer comes from (default: beside the weights, else bert-base-uncased
-    for NeoBERT). `neobert_overrides` are NeoBERTConfig fields (e.g. attention_backend) for NeoBERT models."""
+    for NeoBERT). `neobert_overrides` are NeoBERTConfig fields (e.g. kernels), each set by the job's config key of
+    the same name: a value the model cannot take is a ConfigError naming that key; other encoders ignore them (a
+    warning says so where one differs from NeoBERT's default)."""
+    try:
+        backbone = _load_backbone(name_or_path, tokenizer, config_key, neobert_overrides)
+    except ModelFieldError as err:
+        if err.field not in neobert_overrides:  # a field of the checkpoint itself, not the job's
+            raise
+        raise ConfigError(f"invalid config key {err.field!r}: {err.reason}") from err
+    defaults = NeoBERTConfig()
+    ignored = sorted(k for k, v in neobert_overrides.items() if v != getattr(defaults, k))
+    if ignored and not backbone.is_neobert:
+        log.warning("%s apply to NeoBERT models only: %s runs its own code",
+                    ", ".join(f"{k}={neobert_overrides[k]}" for k in ignored), name_or_path)
+    return backbone
+
+
+def _load_backbone(name_or_path: str, tokenizer: str | None, config_key: str, neobert_overrides: dict) -> Backbone:
     tokenizer_key = "tokenizer" if tokenizer else config_key
     if name_or_path.startswith("preset:"):
         try:
             config = NeoBERTConfig.from_preset(name_or_path.removeprefix("preset:"), **neobert_overrides)
+        except ModelFieldError:
+            raise
         except ValueError as err:  # an unknown preset
             raise ConfigError(f"{config_key}={name_or_path!r}: {err}") from err
         encoder = NeoBERT(config)

@@ -215,7 +215,7 @@ def run_task(job: FineTuneJob, config, sweep: bool = False) -> TaskRun:
     job.check_hub_sources(config, task)
     task_dir = job.output_root(config) / task.name
     prepare_task_dir(task_dir, config.overwrite, job.run_inputs(config, task))
-    backbone = load_backbone(config.model, tokenizer=config.tokenizer)
+    backbone = load_backbone(config.model, tokenizer=config.tokenizer, kernels=config.kernels)
     datamodule = job.datamodule(task, backbone.tokenizer, config.data, seed=config.trainer.seed)
 
     def fine_tune(run_config, run_dir: Path) -> dict:

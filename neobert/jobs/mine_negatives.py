@@ -128,7 +128,7 @@ def build_embedder(config: MiningConfig, embedder: str) -> Embedder:
         return _sentence_transformers_embedder(config, device)
     from neobert.eval.mteb import embed_texts  # imports mteb (heavy): only for the backbone embedder
 
-    backbone = load_backbone(config.model, tokenizer=config.tokenizer).to(device)
+    backbone = load_backbone(config.model, tokenizer=config.tokenizer, kernels=config.kernels).to(device)
     dtype = torch.bfloat16 if device.type == "cuda" else None  # as the MTEB evaluation: bf16 on GPU only
     block = config.batch_size * BATCHES_PER_PROGRESS_STEP
 

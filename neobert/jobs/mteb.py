@@ -20,7 +20,6 @@ from neobert.config.mteb import MtebConfig
 from neobert.data.backbone import load_backbone
 from neobert.eval.mteb import MtebEncoder, TaskInstructions, resolve_tasks, score_tasks, trained_dims
 from neobert.layout import MTEB_SUMMARY_JSON, MTEB_SUMMARY_MD, RESULTS_JSON
-from neobert.model.config import ModelFieldError
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +37,7 @@ TABLE4_COLUMNS = {
 
 def evaluate_model(config: MtebConfig, show_progress_bar: bool = True) -> dict[str, Any]:
     tasks = resolve_tasks(config.tasks, config.max_examples, config.beir_split)  # before loading the model: bad specs fail fast
-    try:
-        backbone = load_backbone(config.model, tokenizer=config.tokenizer, kernels=config.kernels)
-    except ModelFieldError as err:
-        if err.field != "kernels":  # the one NeoBERTConfig field this job sets; others are the checkpoint's
-            raise
-        raise ConfigError(f"invalid config key 'kernels': {err.reason}") from err
-    if config.kernels != "eager" and not backbone.is_neobert:
-        log.warning("kernels=%s applies to NeoBERT models only: %s runs its own code", config.kernels, config.model)
+    backbone = load_backbone(config.model, tokenizer=config.tokenizer, kernels=config.kernels)
     dims = trained_dims(config.model)
     if config.dim is not None and config.dim != backbone.hidden_size and config.dim not in (dims or []):
         log.warning("dim=%d: %s was not trained for this truncation (%s); its scores may be poor", config.dim,

@@ -334,7 +334,7 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
             rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, masked_index)
             # The mean over the targets that are not -100; 0 when there are none (an empty index, or filler only).
             scored = (targets != IGNORE_INDEX).sum().clamp(min=1)
-            if rows.shape[0] and self._fuses_loss(rows):
+            if self._fuses_loss(rows):
                 loss, predictions = liger_linear_cross_entropy(rows, self.decoder.weight, self.decoder.bias, targets,
                                                                IGNORE_INDEX)
                 return MaskedLMOutput(None, loss / scored, hidden, masked_index=masked_index, predictions=predictions)
@@ -346,7 +346,7 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
                 raise ValueError("masked_only=True needs labels to know which positions are masked")
             positions = labels != IGNORE_INDEX
             rows = hidden[positions]
-            if rows.shape[0] and self._fuses_loss(rows):
+            if self._fuses_loss(rows):
                 loss, predictions = liger_linear_cross_entropy(rows, self.decoder.weight, self.decoder.bias,
                                                                labels[positions], IGNORE_INDEX)
                 return MaskedLMOutput(None, loss / rows.shape[0], hidden, positions, predictions=predictions)
@@ -363,8 +363,10 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
     def _fuses_loss(self, rows: Tensor) -> bool:
         """Whether the masked rows' decoder and loss run as one fused kernel (neobert.model.kernels): with
         kernels="liger" on a GPU, and only when a backward follows (the fused kernel computes the gradients in the
-        forward; evaluation wants the logits). Only the masked-row paths fuse: full logits are asked for to be read."""
-        return torch.is_grad_enabled() and rows.requires_grad and use_liger(self.config.kernels, rows)
+        forward; evaluation wants the logits), over at least one row (Liger's chunking divides by their number).
+        Only the masked-row paths fuse: full logits are asked for to be read."""
+        return (rows.shape[0] > 0 and torch.is_grad_enabled() and rows.requires_grad
+                and use_liger(self.config.kernels, rows))
 
 
 class ClassificationHead:

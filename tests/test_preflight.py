@@ -196,3 +196,27 @@ def test_the_activation_estimate_takes_the_highest_masking_rate_of_the_schedule(
     tokens = config.trainer.micro_batch_size * config.data.max_length
     assert config_activation_bytes(config, model_config) == activation_bytes(model_config, tokens, "bf16-mixed",
                                                                              0.4 * tokens)
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ((), ["- norms, SwiGLU, RoPE in the blocks: PyTorch's eager ops",
+          "- the MLM head's loss: the decoder at the masked rows, then PyTorch's cross-entropy"]),
+    (("model.overrides.kernels=liger",),
+     ["- norms, SwiGLU, RoPE in the blocks: Liger-Kernel's RMSNorm and fused SwiGLU (RoPE: ours)",
+      "- the MLM head's loss: Liger's fused linear cross-entropy: no logits kept for the backward, one host read"]),
+    (("data.packing=best_fit", "model.compile=true", "model.compile_scope=blocks", "model.compile_mode=reduce-overhead",
+      "model.overrides.kernels=liger"),
+     ["- torch.compile, mode reduce-overhead (CUDA graphs: one batch shape, data.static_shapes): each encoder block on "
+      "its own (one shared graph)", "- norms, SwiGLU, RoPE in the blocks: Inductor's fused kernels",
+      "- the MLM head's loss: Liger's fused linear cross-entropy"]),
+    (("data.packing=best_fit", "model.compile=true"),
+     ["- torch.compile, mode default: the whole forward", "- the MLM head's loss: compiled with the forward"]),
+])
+def test_the_report_says_what_runs_the_elementwise_work_and_the_loss(tmp_path, monkeypatch, overrides, expected):
+    from neobert.model import config as model_config_module
+
+    monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
+    text = preflight_report(tiny_config(tmp_path, *overrides)).text()
+    assert "## Kernels and compilation" in text
+    for line in expected:
+        assert line in text, line

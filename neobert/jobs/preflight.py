@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import torch
 
 from neobert.config import ConfigError
-from neobert.config.pretrain import PretrainConfig
+from neobert.config.pretrain import CUDA_GRAPH_MODES, PretrainConfig
 from neobert.data.corpus import local_data_files, open_source, source_key, source_name
 from neobert.data.demo_corpus import demo_documents
 from neobert.data.mixture import mixture_sources
@@ -109,6 +109,7 @@ def preflight_report(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> Prefligh
     data_section(report, config)
     memory_section(report, config, model, parameters, gpu)
     attention_section(report, config, model_config, precision)
+    kernels_section(report, config, model_config)
     demand_per_gpu = mfu_section(report, config, model, model_config, gpu)
     workers_section(report, config, tokenizer, demand_per_gpu)
     if config.phases:
@@ -360,6 +361,29 @@ def attention_section(report: Preflight, config: PretrainConfig, model_config, p
     else:
         origin = f"model.preset {config.model.preset}'s"
     report.add(f"- the model's attention_backend: {model_config.attention_backend} ({origin})")
+
+
+def kernels_section(report: Preflight, config: PretrainConfig, model_config) -> None:
+    """What runs the encoder's elementwise work and the MLM loss (model.overrides.kernels), and what torch.compile
+    compiles (model.compile, compile_scope, compile_mode): docs/pretraining.md, "The model's kernels"."""
+    report.section("Kernels and compilation")
+    compiled, scope, mode = config.model.compile, config.model.compile_scope, config.model.compile_mode
+    liger = model_config.kernels == "liger"
+    if compiled:
+        cuda_graphs = " (CUDA graphs: one batch shape, data.static_shapes)" if mode in CUDA_GRAPH_MODES else ""
+        covered = "each encoder block on its own (one shared graph)" if scope == "blocks" else "the whole forward"
+        report.add(f"- torch.compile, mode {mode}{cuda_graphs}: {covered}")
+    blocks = ("Inductor's fused kernels" if compiled else
+              "Liger-Kernel's RMSNorm and fused SwiGLU" if liger else "PyTorch's eager ops")
+    report.add(f"- norms, SwiGLU, RoPE in the blocks: {blocks}" + (" (RoPE: ours)" if liger and not compiled else ""))
+    if compiled and scope == "model":
+        head = "compiled with the forward (Inductor)"
+    elif liger:
+        head = ("Liger's fused linear cross-entropy: no logits kept for the backward, one host read per micro-batch "
+                "(the count of scored rows)")
+    else:
+        head = "the decoder at the masked rows, then PyTorch's cross-entropy (float32 log-probabilities kept)"
+    report.add(f"- the MLM head's loss: {head}")
 
 
 def mfu_section(report: Preflight, config: PretrainConfig, model, model_config, gpu: str) -> float | None:

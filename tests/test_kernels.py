@@ -61,6 +61,21 @@ def test_kernels_are_the_machines_choice_not_written_to_config_json(tmp_path, mo
     assert NeoBERT.from_pretrained(tmp_path, kernels="liger").config.kernels == "liger"  # chosen at load
 
 
+def test_transformers_auto_classes_take_the_kernels_at_load(tmp_path, monkeypatch):
+    """`AutoModel.from_pretrained(dir, kernels="liger")`: the machine's choice reaches our model through transformers
+    too (and, as above, is never written back)."""
+    from transformers import AutoModelForMaskedLM
+
+    import neobert  # noqa: F401 (registers the Auto classes)
+
+    monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
+    NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny")).save_pretrained(tmp_path / "model")
+    loaded = AutoModelForMaskedLM.from_pretrained(tmp_path / "model", kernels="liger")
+    assert loaded.model.config.kernels == "liger"
+    loaded.save_pretrained(tmp_path / "again")
+    assert "kernels" not in json.loads((tmp_path / "again" / "config.json").read_text())
+
+
 def test_liger_runs_on_cuda_tensors_only():
     x = torch.zeros(2, 4)
     assert not use_liger("liger", x)  # a CPU tensor: eager

@@ -6,7 +6,8 @@ raises where it cannot take the dtype or the dropout, and runs padded_sdpa on CP
 FlashAttention 3 (both of its return conventions), flash-attn and PyTorch's varlen_attn that compute attention per
 document and record their arguments, the model calls the chosen one at every layer with int32 cu_seqlens and the
 longest document, and gives the padded_sdpa outputs. The throughput job measures each kernel as a row of its own,
-labelled with the kernel that ran, or says why not.
+labelled with the kernel that ran, or says why not. On a CUDA GPU: each installed kernel's real outputs and
+gradients against padded_sdpa (the test at the bottom; it skips elsewhere).
 """
 
 from __future__ import annotations
@@ -344,3 +345,36 @@ def test_measured_rows_are_labelled_with_the_kernel_that_ran_and_exercise_it(mon
     assert len(padded_sdpa_calls) == 2 * (2 + 1)
     table = markdown_table(list(rows.values()))
     assert "| neobert-padded_sdpa |" in table and "neobert-flash_attn_3: not available" in table
+
+
+# ---------------------------------------------------------------------------------------------- on a GPU
+def _installed_kernels_on_cuda() -> list[str]:
+    if not torch.cuda.is_available():
+        return []
+    return [kernel for kernel in ("varlen_attn", "flash_attn", "flash_attn_3", "xformers")
+            if attention.attention_kernel_missing_reason(kernel) is None
+            and (kernel != "flash_attn_3" or torch.cuda.get_device_capability() == (9, 0))]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the real attention kernels need a CUDA GPU")
+@pytest.mark.parametrize("kernel", _installed_kernels_on_cuda() or ["varlen_attn"])
+def test_each_installed_kernel_equals_padded_sdpa_on_cuda(kernel):
+    """The real kernels on a GPU, bf16, a packed batch of uneven documents (one empty, as a static batch's filler):
+    the model's outputs and every gradient against the padded_sdpa reference, within bf16 tolerance."""
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    reference = NeoBERT(NeoBERTConfig.from_preset("tiny", attention_backend="varlen", attention_kernel="padded_sdpa"))
+    chosen = NeoBERT(NeoBERTConfig.from_preset("tiny", attention_backend="varlen", attention_kernel=kernel))
+    chosen.load_state_dict(reference.state_dict())
+    cu_seqlens = torch.tensor([0, 37, 37, 300, 512], dtype=torch.int32, device=device)
+    ids = torch.randint(5, 30000, (512,), device=device)
+    results = []
+    for model in (reference, chosen):
+        model.to(device=device, dtype=torch.bfloat16)
+        hidden = model(ids, cu_seqlens=cu_seqlens, max_seqlen=263).last_hidden_state
+        hidden.float().square().mean().backward()
+        results.append((hidden.float(), [p.grad.float() for p in model.parameters()]))
+    (hidden_ref, grads_ref), (hidden_chosen, grads_chosen) = results
+    torch.testing.assert_close(hidden_chosen, hidden_ref, rtol=3e-2, atol=3e-2)
+    for grad_chosen, grad_ref in zip(grads_chosen, grads_ref):
+        assert (grad_chosen - grad_ref).abs().max() / grad_ref.abs().max().clamp(min=1e-6) < 5e-2

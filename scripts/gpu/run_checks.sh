@@ -5,7 +5,7 @@
 #   bash scripts/gpu/run_checks.sh [PREPARED=.gpu] [RESULTS] [STEP ...]
 # STEPs, most wanted first (the default: all of them in this order; a device call runs 10 minutes at most, so name
 # the ones that fit):
-#   tests            the fused kernels and the attention kernels against the eager path (CUDA tests)      ~1 min
+#   tests            fused kernels, attention kernels, compiled steps against the eager path (CUDA tests) ~3 min
 #   check_liger      gpu_check speed_only, kernels=liger (Liger's norms, SwiGLU and fused MLM loss), profile ~2 min
 #   check_packed     gpu_check speed_only, eager on best-fit packed rows of one shape (the compiled steps' data) ~2 min
 #   check_blocks     the same, model.compile=true compile_scope=blocks                                  ~2 min
@@ -58,8 +58,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 for step in $STEPS; do
     say "$step"
     case $step in
-        tests) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_attention_kernels.py \
-                   2>&1 | tail -8 | tee -a "$LOG" ;;
+        tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_attention_kernels.py \
+                   tests/test_compile_mode.py 2>&1 | tail -8 | tee -a "$LOG" ;;
         check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
         # Compiling needs batches of one shape: best-fit packed rows (data.static_shapes auto follows model.compile)
         check_packed) gpu_check check_packed 150 speed_only=true data.packing=best_fit ;;

@@ -1,6 +1,7 @@
 """Prove a GPU node in one command: a pretraining recipe's model alone (the encoder, and the model with its MLM head:
-the ceiling), its real training loop under its own strategy and under the plain one (tokens/s, MFU, a validation, a checkpoint), a resume, the export and its
-reload, and peak memory against the preflight's estimate; one table (output_dir/gpu_check.md and .json).
+the ceiling), its real training loop under its own strategy and under the plain one (tokens/s, MFU, a validation, a
+checkpoint), a resume, the export and its reload, and peak memory against the preflight's estimate; one table
+(output_dir/gpu_check.md and .json).
 
     python -m experiments.gpu_check --config neobert --steps 50 data.source=/data/refinedweb/ \
         data.tokenizer=/models/bert-base-uncased

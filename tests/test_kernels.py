@@ -218,7 +218,8 @@ def test_liger_keeps_the_logits_where_no_backward_follows_or_nothing_is_masked(m
     with torch.no_grad():  # evaluation reads the logits (held-out loss, pseudo-perplexity)
         assert liger(ids, labels=labels, masked_only=True).logits is not None
     empty = liger(ids, labels=labels, masked_index=torch.zeros(0, dtype=torch.long))
-    assert empty.logits.shape[0] == 0 and float(empty.loss.detach()) == 0.0  # nothing to score: no fused call with no rows
+    # nothing to score: no fused call with no rows
+    assert empty.logits.shape[0] == 0 and float(empty.loss.detach()) == 0.0
     assert liger(ids, labels=labels).logits.shape == (*ids.shape, liger.config.vocab_size)  # full logits asked for
     assert reference.loss_calls == 0
 

@@ -261,6 +261,12 @@ def test_a_liger_kernel_older_than_the_fused_losss_argmax_is_refused(monkeypatch
     monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: "0.8.5")
     assert kernels.liger_missing_reason() is None
 
+    def no_metadata(name):
+        raise kernels.importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(kernels.importlib.metadata, "version", no_metadata)  # a source tree on the path
+    assert kernels.liger_missing_reason() is None
+
 
 LIGER_UNDER_THE_INTERPRETER = """
 import torch, torch.nn.functional as F

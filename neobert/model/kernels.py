@@ -32,7 +32,10 @@ def liger_missing_reason() -> str | None:
         return "needs the liger-kernel package (pip install liger-kernel; it runs on CUDA GPUs only)"
     if importlib.util.find_spec("triton") is None:
         return "needs Triton (installed with PyTorch's CUDA builds; Liger-Kernel's kernels are Triton kernels)"
-    installed = importlib.metadata.version("liger-kernel")
+    try:
+        installed = importlib.metadata.version("liger-kernel")
+    except importlib.metadata.PackageNotFoundError:  # importable without its metadata (a source tree on the path)
+        return None
     if tuple(int(part) for part in installed.split(".")[:2] if part.isdigit()) < LIGER_MINIMUM:
         # 0.8 added the fused loss's argmax output, which the training accuracy reads
         return (f"needs liger-kernel >= {'.'.join(map(str, LIGER_MINIMUM))} (installed: {installed}; "

@@ -17,8 +17,6 @@ PROFILERS = ("simple", "advanced", "pytorch")
 OPTIMIZERS = ("adamw", "adam", "stable_adamw", "muon")
 SCHEDULERS = ("cosine", "linear", "wsd")
 DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
-# What torch.compile compiles (NeoBERTPreTrained.compile): the whole forward, or each encoder block on its own
-COMPILE_SCOPES = ("model", "blocks")
 # wsd: "full" (warm-up, stable, decay ending at max_steps), "stable" (no decay: a run to extend or branch later),
 # "decay" (the decay starts where this run starts: a branch from a stable-phase checkpoint, see branch_from).
 PHASES = ("full", "stable", "decay")

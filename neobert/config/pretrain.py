@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional
 
-from neobert.config.common import (COMPILE_SCOPES, LoggingConfig, OptimizerConfig, SchedulerConfig, TrainerConfig,
+from neobert.config.common import (LoggingConfig, OptimizerConfig, SchedulerConfig, TrainerConfig,
                                    check_optimizer_strategy)
 from neobert.config.loader import require
 
@@ -25,6 +25,8 @@ PACKING_BOOLEANS = {"true": "greedy", "false": "none"}
 STATIC_SHAPES = ("auto", "true", "false")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that record CUDA graphs
+# What torch.compile compiles (NeoBERTPreTrained.compile's scope): the whole forward, or each encoder block on its own
+COMPILE_SCOPES = ("model", "blocks")
 
 
 @dataclass

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from neobert.config.common import COMPILE_SCOPES
 from neobert.model import checkpoint
 from neobert.model.attention import (
     AttentionLayout,
@@ -118,14 +117,14 @@ class NeoBERTPreTrained(nn.Module):
         its own (regional compilation): the blocks share one compiled graph, so compiling costs one block's time, not
         the whole depth's, while the embedding and the heads run eager (the MLM loss fused by kernels="liger" there).
         scope="model": one graph of the whole forward, the head's loss included."""
-        if scope not in COMPILE_SCOPES:
-            raise ValueError(f"compile scope must be one of {COMPILE_SCOPES}, got {scope!r}")
         if scope == "model":
             super().compile(*args, **kwargs)
-            return
-        encoder = self if isinstance(self, NeoBERT) else self.model
-        for block in encoder.transformer_encoder:
-            block.compile(*args, **kwargs)
+        elif scope == "blocks":
+            encoder = self if isinstance(self, NeoBERT) else self.model
+            for block in encoder.transformer_encoder:
+                block.compile(*args, **kwargs)
+        else:
+            raise ValueError(f"compile scope must be 'model' or 'blocks', got {scope!r}")
 
     def init_weights(self) -> None:
         self.apply(self._init_module)

@@ -56,12 +56,12 @@ class RMSNorm(nn.RMSNorm):
         self.kernels = kernels
 
     def forward(self, x: Tensor) -> Tensor:
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
         if use_liger(self.kernels, x) and x.dtype == self.weight.dtype:
-            return liger_rms_norm(x, self.weight, torch.finfo(x.dtype).eps if self.eps is None else self.eps)
+            return liger_rms_norm(x, self.weight, eps)
         if x.dtype not in (torch.bfloat16, torch.float16) or self.weight.dtype != x.dtype \
                 or torch.compiler.is_compiling():
             return super().forward(x)
-        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
         # The norm accumulates in float32 inside the reduction and reads x once (asking it for a float32 result would
         # first copy x to float32); only its result is rounded to x's dtype: a per-token scale off by at most half a
         # bf16 ulp, as the rounding of the output itself.

@@ -114,13 +114,15 @@ def test_a_cpu_recording_of_an_mlm_step_by_category():
 
 
 def test_on_a_gpu_only_the_device_kernels_are_timed():
-    def event(name, device_type, us):
+    def event(name, device_type, us, annotation=False):
         return SimpleNamespace(name=name, device_type=device_type, self_cpu_time_total=99.0,
-                               time_range=SimpleNamespace(elapsed_us=lambda: us))
+                               time_range=SimpleNamespace(elapsed_us=lambda: us), is_user_annotation=annotation)
 
     events = [event("aten::mm", DeviceType.CPU, 0.0), event("cudaLaunchKernel", DeviceType.CPU, 0.0),
               event("ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn", DeviceType.CUDA, 30.0),
-              event("flash_fwd_kernel", DeviceType.CUDA, 10.0), event("Memset (Device)", DeviceType.CUDA, 1.0)]
+              event("flash_fwd_kernel", DeviceType.CUDA, 10.0), event("Memset (Device)", DeviceType.CUDA, 1.0),
+              # a compiled graph's range on the GPU timeline, spanning the kernels above: not a kernel of its own
+              event("## Call CompiledFxGraph fabc ##", DeviceType.CUDA, 41.0, annotation=True)]
     times = self_times(events, on_gpu=True)
     assert [name for name, _ in times] == ["ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn",
                                            "flash_fwd_kernel", "Memset (Device)"]

@@ -111,8 +111,10 @@ def summarise(times: Iterable[tuple[str, float]], source: str, steps: int, wall_
 def self_times(events, on_gpu: bool) -> list[tuple[str, float]]:
     """(name, self time in µs) of a torch.profiler recording's events (`prof.events()`): on a GPU its CUDA kernels
     and memory copies (the device's time: the CPU's operators only launch them), on a CPU its operators' self
-    time (an operator's time less its children's, so nothing is counted twice)."""
+    time (an operator's time less its children's, so nothing is counted twice). The GPU timeline also holds user
+    annotations (a compiled graph's "## Call CompiledFxGraph ##" range spans its kernels): left out, as torch's own
+    device totals leave them out, or the compiled work would count twice."""
     if on_gpu:
         return [(event.name, event.time_range.elapsed_us()) for event in events
-                if event.device_type == DeviceType.CUDA]
+                if event.device_type == DeviceType.CUDA and not event.is_user_annotation]
     return [(event.name, event.self_cpu_time_total) for event in events if event.device_type == DeviceType.CPU]

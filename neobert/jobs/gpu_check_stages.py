@@ -237,12 +237,10 @@ def head_step(plan: Plan) -> HeadStep:
     module = MLMPretrainingModule(recipe, plan.model_config, plan.tokenizer)
     module.to(device=device, dtype=WEIGHT_DTYPES.get(plan.precision, torch.float32)).train()
     module.configure_model()
-    # train/mfu's count per token (MLMPretrainingModule._read_metrics): matmuls + attention at the real lengths
-    attention = module.attention_flops_per_squared_length * stats["squared_lengths"] / stats["tokens"]
     return HeadStep(module, {key: value.to(device) if isinstance(value, torch.Tensor) else value
                              for key, value in batch.items()},
-                    stats["tokens"], module.matmul_flops_per_token + attention, device,
-                    AUTOCAST_DTYPES.get(plan.precision))
+                    stats["tokens"], module.training_flops_per_token(stats["tokens"], stats["squared_lengths"]),
+                    device, AUTOCAST_DTYPES.get(plan.precision))
 
 
 def head_ceiling_stage(plan: Plan) -> tuple[StageRow, HeadStep | None]:

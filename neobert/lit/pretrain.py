@@ -75,6 +75,11 @@ class MLMPretrainingModule(L.LightningModule):
                                                                   model_config.hidden_size, 1, training=True)
         self._interval_squared_lengths = 0  # a host count: sum of squared sequence lengths since the last read
 
+    def training_flops_per_token(self, tokens: float, squared_lengths: float) -> float:
+        """train/mfu's FLOPs per token of `tokens` trained tokens whose sequences' squared lengths sum to
+        `squared_lengths`: the matmuls, plus attention at the real lengths."""
+        return self.matmul_flops_per_token + self.attention_flops_per_squared_length * squared_lengths / tokens
+
     def configure_model(self) -> None:
         if getattr(self, "device_mesh", None) is not None:  # FSDP2 (trainer.strategy=fsdp2)
             fsdp2_shard(self.model, self.model.model.transformer_encoder, self.device_mesh["data_parallel"],
@@ -225,8 +230,7 @@ class MLMPretrainingModule(L.LightningModule):
             metrics["train/tokens_per_sec"] = tokens_per_second
             peak = peak_flops(self.device)
             if peak and interval_tokens:
-                attention = self.attention_flops_per_squared_length * self._interval_squared_lengths
-                per_token = self.matmul_flops_per_token + attention / interval_tokens
+                per_token = self.training_flops_per_token(interval_tokens, self._interval_squared_lengths)
                 metrics["train/mfu"] = mfu(tokens_per_second / world, per_token, peak)
         self._interval_started, self._interval_tokens, self._interval_squared_lengths = now, 0.0, 0
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)

@@ -81,9 +81,7 @@ def neobert_documents_forward(module: nn.Module, batch: "Batch") -> Tensor:
     """`neobert_forward` with full rows (no padding) given as one document each (cu_seqlens), so that a full batch
     runs the packed kernel of `NeoBERTConfig.attention_kernel` too, as a packed pretraining batch does."""
     if batch.cu_seqlens is None and batch.attention_mask is None:
-        rows, length = batch.input_ids.shape
-        cu_seqlens = torch.arange(0, (rows + 1) * length, length, dtype=torch.int32, device=batch.input_ids.device)
-        return module(batch.input_ids, cu_seqlens=cu_seqlens, max_seqlen=length).last_hidden_state
+        batch = rows_as_documents(batch)
     return neobert_forward(module, batch)
 
 
@@ -204,6 +202,14 @@ class Batch:
     position_ids: Tensor | None = None
 
 
+def rows_as_documents(batch: Batch) -> Batch:
+    """A full batch ([B, L], no padding) laid end to end, one document per row (cu_seqlens): the packed layout of the
+    same tokens."""
+    rows, length = batch.input_ids.shape
+    cu_seqlens = torch.arange(0, (rows + 1) * length, length, dtype=torch.int32, device=batch.input_ids.device)
+    return Batch(batch.input_ids.reshape(-1), None, batch.real_tokens, cu_seqlens, length)
+
+
 def document_lengths(batch_size: int, length: int, generator: torch.Generator,
                      distribution: str = "uniform") -> list[int]:
     """Document lengths for padded and unpadded batches, at most `length`:
@@ -242,7 +248,8 @@ def make_batch(batch_size: int, length: int, layout: str, vocab_size: int, pad_t
 
 
 # ---------------------------------------------------------------------------------------------- timing
-def _synchronize(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Waits for the device's queued work (a no-op off CUDA): what a timer reads before and after a step."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -251,7 +258,7 @@ def time_step(model: BenchModel, batch: Batch, training: bool, device: torch.dev
               autocast_dtype: torch.dtype | None = None) -> float:
     """Seconds for one inference forward, or one training step (forward + backward of a scalar loss, under
     autocast to `autocast_dtype` when one is given: mixed precision)."""
-    _synchronize(device)
+    synchronize(device)
     start = time.perf_counter()
     if training:
         model.module.train()
@@ -263,7 +270,7 @@ def time_step(model: BenchModel, batch: Batch, training: bool, device: torch.dev
         model.module.eval()
         with torch.inference_mode():
             model.forward(model.module, batch)
-    _synchronize(device)
+    synchronize(device)
     return time.perf_counter() - start
 
 
@@ -296,10 +303,10 @@ class MatmulReference:
         """FLOP/s of each of `calls` matmuls."""
         rates = []
         for _ in range(self.calls):
-            _synchronize(self.device)
+            synchronize(self.device)
             start = time.perf_counter()
             torch.mm(self.a, self.b, out=self.out)
-            _synchronize(self.device)
+            synchronize(self.device)
             rates.append(self.flops / (time.perf_counter() - start))
         return rates
 

@@ -37,7 +37,8 @@ from neobert.errors import CheckpointError
 from neobert.eval.flops import mfu, peak_flops
 from neobert.eval.kernel_profile import KernelProfile, self_times, summarise
 from neobert.eval.plots import read_curves
-from neobert.eval.throughput import Batch, BenchModel, make_batch, neobert_forward, time_step
+from neobert.eval.throughput import (Batch, BenchModel, make_batch, neobert_forward, rows_as_documents,
+                                     synchronize, time_step)
 from neobert.jobs.cli import one_line
 from neobert.jobs.preflight import GiB, Preflight, memory_section
 from neobert.jobs.pretrain import run_pretraining
@@ -122,11 +123,6 @@ def start_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def peak_memory_gib(device: torch.device) -> float | None:
@@ -324,9 +320,7 @@ def ceiling_batch(plan: Plan) -> Batch:
                        plan.recipe.trainer.seed)
     if data.packing == "none" and not data.unpad:
         return batch
-    # The loop's layout: rows end to end with cu_seqlens (varlen attention), one full-length document per row.
-    cu_seqlens = torch.arange(0, (rows + 1) * length, length, dtype=torch.int32, device=plan.device)
-    return Batch(batch.input_ids.reshape(-1), None, batch.real_tokens, cu_seqlens, length)
+    return rows_as_documents(batch)  # the loop's layout: cu_seqlens (varlen attention), one document per row
 
 
 # ---------------------------------------------------------------------------------------------- 2. the loops

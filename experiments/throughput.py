@@ -15,9 +15,8 @@ import logging
 import sys
 
 from neobert.config import flag_overrides, load_config
-from neobert.config.throughput import ThroughputConfig
+from neobert.config.throughput import MODEL_NAMES, ThroughputConfig
 from neobert.jobs.cli import add_debug_flag, print_report, run_cli
-from neobert.config.throughput import MODEL_NAMES
 from neobert.jobs.throughput import run_throughput_job
 
 

@@ -82,11 +82,12 @@ def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: s
         if err.field not in neobert_overrides:  # a field of the checkpoint itself, not the job's
             raise
         raise ConfigError(f"invalid config key {err.field!r}: {err.reason}") from err
-    defaults = NeoBERTConfig()
-    ignored = sorted(k for k, v in neobert_overrides.items() if v != getattr(defaults, k))
-    if ignored and not backbone.is_neobert:
-        log.warning("%s apply to NeoBERT models only: %s runs its own code",
-                    ", ".join(f"{k}={neobert_overrides[k]}" for k in ignored), name_or_path)
+    if not backbone.is_neobert:
+        defaults = NeoBERTConfig()
+        ignored = sorted(k for k, v in neobert_overrides.items() if v != getattr(defaults, k))
+        if ignored:
+            log.warning("%s apply to NeoBERT models only: %s runs its own code",
+                        ", ".join(f"{k}={neobert_overrides[k]}" for k in ignored), name_or_path)
     return backbone
 
 

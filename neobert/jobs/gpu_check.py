@@ -242,7 +242,8 @@ def markdown_report(result: GpuCheckResult, plan: Plan) -> str:
              f"loops of {config.steps} steps (tokens/s and MFU after {config.warmup_steps} warm-up steps), "
              + ("the recipe's loop only (speed_only=true)" if config.speed_only else f"resume +{config.resume_steps}")
              + f". Recipe overrides: {' '.join(config.overrides) or 'none'}. Targets: loop/ceiling >= "
-             f"{targets.loop_vs_ceiling:g}, strategy/plain >= {targets.strategy_vs_plain:g} ({'enforced' if result.enforced else 'reported, not enforced'}). "
+             f"{targets.loop_vs_ceiling:g}, strategy/plain >= {targets.strategy_vs_plain:g} "
+             f"({'enforced' if result.enforced else 'reported, not enforced'}). "
              f"The ceiling is the model with its MLM head (what the loops run); the encoder alone is for reference"
              + (f": the MLM head (its decoder and loss) is {result.head_share:.1%} of the ceiling's step (1 - encoder "
                 f"step / with-head step)." if result.head_share is not None else "."), "",

@@ -15,7 +15,6 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from neobert.config import ConfigError
 from neobert.config.mteb import MtebConfig
 from neobert.data.backbone import load_backbone
 from neobert.eval.mteb import MtebEncoder, TaskInstructions, resolve_tasks, score_tasks, trained_dims

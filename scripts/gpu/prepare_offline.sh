@@ -25,7 +25,7 @@ $PYTHON -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" 
 DS_BUILD_OPS=0 $PYTHON -m pip wheel -q --no-deps --no-build-isolation -w "$OUT/wheels" \
     "deepspeed==$($PYTHON -c 'from importlib.metadata import version; print(version("deepspeed"))')" seqeval
 $PYTHON - "$OUT" <<'PY'
-import json, sys
+import sys
 from pathlib import Path
 from neobert.data.tokenizer import load_tokenizer
 out = Path(sys.argv[1])

@@ -491,3 +491,17 @@ def test_a_decoder_given_as_an_encoder_is_warned_about(tmp_path, caplog):
     assert not is_decoder(BertConfig(architectures=["BertForMaskedLM"]))
     assert not is_decoder(BertConfig(architectures=["BertLMHeadModel"]))  # an encoder unless is_decoder is set
     assert is_decoder(BertConfig(architectures=["BertLMHeadModel"], is_decoder=True))
+
+
+@pytest.mark.timeout(120)  # a mixture's epochs are its sources': the stream's own position never moves
+@pytest.mark.parametrize("a_max_epochs", [0, 1])  # 1: source a retires, its epoch stops moving
+def test_length_buckets_above_every_document_of_a_mixture_are_a_data_error(tmp_path, tokenizer, a_max_epochs):
+    from neobert.config.pretrain import DataSourceConfig
+
+    sources = [DataSourceConfig(name=name, source=str(real_corpus(tmp_path / name, n=6)), text_column="content",
+                                max_epochs=a_max_epochs if name == "a" else 0) for name in ("a", "b")]
+    data = PretrainDataConfig(sources=sources, max_length=2048, shuffle_buffer=4, num_workers=0,
+                              length_buckets=[1024], bucket_probabilities=[1.0])
+    with pytest.raises(DataError, match=exact("data.sources has no document of at least data.length_buckets[0]=1024 "
+                                              "tokens (stream 0 of 1): lower data.length_buckets")):
+        next(iter(PretrainingStream(data, MaskingConfig(), tokenizer, 1)))

@@ -142,9 +142,10 @@ def bucketed_documents(documents: Iterator[list[int]], state: StreamState, data:
             ids = next(documents)
             home = max((b for b, t in enumerate(thresholds) if len(ids) >= t), default=None)
             if home is None:
-                too_short_since = state.position.epoch if too_short_since is None else too_short_since
-                if state.position.epoch >= too_short_since + 2:  # a whole epoch without a document to draw
-                    raise DataError(f"{source_name(data)} has no document of at least data.length_buckets[0]="
+                too_short_since = state.epoch if too_short_since is None else too_short_since
+                if state.epoch >= too_short_since + 2:  # a whole epoch without a document to draw
+                    corpus = "data.sources" if state.mixture is not None else source_name(data)
+                    raise DataError(f"{corpus} has no document of at least data.length_buckets[0]="
                                     f"{thresholds[0]} tokens (stream {stream} of {num_streams}): lower "
                                     f"data.length_buckets")
             else:

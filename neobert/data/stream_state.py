@@ -88,6 +88,16 @@ class StreamState:
     mixture: MixtureState | None = None  # data.sources
     arrivals: int | None = None  # documents queued in buckets so far (None until the first bucket draw)
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the stream is in: its source's, or with a mixture the least of its drawn sources' (each has been
+        read through that many times; a retired source's epoch no longer moves, and the stream's own position is
+        unread there)."""
+        if self.mixture is None:
+            return self.position.epoch
+        mixture = self.mixture
+        return min(source.epoch for i, source in enumerate(mixture.sources) if i not in mixture.retired)
+
     def to_dict(self) -> dict:
         """The plain state a checkpoint saves."""
         state = {**self.position.to_dict(), "batches": self.batches, "draws": self.draws, "queues": self.queues,

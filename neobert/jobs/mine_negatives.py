@@ -126,9 +126,10 @@ def build_embedder(config: MiningConfig, embedder: str) -> Embedder:
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if embedder == "sentence-transformers":
         return _sentence_transformers_embedder(config, device)
-    from neobert.eval.mteb import embed_texts  # imports mteb (heavy): only for the backbone embedder
+    from neobert.eval.mteb import embed_texts, resolve_length_limit  # imports mteb (heavy): the backbone embedder only
 
     backbone = load_backbone(config.model, tokenizer=config.tokenizer, kernels=config.kernels).to(device)
+    max_length = resolve_length_limit(backbone, config.max_length).tokens  # once, not per block of texts
     dtype = torch.bfloat16 if device.type == "cuda" else None  # as the MTEB evaluation: bf16 on GPU only
     block = config.batch_size * BATCHES_PER_PROGRESS_STEP
 
@@ -136,8 +137,8 @@ def build_embedder(config: MiningConfig, embedder: str) -> Embedder:
         parts = []
         with tqdm(total=len(texts), desc="embedding", unit="text") as progress:
             for start in range(0, len(texts), block):
-                parts.append(embed_texts(backbone, texts[start:start + block], config.batch_size,
-                                         config.max_length, device, dtype))
+                parts.append(embed_texts(backbone, texts[start:start + block], config.batch_size, max_length, device,
+                                         dtype))
                 progress.update(len(parts[-1]))
         return F.normalize(torch.cat(parts), dim=-1)
 

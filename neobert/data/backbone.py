@@ -86,7 +86,7 @@ def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: s
         defaults = NeoBERTConfig()
         ignored = sorted(k for k, v in neobert_overrides.items() if v != getattr(defaults, k))
         if ignored:
-            log.warning("%s apply to NeoBERT models only: %s runs its own code",
+            log.warning("%s: for NeoBERT models only; %s runs its own code",
                         ", ".join(f"{k}={neobert_overrides[k]}" for k in ignored), name_or_path)
     return backbone
 

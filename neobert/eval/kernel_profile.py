@@ -70,6 +70,17 @@ class NameTime:
 
 
 @dataclass
+class CategoryTotal:
+    """One category of a recording: its self time, its share of the total, its distinct names and their calls."""
+
+    category: str
+    self_us: float
+    share: float
+    names: int
+    calls: int
+
+
+@dataclass
 class KernelProfile:
     """A recording's self time by category. `self_us` holds every category of CATEGORIES (0 where none ran), in
     that order; they sum to `total_us`."""
@@ -87,6 +98,15 @@ class KernelProfile:
     def names_in(self, category: str) -> list[NameTime]:
         """The category's names, the largest self time first."""
         return [entry for entry in self.names if entry.category == category]
+
+    def category_totals(self) -> list[CategoryTotal]:
+        """Every category, in CATEGORIES' order (the report's table and its CSV)."""
+        totals = []
+        for category, self_us in self.self_us.items():
+            names = self.names_in(category)
+            totals.append(CategoryTotal(category, self_us, self.share(category), len(names),
+                                        sum(entry.calls for entry in names)))
+        return totals
 
     def other_names(self, top: int = 10) -> list[NameTime]:
         """The largest names no rule knows: where a new rule would pay off most."""

@@ -96,19 +96,18 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
     if config.speed_only:
         for stage in (PLAIN_LOOP, RESUME, EXPORT):
             rows[stage] = StageRow(stage, status=SKIPPED, notes="speed_only=true")
-        plain_config = None
-    elif plan.plain_strategy == recipe_strategy:
-        rows[PLAIN_LOOP], plain_config = StageRow(PLAIN_LOOP, recipe_strategy, notes=(
-            f"the recipe's strategy is the plain one ({recipe_strategy}): measured once, in the row above")), None
     else:
-        rows[PLAIN_LOOP], plain_config = loop_stage(plan, PLAIN_LOOP, plan.plain_strategy, GPU_CHECK_PLAIN_RUN)
-    resumed = recipe_config or plain_config  # the recipe's loop, or the plain one where the recipe's could not run
-    if not config.speed_only:
+        if plan.plain_strategy == recipe_strategy:
+            rows[PLAIN_LOOP], plain_config = StageRow(PLAIN_LOOP, recipe_strategy, notes=(
+                f"the recipe's strategy is the plain one ({recipe_strategy}): measured once, in the row above")), None
+        else:
+            rows[PLAIN_LOOP], plain_config = loop_stage(plan, PLAIN_LOOP, plan.plain_strategy, GPU_CHECK_PLAIN_RUN)
+        resumed = recipe_config or plain_config  # the recipe's loop, or the plain one where the recipe's could not run
         rows[RESUME] = resume_stage(plan, resumed)
+        if rank_zero:
+            rows[EXPORT] = export_stage(plan, resumed)
     if not rank_zero:
         return GpuCheckResult(str(plan.device), config.config, list(rows.values()), [], False)
-    if not config.speed_only:
-        rows[EXPORT] = export_stage(plan, resumed)
     enforced = config.targets.enforce if config.targets.enforce is not None else plan.device.type == "cuda"
     failures = judge(rows, config, enforced)
     result = GpuCheckResult(device_name(plan.device), config.config, list(rows.values()), failures, enforced,
@@ -271,10 +270,8 @@ def profile_section(profile: KernelProfile, top: int = 10) -> list[str]:
              f"Categories by name (neobert.eval.kernel_profile.RULES); trace {GPU_CHECK_TRACE} (ui.perfetto.dev), "
              f"every name in {GPU_CHECK_PROFILE_NAMES_CSV}.", "",
              "| category | self time (ms) | share | names | calls |", "|---|---:|---:|---:|---:|"]
-    for category, self_us in profile.self_us.items():
-        names = profile.names_in(category)
-        lines.append(f"| {category} | {self_us / 1e3:,.2f} | {profile.share(category):.1%} | {len(names)} | "
-                     f"{sum(entry.calls for entry in names)} |")
+    lines += [f"| {total.category} | {total.self_us / 1e3:,.2f} | {total.share:.1%} | {total.names} | {total.calls} |"
+              for total in profile.category_totals()]
     others = profile.other_names(top)
     if others:
         lines += ["", f"The largest names in \"other\" ({len(others)}):", ""]

@@ -300,8 +300,8 @@ def write_profile_tables(result: KernelProfile, output_dir: Path) -> None:
     with its category (GPU_CHECK_PROFILE_NAMES_CSV: what a new rule of neobert.eval.kernel_profile would be written
     from)."""
     categories = ["category,self_ms,share,names,calls\n"] + [
-        f"{category},{self_us / 1e3:.4f},{result.share(category):.6f},{len(result.names_in(category))},"
-        f"{sum(entry.calls for entry in result.names_in(category))}\n" for category, self_us in result.self_us.items()]
+        f"{total.category},{total.self_us / 1e3:.4f},{total.share:.6f},{total.names},{total.calls}\n"
+        for total in result.category_totals()]
     write_atomically(output_dir / GPU_CHECK_PROFILE_CSV, categories)
     names = ["category,self_ms,calls,name\n"] + [
         f"{entry.category},{entry.self_us / 1e3:.4f},{entry.calls},{csv_field(entry.name)}\n" for entry in result.names]

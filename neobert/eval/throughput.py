@@ -52,7 +52,6 @@ class BenchModel:
     max_length: int
     vocab_size: int
     pad_token_id: int
-    supports_unpadded: bool
     forward: Callable[[nn.Module, "Batch"], Tensor]
     attention: dict[str, str] = field(default_factory=dict)  # NeoBERT: layout -> the attention kernel it runs
     skipped_layouts: dict[str, str] = field(default_factory=dict)  # layout -> why it is not timed for this model
@@ -63,6 +62,10 @@ class BenchModel:
 
     def flops_per_token(self, seq_len: int, training: bool) -> float:
         return flops_per_token(self.matmul_weights, self.num_layers, self.hidden_size, seq_len, training)
+
+
+# Hugging Face encoders without FlashAttention 2, and the official code: no packed (cu_seqlens) forward
+NO_UNPADDED_PATH = {"unpadded": "no unpadded path on this machine"}
 
 
 class ModelUnavailable(RuntimeError):
@@ -123,7 +126,8 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
             attn = "flash_attention_2"  # ModernBERT's unpadding path
         module = AutoModel.from_config(config, attn_implementation=attn)
         bench = BenchModel(name, module, config.num_hidden_layers, config.hidden_size, _hf_max_length(name, config),
-                           config.vocab_size, config.pad_token_id, attn == "flash_attention_2", _hf_forward)
+                           config.vocab_size, config.pad_token_id, _hf_forward,
+                           skipped_layouts={} if attn == "flash_attention_2" else dict(NO_UNPADDED_PATH))
     bench.module.to(device=device, dtype=dtype)
     return bench
 
@@ -163,7 +167,7 @@ def _build_neobert(name: str, device: torch.device, compute_dtype: torch.dtype, 
         forward = neobert_documents_forward
     attention["unpadded"] = f"attention: {packed}"
     return BenchModel(name, NeoBERT(config), config.num_hidden_layers, config.hidden_size, config.max_length,
-                      config.vocab_size, config.pad_token_id, True, forward, attention, skipped)
+                      config.vocab_size, config.pad_token_id, forward, attention, skipped)
 
 
 def _has_flash_attn() -> bool:
@@ -188,7 +192,7 @@ def _build_official(code_dir: str | None) -> BenchModel:
     except Exception as err:  # e.g. its hard xFormers import on a CPU machine
         raise ModelUnavailable(f"the official modeling code cannot be imported: {type(err).__name__}: {err}") from err
     return BenchModel("neobert-official", module, config.num_hidden_layers, config.hidden_size, config.max_length,
-                      config.vocab_size, config.pad_token_id, False, _hf_forward)
+                      config.vocab_size, config.pad_token_id, _hf_forward, skipped_layouts=dict(NO_UNPADDED_PATH))
 
 
 # ---------------------------------------------------------------------------------------------- batches

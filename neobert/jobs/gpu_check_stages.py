@@ -162,8 +162,7 @@ def measure_encoder(plan: Plan) -> tuple[float, float | None]:
     recipe, model_config, device = plan.recipe, plan.model_config, plan.device
     torch.manual_seed(recipe.trainer.seed)
     bench = BenchModel("neobert", NeoBERT(model_config), model_config.num_hidden_layers, model_config.hidden_size,
-                       model_config.max_length, model_config.vocab_size, model_config.pad_token_id, True,
-                       neobert_forward)
+                       model_config.max_length, model_config.vocab_size, model_config.pad_token_id, neobert_forward)
     bench.module.to(device=device, dtype=WEIGHT_DTYPES.get(plan.precision, torch.float32))
     if recipe.model.compile:  # as the loop's module compiles it (its configure_model)
         bench.module.compile(dynamic=False, mode=recipe.model.compile_mode, scope=recipe.model.compile_scope)

@@ -113,9 +113,6 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     if length > bench.max_length:
                         unavailable(name, layout, length, f"max length {bench.max_length}", bench)
                         continue
-                    if layout == "unpadded" and not bench.supports_unpadded:
-                        unavailable(name, layout, length, "no unpadded path on this machine", bench)
-                        continue
                     if layout in bench.skipped_layouts:
                         unavailable(name, layout, length, bench.skipped_layouts[layout], bench)
                         continue

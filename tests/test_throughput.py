@@ -296,3 +296,11 @@ def test_compile_times_one_static_graph_per_shape_and_never_falls_back_to_eager(
     input_shapes = {shapes[0] for shapes in graphs}
     assert {(size, length) for size in sizes for length in (8, 16)} <= input_shapes
     assert len(rows) == 2 and all(r.tokens_per_s > 0 for r in rows)
+
+
+def test_encoders_without_a_packed_forward_skip_the_unpadded_layout_saying_why():
+    from neobert.eval.throughput import build_model
+
+    bert = build_model("bert-base", torch.device("cpu"), torch.float32)  # SDPA here: no FlashAttention 2
+    assert bert.skipped_layouts == {"unpadded": "no unpadded path on this machine"}
+    assert "unpadded" not in build_model("neobert", torch.device("cpu"), torch.float32, "tiny").skipped_layouts

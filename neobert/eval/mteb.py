@@ -128,13 +128,17 @@ def model_length_limit(backbone: Backbone) -> LengthLimit:
 
 def resolve_length_limit(backbone: Backbone, max_length: int | None, key: str = "max_length") -> LengthLimit:
     """`max_length` when one is set (the config key `key`), else the model's own limit (`model_length_limit`);
-    the source of a set one names the model's own limit beside it."""
+    the source of a set one names the model's own limit beside it, and one above it is warned about (whichever job
+    set it: MTEB, its callback during pretraining, contrastive STS scoring, mining)."""
     if max_length is None:
         return model_length_limit(backbone)
     try:
         own = model_length_limit(backbone)
     except ConfigError:
         return LengthLimit(int(max_length), f"{key}={max_length}, set in the config")
+    if max_length > own.tokens:
+        log.warning("%s=%d is more than the model's own limit, %d tokens: texts are read further than its authors "
+                    "evaluate it (null = the model's own limit)", key, max_length, own.tokens)
     return LengthLimit(int(max_length), f"{key}={max_length}, set in the config (the model's own limit: "
                                         f"{own.tokens}, {own.source})", own.tokens)
 

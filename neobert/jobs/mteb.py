@@ -47,9 +47,6 @@ def evaluate_model(config: MtebConfig, show_progress_bar: bool = True) -> dict[s
                           name=name, dim=config.dim)
     limit = encoder.length_limit
     log.info("texts truncated to %d tokens: %s", limit.tokens, limit.source)
-    if limit.model_tokens is not None and limit.tokens > limit.model_tokens:
-        log.warning("max_length=%d is more than the model's own limit, %d tokens: texts are read further than its "
-                    "authors evaluate it (null = the model's own limit)", limit.tokens, limit.model_tokens)
     return run_mteb(encoder, tasks, config.output_dir, config.batch_size, show_progress_bar)
 
 

@@ -94,8 +94,9 @@ def export_best(result: dict, config: NerConfig, datamodule: NerDataModule, back
     return model
 
 
-def run_inputs(config: NerConfig) -> list[tuple[str, str | None]]:
-    """What a run reads (its task directory must not hold any of it): the data, the model and its tokenizer."""
+def run_inputs(config: NerConfig, task: NerTask) -> list[tuple[str, str | None]]:
+    """What a run reads (its task directory must not hold any of it): the data, the model and its tokenizer (the
+    same for every task: `task` is the FineTuneJob signature's)."""
     return [(f"data.path={config.data.path!r}", config.data.path), (f"model={config.model!r}", config.model),
             (f"tokenizer={config.tokenizer!r}", config.tokenizer),
             *((f"data.files.{split}={path!r}", path) for split, path in config.data.files.items())]
@@ -107,7 +108,7 @@ def summary_fields(task_dir: Path) -> dict:
 
 
 NER = FineTuneJob(name="ner", config_class=NerConfig, get_task=get_ner_task, datamodule=NerDataModule,
-                  check_hub_sources=check_hub_sources, run_inputs=lambda config, task: run_inputs(config),
+                  check_hub_sources=check_hub_sources, run_inputs=run_inputs,
                   fine_tune=fine_tune, export_best=export_best, score_name=lambda task: "entity F1",
                   summary_fields=summary_fields)
 load_task_config = NER.load_task_config

@@ -360,21 +360,28 @@ def _installed_kernels_on_cuda() -> list[str]:
 @pytest.mark.parametrize("kernel", _installed_kernels_on_cuda() or ["varlen_attn"])
 def test_each_installed_kernel_equals_padded_sdpa_on_cuda(kernel):
     """The real kernels on a GPU, bf16, a packed batch of uneven documents (one empty, as a static batch's filler):
-    the model's outputs and every gradient against the padded_sdpa reference, within bf16 tolerance."""
+    the model's outputs against the padded_sdpa reference within bf16 tolerance, and every gradient as close to the
+    float32 model's as padded_sdpa's own bf16 gradient is. Two bf16 paths cannot be compared with each other
+    directly: on the H200 each was 5-11% (max error over max) from float32 on the small gradients, padded_sdpa's as
+    much as the kernel's (docs/benchmarks.md, 2026-11-26)."""
     torch.manual_seed(0)
     device = torch.device("cuda")
-    reference = NeoBERT(NeoBERTConfig.from_preset("tiny", attention_backend="varlen", attention_kernel="padded_sdpa"))
-    chosen = NeoBERT(NeoBERTConfig.from_preset("tiny", attention_backend="varlen", attention_kernel=kernel))
-    chosen.load_state_dict(reference.state_dict())
+    state = NeoBERT(NeoBERTConfig.from_preset("tiny", attention_backend="varlen")).state_dict()
     cu_seqlens = torch.tensor([0, 37, 37, 300, 512], dtype=torch.int32, device=device)
     ids = torch.randint(5, 30000, (512,), device=device)
-    results = []
-    for model in (reference, chosen):
-        model.to(device=device, dtype=torch.bfloat16)
+
+    def run(chosen: str, dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model = NeoBERT(NeoBERTConfig.from_preset("tiny", attention_backend="varlen", attention_kernel=chosen))
+        model.load_state_dict(state)
+        model.to(device=device, dtype=dtype)
         hidden = model(ids, cu_seqlens=cu_seqlens, max_seqlen=263).last_hidden_state
         hidden.float().square().mean().backward()
-        results.append((hidden.float(), [p.grad.float() for p in model.parameters()]))
-    (hidden_ref, grads_ref), (hidden_chosen, grads_chosen) = results
+        return hidden.detach().float(), [p.grad.float() for p in model.parameters()]
+
+    (_, grads_float32), (hidden_ref, grads_ref), (hidden_chosen, grads_chosen) = (
+        run("padded_sdpa", torch.float32), run("padded_sdpa", torch.bfloat16), run(kernel, torch.bfloat16))
     torch.testing.assert_close(hidden_chosen, hidden_ref, rtol=3e-2, atol=3e-2)
-    for grad_chosen, grad_ref in zip(grads_chosen, grads_ref):
-        assert (grad_chosen - grad_ref).abs().max() / grad_ref.abs().max().clamp(min=1e-6) < 5e-2
+    for grad_chosen, grad_ref, grad_float32 in zip(grads_chosen, grads_ref, grads_float32):
+        error_chosen, error_ref = ((grad - grad_float32).norm() / grad_float32.norm()
+                                   for grad in (grad_chosen, grad_ref))
+        assert error_chosen <= 1.5 * error_ref + 1e-3, f"{kernel} {error_chosen:.4f} vs padded_sdpa {error_ref:.4f}"

@@ -109,8 +109,8 @@ def test_per_block_compilation_computes_what_the_eager_model_does():
 @pytest.mark.parametrize("scope, mode", [("blocks", "default"), ("blocks", "reduce-overhead"), ("model", "default")])
 def test_compiled_training_steps_equal_eager_on_cuda(scope, mode):
     """The tiny model's packed training step compiled as the pretraining module compiles it (each forward a new
-    CUDA-graph step), three steps in a row (CUDA graphs record on the first calls, replay after): the eager loss and
-    gradients, within bf16 tolerance."""
+    CUDA-graph step), three steps in a row (CUDA graphs record on the first calls, replay after; without them, each
+    step with its own number of documents): the eager loss and gradients, within bf16 tolerance."""
     from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
     torch.manual_seed(0)
@@ -119,8 +119,13 @@ def test_compiled_training_steps_equal_eager_on_cuda(scope, mode):
     compiled = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", attention_backend="varlen")).to(device)
     compiled.load_state_dict(eager.state_dict())
     compiled.compile(dynamic=False, mode=mode, scope=scope)
-    cu_seqlens = torch.tensor([0, 100, 256, 256], dtype=torch.int32, device=device)  # one empty: a static batch
-    for step in range(3):
+    # CUDA graphs: one fixed cu_seqlens (an empty filler document, as a static batch has); otherwise each step has
+    # its own number of documents, a dynamic size as MLMPretrainingModule.forward marks it; max_seqlen the row length
+    documents = [[0, 100, 256, 256]] * 3 if mode == "reduce-overhead" else [[0, 100, 256], [0, 30, 130, 256], [0, 256]]
+    for step, offsets in enumerate(documents):
+        cu_seqlens = torch.tensor(offsets, dtype=torch.int32, device=device)
+        if mode != "reduce-overhead":
+            torch._dynamo.maybe_mark_dynamic(cu_seqlens, 0)
         ids = torch.randint(5, 30000, (256,), device=device)
         labels = torch.where(torch.rand(ids.shape, device=device) < 0.2, ids, torch.full_like(ids, -100))
         index = torch.arange(0, 256, 4, device=device)  # a fixed-length masked_index, as StaticShapes makes
@@ -130,7 +135,7 @@ def test_compiled_training_steps_equal_eager_on_cuda(scope, mode):
             if model is compiled and mode == "reduce-overhead":
                 torch.compiler.cudagraph_mark_step_begin()
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = model(ids, labels=labels, masked_index=index, cu_seqlens=cu_seqlens, max_seqlen=156).loss
+                loss = model(ids, labels=labels, masked_index=index, cu_seqlens=cu_seqlens, max_seqlen=256).loss
             loss.backward()
             losses.append(loss.detach().clone())
             grads.append([p.grad.float().clone() for p in model.parameters()])

@@ -6,6 +6,7 @@ nothing but the shapes: the same tokens, masks, loss, accuracy and gradients as 
 from __future__ import annotations
 
 import itertools
+from unittest import mock
 
 import pytest
 import torch
@@ -65,6 +66,7 @@ def test_every_static_packed_batch_of_the_stream_has_one_shape(corpus, tokenizer
                  else "mixed" for s, n in zip(starts, lengths)]
         assert [n for kind, n in zip(kinds, lengths) if kind == "real"] == document_lengths(plain)
         assert "mixed" not in kinds and set(kinds[kinds.index("empty") :]) == {"empty"}
+        assert batch["documents"] == kinds.index("empty")  # how many are not filler
         assert all(s // LENGTH == (s + n - 1) // LENGTH for s, n in zip(starts, lengths) if n)
         # masked_index: the masked positions, then a position labelled -100; the same targets in the same order.
         targets = labels[batch["masked_index"]]
@@ -75,22 +77,52 @@ def test_every_static_packed_batch_of_the_stream_has_one_shape(corpus, tokenizer
 
 def test_a_compiled_model_traces_one_graph_for_twenty_static_batches(corpus, tokenizer):
     """Forward and backward, as the training step runs them, over 20 batches of the real stream: one frame
-    compiled, no recompilation. The unpadded batches, for contrast, recompile."""
+    compiled, no recompilation, though their number of documents differs (the module marks it dynamic). Without
+    that mark, and the unpadded batches, for contrast, recompile."""
     config = NeoBERTConfig.from_preset("tiny", vocab_size=len(tokenizer), max_length=LENGTH,
                                        attention_backend="varlen")
-    module = MLMPretrainingModule(PretrainConfig(), config, tokenizer)  # its forward is the training step's
 
-    def compiled_frames(batches: list[dict]) -> int:
+    def compiled_frames(batches: list[dict], compiled_run: bool = True, scope: str = "model") -> int:
+        recipe = PretrainConfig()
+        recipe.model.compile = compiled_run
+        module = MLMPretrainingModule(recipe, config, tokenizer)  # its forward is the training step's
         torch._dynamo.reset()
         counter = CompileCounter()
-        module.model.compile(backend=counter, fullgraph=True)
+        module.model.compile(backend=counter, fullgraph=True, scope=scope)
         for batch in batches:
             module.model.zero_grad(set_to_none=True)
             module(batch).loss.backward()
         return counter.frame_count
 
-    assert compiled_frames(packed_batches(corpus, tokenizer, "true")) == 1
+    static = packed_batches(corpus, tokenizer, "true")
+    assert len({batch["documents"] for batch in static}) > 1
+    assert compiled_frames(static) == 1
+    assert compiled_frames(static[:4], compiled_run=False) > 1
+    # Each block on its own: the CPU's attention (padded_sdpa) also takes a per-document mask built outside the
+    # blocks, so each compiles twice (the second time with the count dynamic), and never fails on the count.
+    assert compiled_frames(static, scope="blocks") <= 2 * config.num_hidden_layers
     assert compiled_frames(packed_batches(corpus, tokenizer, "false", count=4)) > 1
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_the_model_gets_the_real_documents_unless_cuda_graphs_replay_the_step(tokenizer, mode):
+    """The zero-length filler documents of a static batch reach the model only under CUDA graphs (fixed shapes):
+    elsewhere each would cost the attention kernel a block per head for nothing."""
+    config = NeoBERTConfig.from_preset("tiny", vocab_size=len(tokenizer), max_length=LENGTH,
+                                       attention_backend="varlen")
+    recipe = PretrainConfig()
+    recipe.model.compile_mode = mode
+    module = MLMPretrainingModule(recipe, config, tokenizer)
+    masker = MLMMasker.from_tokenizer(tokenizer, static=StaticShapes.for_packed_rows(ROWS, LENGTH, 0, 0.2))
+    batch = masker.collate_packed(_rows(tokenizer), torch.Generator().manual_seed(0))
+    assert batch["cu_seqlens"].numel() == ROWS * 8 + 1 > batch["documents"] + 1
+    seen = []
+    module.model.register_forward_pre_hook(lambda _, args, kwargs: seen.append(kwargs["cu_seqlens"]),
+                                           with_kwargs=True)
+    with torch.no_grad(), mock.patch.object(torch.compiler, "cudagraph_mark_step_begin"):
+        module(batch)
+    expected = batch["cu_seqlens"] if mode == "reduce-overhead" else batch["cu_seqlens"][: batch["documents"] + 1]
+    assert torch.equal(seen[0], expected)
 
 
 def _rows(tokenizer) -> list:

@@ -30,7 +30,10 @@ class StaticShapes:
       rows beyond the batch's all [PAD]);
     * cu_seqlens has `documents` + 1 entries: each row's documents, then its [PAD] tail as a document of its own (so
       [PAD] attends to no real token and no real token to [PAD]), then zero-length documents (the last offset
-      repeated) up to the fixed count; max_seqlen is `length`;
+      repeated) up to the fixed count; the batch's `documents` says how many are real. Only CUDA graphs need the
+      fixed count: elsewhere MLMPretrainingModule.forward gives the model the real ones alone, as a dynamic size of
+      the compiled graph (FlashAttention's kernels took 1.4-1.5x as long on the H200 with 32 documents per row of
+      1,024, most of them empty, docs/benchmarks.md); max_seqlen is `length`;
     * masked_index has `masked` entries: the masked positions, then a position whose label is -100, repeated (the
       loss ignores it; an accuracy must count the entries whose label is not -100, not the entries).
     """
@@ -215,7 +218,7 @@ class MLMMasker:
         cu_seqlens[1 : len(ends) + 1] = torch.tensor(ends, dtype=torch.int32)
         return {"input_ids": grid_inputs.view(static.rows, static.length),
                 "labels": grid_labels.view(static.rows, static.length), "cu_seqlens": cu_seqlens,
-                "max_seqlen": static.length, "masked_index": index}
+                "max_seqlen": static.length, "masked_index": index, "documents": len(ends)}
 
 
 def masked_index(labels: Tensor) -> Tensor:

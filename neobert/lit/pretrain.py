@@ -94,12 +94,23 @@ class MLMPretrainingModule(L.LightningModule):
             torch.compiler.cudagraph_mark_step_begin()
         encoder_kwargs = {}
         if "cu_seqlens" in batch:
-            encoder_kwargs = {"cu_seqlens": batch["cu_seqlens"], "max_seqlen": batch["max_seqlen"]}
+            encoder_kwargs = {"cu_seqlens": self._real_documents(batch), "max_seqlen": batch["max_seqlen"]}
         masked = {}
         if self.masked_only:  # the collator's index (no search on the device), or a search for batches without one
             masked = {"masked_index": batch["masked_index"]} if "masked_index" in batch else {"masked_only": True}
         return self.model(batch["input_ids"], batch.get("attention_mask"), labels=batch["labels"], **masked,
                           **encoder_kwargs)
+
+    def _real_documents(self, batch: dict) -> torch.Tensor:
+        """cu_seqlens without a static batch's zero-length filler documents (neobert.data.masking.StaticShapes), which
+        only CUDA graphs need (they replay fixed shapes); each would cost the attention kernel a block per head. A
+        compiled model takes their number as a dynamic size: one graph for every count."""
+        cu_seqlens = batch["cu_seqlens"]
+        if "documents" in batch and self.config.model.compile_mode not in CUDA_GRAPH_MODES:
+            cu_seqlens = cu_seqlens[: batch["documents"] + 1]
+            if self.config.model.compile:
+                torch._dynamo.maybe_mark_dynamic(cu_seqlens, 0)
+        return cu_seqlens
 
     @staticmethod
     def _accuracy_counts(output, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | int]:

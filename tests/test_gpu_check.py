@@ -193,3 +193,22 @@ def test_speed_only_measures_the_ceilings_and_the_recipes_loop_and_skips_the_res
     assert not (tmp_path / "check" / GPU_CHECK_PLAIN_RUN).exists() and summary["passed"]
     # a variant's report says what it was: the loop only, and the recipe's overrides
     assert "the recipe's loop only (speed_only=true)" in markdown and "trainer.strategy=ddp" in markdown
+
+
+@pytest.mark.parametrize("strategy, precision, device, expected", [
+    ("deepspeed_stage_2", "bf16-mixed", "cuda", (torch.bfloat16, None)),  # DeepSpeed's engine casts the weights
+    ("deepspeed_stage_2", "bf16-true", "cuda", (torch.bfloat16, None)),
+    ("deepspeed_stage_2", "bf16-mixed", "cpu", (torch.float32, torch.bfloat16)),  # the plain loop stands in on CPU
+    ("auto", "bf16-mixed", "cuda", (torch.float32, torch.bfloat16)),  # Lightning's AMP: float32 weights, autocast
+    ("ddp", "bf16-true", "cuda", (torch.bfloat16, None)),
+    ("auto", "32-true", "cuda", (torch.float32, None)),
+])
+def test_the_ceilings_run_the_arithmetic_of_the_recipes_loop(tmp_path, strategy, precision, device, expected):
+    """A ceiling with float32 weights under autocast pays a cast of every weight at every step that DeepSpeed's
+    bf16 loop does not (on the H200 the Liger loop ran 1.06x its ceiling that way): each follows the loop it judges."""
+    plan = make_plan(parse_args(tiny_check(tmp_path)))
+    plan.recipe.trainer.strategy, plan.recipe.trainer.precision = strategy, precision
+    plan.device = torch.device(device)
+    assert plan.ceiling_dtypes == expected
+    assert plan.arithmetic.startswith(f"{precision}: ")
+    assert ("as DeepSpeed runs it" in plan.arithmetic) == (strategy.startswith("deepspeed") and device == "cuda")

@@ -2,7 +2,8 @@
 one command that proves a node runs a pretraining recipe, and how well. On the devices it finds (every CUDA GPU of
 the node; a CPU runs it too, end to end, with a tiny recipe), in order:
 
-1. ceilings, forward + backward at the recipe's micro-batch and length, in the loop's batch layout and precision,
+1. ceilings, forward + backward at the recipe's micro-batch and length, in the loop's batch layout and arithmetic
+   (DeepSpeed's half-precision weights without autocast, or float32 weights under autocast: Plan.ceiling_dtypes),
    tokens/s and MFU: the encoder alone, for reference (the throughput benchmark's training step,
    `neobert.eval.throughput`: its batch, its timed step, its FLOP count), then the model with its MLM head, the
    ceiling: the same tokens masked by the loop's masker, one step of MLMPretrainingModule's forward, its MLM loss

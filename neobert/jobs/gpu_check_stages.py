@@ -57,6 +57,9 @@ RECIPE_LOOP, PLAIN_LOOP, RESUME, EXPORT = "loop, recipe's strategy", "loop, plai
 TOKENS_PER_S, MFU, VAL_LOSS = "train/tokens_per_sec", "train/mfu", "val/loss"
 AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 WEIGHT_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16}
+# DeepSpeed's bf16/fp16: its engine casts the module's weights, and Lightning's DeepSpeedPrecision adds no autocast
+DEEPSPEED_WEIGHT_DTYPES = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16,
+                           "16-true": torch.float16}
 EXPORT_TEXT = "The quick brown fox jumps over the {mask} dog."
 RELOAD_TOLERANCE = 1e-4  # ours against transformers' on the same weights: the same code, so float noise only
 
@@ -99,6 +102,31 @@ class Plan:
     @property
     def world(self) -> int:
         return self.recipe.trainer.num_devices * self.recipe.trainer.num_nodes
+
+    @property
+    def ceiling_dtypes(self) -> tuple[torch.dtype, torch.dtype | None]:
+        """(weights, autocast) of the recipe's loop as it runs here, for the ceilings: under DeepSpeed, half-precision
+        weights and no autocast, so no weight is cast in a step; under Lightning's own precision (one device, DDP,
+        FSDP2, and the plain loop standing in for DeepSpeed on a CPU), float32 weights under autocast for *-mixed."""
+        if self._deepspeed_half:
+            return DEEPSPEED_WEIGHT_DTYPES[self.precision], None
+        return WEIGHT_DTYPES.get(self.precision, torch.float32), AUTOCAST_DTYPES.get(self.precision)
+
+    @property
+    def _deepspeed_half(self) -> bool:
+        strategy = self.recipe.trainer.strategy
+        return (is_deepspeed(strategy) and unavailable(strategy, self.device) is None
+                and self.precision in DEEPSPEED_WEIGHT_DTYPES)
+
+    @property
+    def arithmetic(self) -> str:
+        """The ceilings' arithmetic in words."""
+        weights, autocast = self.ceiling_dtypes
+        words = {torch.float32: "float32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+        if autocast is None:
+            how = " (as DeepSpeed runs it)" if self._deepspeed_half else ""
+            return f"{self.precision}: {words[weights]} weights, no autocast{how}"
+        return f"{self.precision}: {words[weights]} weights under {words[autocast]} autocast"
 
 
 # ---------------------------------------------------------------------------------------------- shared by the stages
@@ -148,8 +176,8 @@ def encoder_stage(plan: Plan) -> StageRow:
         row.peak_memory_gib = peak_memory_gib(plan.device)
         trainer, data = plan.recipe.trainer, plan.recipe.data
         row.notes = (f"encoder forward + backward, no MLM head, {trainer.micro_batch_size} x {data.max_length} "
-                     f"tokens, {plan.precision}, median of {plan.config.ceiling_repeats}; for reference: the loops are "
-                     f"judged against the row with the MLM head, what they run")
+                     f"tokens, {plan.arithmetic}, median of {plan.config.ceiling_repeats}; for reference: the loops "
+                     f"are judged against the row with the MLM head, what they run")
 
     attempt(row, work)
     return row
@@ -163,11 +191,11 @@ def measure_encoder(plan: Plan) -> tuple[float, float | None]:
     torch.manual_seed(recipe.trainer.seed)
     bench = BenchModel("neobert", NeoBERT(model_config), model_config.num_hidden_layers, model_config.hidden_size,
                        model_config.max_length, model_config.vocab_size, model_config.pad_token_id, neobert_forward)
-    bench.module.to(device=device, dtype=WEIGHT_DTYPES.get(plan.precision, torch.float32))
+    weights, autocast = plan.ceiling_dtypes
+    bench.module.to(device=device, dtype=weights)
     if recipe.model.compile:  # as the loop's module compiles it (its configure_model)
         bench.module.compile(dynamic=False, mode=recipe.model.compile_mode, scope=recipe.model.compile_scope)
     batch = ceiling_batch(plan)
-    autocast = AUTOCAST_DTYPES.get(plan.precision)
     for _ in range(plan.config.ceiling_warmup):
         time_step(bench, batch, True, device, autocast)
     step = statistics.median(time_step(bench, batch, True, device, autocast)
@@ -192,7 +220,7 @@ class HeadStep:
     autocast: torch.dtype | None
 
     def run(self) -> float:
-        """Seconds of forward + MLM loss + backward (under the precision's autocast, as Lightning runs them)."""
+        """Seconds of forward + MLM loss + backward (under autocast where the loop has it: Plan.ceiling_dtypes)."""
         synchronize(self.device)
         start = time.perf_counter()
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
@@ -230,12 +258,13 @@ def head_step(plan: Plan) -> HeadStep:
     batch, stats = builder.pop(rows, torch.Generator().manual_seed(recipe.trainer.seed))
     torch.manual_seed(recipe.trainer.seed)
     module = MLMPretrainingModule(recipe, plan.model_config, plan.tokenizer)
-    module.to(device=device, dtype=WEIGHT_DTYPES.get(plan.precision, torch.float32)).train()
+    weights, autocast = plan.ceiling_dtypes
+    module.to(device=device, dtype=weights).train()
     module.configure_model()
     return HeadStep(module, {key: value.to(device) if isinstance(value, torch.Tensor) else value
                              for key, value in batch.items()},
                     stats["tokens"], module.training_flops_per_token(stats["tokens"], stats["squared_lengths"]),
-                    device, AUTOCAST_DTYPES.get(plan.precision))
+                    device, autocast)
 
 
 def head_ceiling_stage(plan: Plan) -> tuple[StageRow, HeadStep | None]:
@@ -255,7 +284,7 @@ def head_ceiling_stage(plan: Plan) -> tuple[StageRow, HeadStep | None]:
         row.peak_memory_gib = peak_memory_gib(plan.device)
         trainer, data = plan.recipe.trainer, plan.recipe.data
         row.notes = (f"NeoBERTForMaskedLM forward + MLM loss + backward as the pretraining module runs it ("
-                     f"{step.describe()}), {trainer.micro_batch_size} x {data.max_length} tokens, {plan.precision}, "
+                     f"{step.describe()}), {trainer.micro_batch_size} x {data.max_length} tokens, {plan.arithmetic}, "
                      f"median of {plan.config.ceiling_repeats}; the loops are judged against this row")
         measured.append(step)
 

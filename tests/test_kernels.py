@@ -386,7 +386,7 @@ def test_liger_kernels_equal_the_eager_path_on_cuda(preset):
 
 
 @needs_liger_on_cuda
-def test_the_fused_loss_with_bf16_weights_is_no_further_from_float32_than_the_eager_head():
+def test_the_fused_loss_with_bf16_weights_on_cuda_is_no_further_from_float32_than_the_eager_head():
     """DeepSpeed's bf16 keeps bf16 weights: the fused loss's decoder gradient, summed over its chunks in float32, is
     as close to the float32 model's as the eager head's one bf16 matmul."""
     torch.manual_seed(0)

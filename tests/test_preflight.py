@@ -166,7 +166,7 @@ def test_the_activation_estimate_is_what_the_model_keeps_for_its_backward(precis
     assert measured_head == pytest.approx(estimated_head, rel=0.03)
 
 
-def test_with_liger_the_heads_estimate_keeps_no_logits(monkeypatch):
+def test_with_the_fused_loss_the_heads_estimate_keeps_no_logits(monkeypatch):
     """Liger's fused linear cross-entropy keeps no row of logits: its head costs the same per masked row whatever
     the vocabulary, where the eager head keeps two float32 vocabulary-wide rows."""
     from neobert.jobs.preflight import activation_bytes
@@ -175,13 +175,13 @@ def test_with_liger_the_heads_estimate_keeps_no_logits(monkeypatch):
 
     monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
     per_row = {}
-    for kernels in ("eager", "liger"):
+    for fused in (False, True):
         for vocab in (1000, 30522):
-            config = NeoBERTConfig.from_preset("tiny", vocab_size=vocab, kernels=kernels)
-            per_row[kernels, vocab] = activation_bytes(config, 0, "bf16-mixed", 2) - activation_bytes(config, 0,
+            config = NeoBERTConfig.from_preset("tiny", vocab_size=vocab, fused_mlm_loss=fused)
+            per_row[fused, vocab] = activation_bytes(config, 0, "bf16-mixed", 2) - activation_bytes(config, 0,
                                                                                                       "bf16-mixed", 1)
-    assert per_row["liger", 1000] == per_row["liger", 30522] == 4 * NeoBERTConfig.from_preset("tiny").hidden_size
-    assert per_row["eager", 30522] - per_row["eager", 1000] == 8 * (30522 - 1000)
+    assert per_row[True, 1000] == per_row[True, 30522] == 4 * NeoBERTConfig.from_preset("tiny").hidden_size
+    assert per_row[False, 30522] - per_row[False, 1000] == 8 * (30522 - 1000)
 
 
 def test_the_activation_estimate_takes_the_highest_masking_rate_of_the_schedule():
@@ -203,9 +203,11 @@ def test_the_activation_estimate_takes_the_highest_masking_rate_of_the_schedule(
           "- the MLM head's loss: the decoder at the masked rows, then PyTorch's cross-entropy"]),
     (("model.overrides.kernels=liger",),
      ["- norms, SwiGLU, RoPE in the blocks: Liger-Kernel's RMSNorm and fused SwiGLU (RoPE: ours)",
-      "- the MLM head's loss: Liger's fused linear cross-entropy: no logits kept for the backward, one host read"]),
+      "- the MLM head's loss: the decoder at the masked rows, then PyTorch's cross-entropy"]),
+    (("model.overrides.kernels=liger", "model.overrides.fused_mlm_loss=true"),
+     ["- the MLM head's loss: Liger's fused linear cross-entropy: no logits kept for the backward, one host read"]),
     (("data.packing=best_fit", "model.compile=true", "model.compile_scope=blocks", "model.compile_mode=reduce-overhead",
-      "model.overrides.kernels=liger"),
+      "model.overrides.fused_mlm_loss=true"),
      ["- torch.compile, mode reduce-overhead (CUDA graphs: one batch shape, data.static_shapes): each encoder block on "
       "its own (one shared graph)", "- norms, SwiGLU, RoPE in the blocks: Inductor's fused kernels",
       "- the MLM head's loss: Liger's fused linear cross-entropy"]),

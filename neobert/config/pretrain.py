@@ -39,7 +39,7 @@ class ModelConfig:
     # hundreds; needs one batch shape, data.static_shapes), max-autotune also searches matmul kernels (slow to start).
     compile_mode: str = "default"
     # model: one graph of the whole forward. blocks: each encoder block compiled on its own, one graph they share
-    # (compiles in the time of one block; the embedding and the MLM head stay eager, where kernels=liger fuses the loss)
+    # (compiles in the time of one block; the embedding and the MLM head stay eager, where fused_mlm_loss fuses the loss)
     compile_scope: str = "model"
     masked_only_logits: bool = True  # project to the vocabulary at masked positions only
 

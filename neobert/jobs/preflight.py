@@ -121,7 +121,7 @@ def activation_bytes(model_config, tokens: int, precision: str, scored_rows: flo
     """Bytes a micro-batch of `tokens` tokens holds for its backward, term by term: what each op of the encoder keeps
     with the fused attention and norm kernels of a GPU (a norm keeps its input and a per-row scale; attention its
     inputs, output and per-row log-sum-exp), then the MLM head over its `scored_rows` (the masked tokens when only
-    those are projected; with kernels="liger" no logits are kept). `precision` decides the widths: under mixed
+    those are projected; with fused_mlm_loss no logits are kept). `precision` decides the widths: under mixed
     precision the residual stream (every norm's input) stays float32 and the matmuls read 16-bit copies; 16-true
     and 32-true keep one width throughout. tests/test_preflight.py checks it against the tensors the model saves on
     a CPU."""
@@ -141,7 +141,7 @@ def activation_bytes(model_config, tokens: int, precision: str, scored_rows: flo
         per_layer += width * (f + f)  # w12's output, gelu of it: w3's input
     encoder = tokens * (model_config.num_hidden_layers * per_layer + residual * h)  # + the final norm's input
     vocab = model_config.vocab_size
-    if model_config.kernels == "liger":
+    if model_config.fused_mlm_loss:
         # Liger's fused linear cross-entropy makes the logits chunk by chunk and drops them; it keeps the gradients
         # it computed in the forward: its input's (the final norm's output, residual width) and a float32 one of the
         # decoder's weight and bias.
@@ -364,8 +364,9 @@ def attention_section(report: Preflight, config: PretrainConfig, model_config, p
 
 
 def kernels_section(report: Preflight, config: PretrainConfig, model_config) -> None:
-    """What runs the encoder's elementwise work and the MLM loss (model.overrides.kernels), and what torch.compile
-    compiles (model.compile, compile_scope, compile_mode): docs/pretraining.md, "The model's kernels"."""
+    """What runs the encoder's elementwise work and the MLM loss (model.overrides.kernels and fused_mlm_loss), and
+    what torch.compile compiles (model.compile, compile_scope, compile_mode): docs/pretraining.md, "The model's
+    kernels"."""
     report.section("Kernels and compilation")
     compiled, scope, mode = config.model.compile, config.model.compile_scope, config.model.compile_mode
     liger = model_config.kernels == "liger"
@@ -378,7 +379,7 @@ def kernels_section(report: Preflight, config: PretrainConfig, model_config) -> 
     report.add(f"- norms, SwiGLU, RoPE in the blocks: {blocks}" + (" (RoPE: ours)" if liger and not compiled else ""))
     if compiled and scope == "model":
         head = "compiled with the forward (Inductor)"
-    elif liger:
+    elif model_config.fused_mlm_loss:
         head = ("Liger's fused linear cross-entropy: no logits kept for the backward, one host read per micro-batch "
                 "(the count of scored rows)")
     else:

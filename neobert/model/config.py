@@ -16,7 +16,7 @@ NORMS = ("rmsnorm", "layernorm")
 ATTENTION_BACKENDS = ("sdpa", "varlen")
 KERNELS = ("eager", "liger")  # neobert.model.kernels
 # The fields that are choices of the machine, not of the model: never written to config.json (chosen at load).
-MACHINE_FIELDS = ("kernels", "attention_kernel")
+MACHINE_FIELDS = ("kernels", "fused_mlm_loss", "attention_kernel")
 
 
 class ModelFieldError(ValueError):
@@ -50,6 +50,10 @@ class NeoBERTConfig:
     # Which kernels run the norms and the MLP's activation (neobert.model.kernels): a choice of the machine, not of
     # the model, so it is not written to config.json.
     kernels: str = "eager"
+    # The MLM head in training as Liger's fused linear cross-entropy (neobert.model.kernels; needs liger-kernel, runs
+    # on a GPU): no logits kept (1.4 GiB less at 32 x 1,024 tokens), but slower: on the H200 the fused head took
+    # 12.4 ms a step, the eager one 4.6 ms (docs/benchmarks.md, 2026-11-26). The machine's choice too.
+    fused_mlm_loss: bool = False
     # Which kernel runs attention over packed (cu_seqlens) batches (neobert.model.attention: auto takes the fastest
     # installed; an explicit one is measured against it by experiments.throughput): also the machine's choice.
     attention_kernel: str = "auto"
@@ -86,8 +90,12 @@ class NeoBERTConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise ModelFieldError(name, f"must be one of {allowed}, got {value!r}")
+        if not isinstance(self.fused_mlm_loss, bool):
+            raise ModelFieldError("fused_mlm_loss", f"must be true or false, got {self.fused_mlm_loss!r}")
         if self.kernels == "liger" and (missing := liger_missing_reason()):
             raise ModelFieldError("kernels", f"'liger' {missing}; 'eager' runs everywhere")
+        if self.fused_mlm_loss and (missing := liger_missing_reason()):
+            raise ModelFieldError("fused_mlm_loss", f"true {missing}; false runs everywhere")
         if missing := attention_kernel_missing_reason(self.attention_kernel):
             raise ModelFieldError("attention_kernel", f"{self.attention_kernel!r} {missing}; 'auto' runs everywhere")
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

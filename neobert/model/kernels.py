@@ -6,9 +6,10 @@
   (issue 34's profile: RMSNorm, SwiGLU, RoPE and casts were 11% of a step's kernel time, `mul` another 13%).
   CPU tensors, LayerNorm and GELU (the ablation presets) and a model being compiled stay eager.
 
-  In training, the MLM head's decoder and cross-entropy run as Liger's fused linear cross-entropy: the logits of the
-  masked rows (rows x 30,522) are made chunk by chunk and dropped, never kept for the backward; the gradients are
-  computed in the forward, and the argmax of each row comes out for the training accuracy.
+`NeoBERTConfig.fused_mlm_loss` (either choice): in training, the MLM head's decoder and cross-entropy run as Liger's
+fused linear cross-entropy: the logits of the masked rows (rows x 30,522) are made chunk by chunk and dropped, never
+kept for the backward; the gradients are computed in the forward, and the argmax of each row comes out for the
+training accuracy. It saves memory, not time (slower than the eager head on the H200: docs/benchmarks.md).
 
 RoPE stays ours under every choice: Liger rotates the two halves of a head vector (Llama's layout), NeoBERT rotates
 adjacent pairs (the released checkpoint's layout); the two agree only after permuting q and k, which costs the copy
@@ -44,9 +45,13 @@ def liger_missing_reason() -> str | None:
 
 
 def use_liger(kernels: str, x: Tensor) -> bool:
-    """Whether a layer runs Liger's kernel on x: asked for, on a CUDA tensor, and not inside a compiled graph (where
-    Inductor fuses the eager ops itself)."""
-    return kernels == "liger" and x.is_cuda and not torch.compiler.is_compiling()
+    """Whether a layer runs Liger's kernel on x: asked for (kernels="liger") and `liger_runs_on` x."""
+    return kernels == "liger" and liger_runs_on(x)
+
+
+def liger_runs_on(x: Tensor) -> bool:
+    """A CUDA tensor, outside a compiled graph (where Inductor fuses the eager ops itself)."""
+    return x.is_cuda and not torch.compiler.is_compiling()
 
 
 def liger_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -24,7 +24,7 @@ from neobert.model.attention import (
     rope_tables,
 )
 from neobert.model.config import NeoBERTConfig
-from neobert.model.kernels import liger_linear_cross_entropy, use_liger
+from neobert.model.kernels import liger_linear_cross_entropy, liger_runs_on
 from neobert.model.layers import GeluMLP, SwiGLU, make_norm
 
 IGNORE_INDEX = -100
@@ -39,7 +39,7 @@ class EncoderOutput:
 @dataclass
 class MaskedLMOutput:
     # [..., vocab], or [n_masked, vocab] when computed at masked positions only; None where the loss was fused with
-    # the decoder (kernels="liger" in training), which never makes them: `predictions` holds their argmax instead
+    # the decoder (fused_mlm_loss in training), which never makes them: `predictions` holds their argmax instead
     logits: Tensor | None
     loss: Tensor | None = None
     last_hidden_state: Tensor | None = None
@@ -115,7 +115,7 @@ class NeoBERTPreTrained(nn.Module):
     def compile(self, *args, scope: str = "model", **kwargs) -> None:
         """`torch.compile` in place (`nn.Module.compile`'s arguments). scope="blocks" compiles each encoder block on
         its own (regional compilation): the blocks share one compiled graph, so compiling costs one block's time, not
-        the whole depth's, while the embedding and the heads run eager (the MLM loss fused by kernels="liger" there).
+        the whole depth's, while the embedding and the heads run eager (the MLM loss fused by fused_mlm_loss there).
         scope="model": one graph of the whole forward, the head's loss included."""
         if scope == "model":
             super().compile(*args, **kwargs)
@@ -361,11 +361,11 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
 
     def _fuses_loss(self, rows: Tensor) -> bool:
         """Whether the masked rows' decoder and loss run as one fused kernel (neobert.model.kernels): with
-        kernels="liger" on a GPU, and only when a backward follows (the fused kernel computes the gradients in the
+        fused_mlm_loss on a GPU, and only when a backward follows (the fused kernel computes the gradients in the
         forward; evaluation wants the logits), over at least one row (Liger's chunking divides by their number).
         Only the masked-row paths fuse: full logits are asked for to be read."""
         return (rows.shape[0] > 0 and torch.is_grad_enabled() and rows.requires_grad
-                and use_liger(self.config.kernels, rows))
+                and self.config.fused_mlm_loss and liger_runs_on(rows))
 
 
 class ClassificationHead:

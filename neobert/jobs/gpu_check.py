@@ -110,7 +110,7 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
     if not rank_zero:
         return GpuCheckResult(str(plan.device), config.config, list(rows.values()), [], False)
     enforced = config.targets.enforce if config.targets.enforce is not None else plan.device.type == "cuda"
-    failures = judge(rows, config, enforced)
+    failures = judge(rows, config, enforced, plan.dtypes_of(plan.plain_strategy) == plan.ceiling_dtypes)
     result = GpuCheckResult(device_name(plan.device), config.config, list(rows.values()), failures, enforced,
                             head_share=mlm_head_share(rows), profile=profiled)
     result.paths = write_reports(result, plan)
@@ -177,12 +177,19 @@ def device_name(device: torch.device) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- targets, reports
-def judge(rows: dict[str, StageRow], config: GpuCheckConfig, enforced: bool) -> list[str]:
+def judge(rows: dict[str, StageRow], config: GpuCheckConfig, enforced: bool,
+          plain_as_ceiling: bool = True) -> list[str]:
     """Fills the ratios in and returns the failures: failed stages, and (when enforced) ratios under target. The
-    loops are judged against the ceiling with the MLM head: what they run, its FLOPs counted as theirs are."""
+    loops are judged against the ceiling with the MLM head: what they run, its FLOPs counted as theirs are, in the
+    recipe's loop's arithmetic (Plan.ceiling_dtypes). `plain_as_ceiling`: whether the plain loop computes the same
+    way; where it does not (float32 weights under autocast beside DeepSpeed's bf16 weights) it has no loop/ceiling,
+    and strategy/plain compares the two loops."""
     ceiling, recipe, plain = rows[CEILING], rows[RECIPE_LOOP], rows[PLAIN_LOOP]
     targets = config.targets
-    for row in (recipe, plain):
+    if not plain_as_ceiling and plain.tokens_per_s is not None:
+        plain.notes += ("; no loop/ceiling: its weights and autocast are not the ceiling's (the recipe's loop's, "
+                        "in the ceiling row's note)")
+    for row in (recipe, plain) if plain_as_ceiling else (recipe,):
         if row.tokens_per_s is None or ceiling.tokens_per_s is None:
             continue
         if row.mfu is not None and ceiling.mfu:

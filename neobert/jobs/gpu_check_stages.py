@@ -105,16 +105,22 @@ class Plan:
 
     @property
     def ceiling_dtypes(self) -> tuple[torch.dtype, torch.dtype | None]:
-        """(weights, autocast) of the recipe's loop as it runs here, for the ceilings: under DeepSpeed, half-precision
-        weights and no autocast, so no weight is cast in a step; under Lightning's own precision (one device, DDP,
-        FSDP2, and the plain loop standing in for DeepSpeed on a CPU), float32 weights under autocast for *-mixed."""
-        if self._deepspeed_half:
+        """(weights, autocast) of the recipe's loop as it runs here (`dtypes_of`), for the ceilings."""
+        return self.dtypes_of(self.recipe.trainer.strategy)
+
+    def dtypes_of(self, strategy: str) -> tuple[torch.dtype, torch.dtype | None]:
+        """(weights, autocast) a loop under `strategy` computes with here: DeepSpeed's half precision holds
+        half-precision weights without autocast (its engine casts the module; Lightning adds no autocast there);
+        FSDP2 under bf16-mixed gathers bf16 weights under autocast; otherwise (one device, DDP, and the plain loop
+        standing in for DeepSpeed on a CPU) float32 weights under autocast for *-mixed. The ceilings take the
+        recipe's loop's, so that no weight is cast in their step that the loop does not cast."""
+        if self._deepspeed_half(strategy):
             return DEEPSPEED_WEIGHT_DTYPES[self.precision], None
+        if strategy == "fsdp2" and self.precision == "bf16-mixed":
+            return torch.bfloat16, torch.bfloat16
         return WEIGHT_DTYPES.get(self.precision, torch.float32), AUTOCAST_DTYPES.get(self.precision)
 
-    @property
-    def _deepspeed_half(self) -> bool:
-        strategy = self.recipe.trainer.strategy
+    def _deepspeed_half(self, strategy: str) -> bool:
         return (is_deepspeed(strategy) and unavailable(strategy, self.device) is None
                 and self.precision in DEEPSPEED_WEIGHT_DTYPES)
 
@@ -124,7 +130,7 @@ class Plan:
         weights, autocast = self.ceiling_dtypes
         words = {torch.float32: "float32", torch.bfloat16: "bf16", torch.float16: "fp16"}
         if autocast is None:
-            how = " (as DeepSpeed runs it)" if self._deepspeed_half else ""
+            how = " (as DeepSpeed runs it)" if self._deepspeed_half(self.recipe.trainer.strategy) else ""
             return f"{self.precision}: {words[weights]} weights, no autocast{how}"
         return f"{self.precision}: {words[weights]} weights under {words[autocast]} autocast"
 

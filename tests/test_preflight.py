@@ -178,8 +178,8 @@ def test_with_the_fused_loss_the_heads_estimate_keeps_no_logits(monkeypatch):
     for fused in (False, True):
         for vocab in (1000, 30522):
             config = NeoBERTConfig.from_preset("tiny", vocab_size=vocab, fused_mlm_loss=fused)
-            per_row[fused, vocab] = activation_bytes(config, 0, "bf16-mixed", 2) - activation_bytes(config, 0,
-                                                                                                      "bf16-mixed", 1)
+            per_row[fused, vocab] = (activation_bytes(config, 0, "bf16-mixed", 2, fused_loss=fused)
+                                     - activation_bytes(config, 0, "bf16-mixed", 1, fused_loss=fused))
     assert per_row[True, 1000] == per_row[True, 30522] == 4 * NeoBERTConfig.from_preset("tiny").hidden_size
     assert per_row[False, 30522] - per_row[False, 1000] == 8 * (30522 - 1000)
 
@@ -213,6 +213,11 @@ def test_the_activation_estimate_takes_the_highest_masking_rate_of_the_schedule(
       "- the MLM head's loss: Liger's fused linear cross-entropy"]),
     (("data.packing=best_fit", "model.compile=true"),
      ["- torch.compile, mode default: the whole forward", "- the MLM head's loss: compiled with the forward"]),
+    (("model.overrides.fused_mlm_loss=true", "model.masked_only_logits=false"),
+     ["- the MLM head's loss: the decoder at every position, then PyTorch's cross-entropy (float32 log-probabilities "
+      "kept); fused_mlm_loss does not apply"]),
+    (("data.packing=best_fit", "model.compile=true", "model.overrides.fused_mlm_loss=true"),
+     ["- the MLM head's loss: compiled with the forward (Inductor); fused_mlm_loss does not apply"]),
 ])
 def test_the_report_says_what_runs_the_elementwise_work_and_the_loss(tmp_path, monkeypatch, overrides, expected):
     from neobert.model import config as model_config_module
@@ -222,3 +227,29 @@ def test_the_report_says_what_runs_the_elementwise_work_and_the_loss(tmp_path, m
     assert "## Kernels and compilation" in text
     for line in expected:
         assert line in text, line
+
+
+@pytest.mark.parametrize("overrides, runs", [
+    (("model.overrides.fused_mlm_loss=true",), True),
+    (("model.overrides.fused_mlm_loss=true", "model.masked_only_logits=false"), False),  # full logits: eager head
+    (("model.overrides.fused_mlm_loss=true", "data.packing=best_fit", "model.compile=true"), False),  # compiled head
+    (("model.overrides.fused_mlm_loss=true", "data.packing=best_fit", "model.compile=true",
+      "model.compile_scope=blocks"), True),  # the head stays eager
+    ((), False),
+])
+def test_the_memory_estimate_counts_the_fused_loss_only_where_the_model_runs_it(tmp_path, monkeypatch, overrides,
+                                                                               runs):
+    from neobert.data.tokenizer import load_tokenizer
+    from neobert.jobs.preflight import (activation_bytes, config_activation_bytes, fused_loss_runs,
+                                        resolve_precision_on_gpu)
+    from neobert.jobs.pretrain import build_model_config
+    from neobert.model import config as model_config_module
+
+    monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
+    config = tiny_config(tmp_path, *overrides)
+    model_config = build_model_config(config, load_tokenizer(config.data.tokenizer))
+    assert fused_loss_runs(config, model_config) == runs
+    tokens = config.trainer.micro_batch_size * config.data.max_length
+    scored = tokens * (config.masking.highest_rate if config.model.masked_only_logits else 1.0)
+    assert config_activation_bytes(config, model_config) == activation_bytes(
+        model_config, tokens, resolve_precision_on_gpu(config), scored, fused_loss=runs)

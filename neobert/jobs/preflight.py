@@ -117,11 +117,11 @@ def preflight_report(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> Prefligh
     return report
 
 
-def activation_bytes(model_config, tokens: int, precision: str, scored_rows: float) -> float:
+def activation_bytes(model_config, tokens: int, precision: str, scored_rows: float, fused_loss: bool = False) -> float:
     """Bytes a micro-batch of `tokens` tokens holds for its backward, term by term: what each op of the encoder keeps
     with the fused attention and norm kernels of a GPU (a norm keeps its input and a per-row scale; attention its
     inputs, output and per-row log-sum-exp), then the MLM head over its `scored_rows` (the masked tokens when only
-    those are projected; with fused_mlm_loss no logits are kept). `precision` decides the widths: under mixed
+    those are projected; with `fused_loss`, Liger's, no logits are kept). `precision` decides the widths: under mixed
     precision the residual stream (every norm's input) stays float32 and the matmuls read 16-bit copies; 16-true
     and 32-true keep one width throughout. tests/test_preflight.py checks it against the tensors the model saves on
     a CPU."""
@@ -141,7 +141,7 @@ def activation_bytes(model_config, tokens: int, precision: str, scored_rows: flo
         per_layer += width * (f + f)  # w12's output, gelu of it: w3's input
     encoder = tokens * (model_config.num_hidden_layers * per_layer + residual * h)  # + the final norm's input
     vocab = model_config.vocab_size
-    if model_config.fused_mlm_loss:
+    if fused_loss:
         # Liger's fused linear cross-entropy makes the logits chunk by chunk and drops them; it keeps the gradients
         # it computed in the forward: its input's (the final norm's output, residual width) and a float32 one of the
         # decoder's weight and bias.
@@ -157,7 +157,16 @@ def config_activation_bytes(config: PretrainConfig, model_config) -> float:
     run's highest masking rate, its schedule included: the peak)."""
     tokens = config.trainer.micro_batch_size * config.data.max_length
     scored = tokens * (config.masking.highest_rate if config.model.masked_only_logits else 1.0)
-    return activation_bytes(model_config, tokens, resolve_precision_on_gpu(config), scored)
+    return activation_bytes(model_config, tokens, resolve_precision_on_gpu(config), scored,
+                            fused_loss_runs(config, model_config))
+
+
+def fused_loss_runs(config: PretrainConfig, model_config) -> bool:
+    """Whether the training step's MLM loss runs as Liger's fused linear cross-entropy: fused_mlm_loss asks for it,
+    and the model takes it on its masked-row paths only (model.masked_only_logits), outside a compiled graph (the
+    whole forward compiled, compile_scope=model, fuses the head its own way)."""
+    whole_compiled = config.model.compile and config.model.compile_scope == "model"
+    return model_config.fused_mlm_loss and config.model.masked_only_logits and not whole_compiled
 
 
 def phases_section(report: Preflight, config: PretrainConfig, model_config) -> None:
@@ -379,11 +388,15 @@ def kernels_section(report: Preflight, config: PretrainConfig, model_config) -> 
     report.add(f"- norms, SwiGLU, RoPE in the blocks: {blocks}" + (" (RoPE: ours)" if liger and not compiled else ""))
     if compiled and scope == "model":
         head = "compiled with the forward (Inductor)"
-    elif model_config.fused_mlm_loss:
+    elif fused_loss_runs(config, model_config):
         head = ("Liger's fused linear cross-entropy: no logits kept for the backward, one host read per micro-batch "
                 "(the count of scored rows)")
     else:
-        head = "the decoder at the masked rows, then PyTorch's cross-entropy (float32 log-probabilities kept)"
+        rows = "the masked rows" if config.model.masked_only_logits else "every position"
+        head = f"the decoder at {rows}, then PyTorch's cross-entropy (float32 log-probabilities kept)"
+    if model_config.fused_mlm_loss and not fused_loss_runs(config, model_config):
+        head += ("; fused_mlm_loss does not apply: it fuses masked-only logits (model.masked_only_logits) outside a "
+                 "whole-forward compile")
     report.add(f"- the MLM head's loss: {head}")
 
 

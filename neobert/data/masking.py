@@ -30,8 +30,9 @@ class StaticShapes:
       rows beyond the batch's all [PAD]);
     * cu_seqlens has `documents` + 1 entries: each row's documents, then its [PAD] tail as a document of its own (so
       [PAD] attends to no real token and no real token to [PAD]), then zero-length documents (the last offset
-      repeated) up to the fixed count; the batch's `documents` says how many are real. Only CUDA graphs need the
-      fixed count: elsewhere MLMPretrainingModule.forward gives the model the real ones alone, as a dynamic size of
+      repeated) up to the fixed count. The batch's "documents" (an int, at most `documents`) counts the entries before
+      that filler, [PAD] tails included. Only CUDA graphs need the fixed count: elsewhere
+      MLMPretrainingModule.forward gives the model the entries up to "documents" alone, as a dynamic size of
       the compiled graph (FlashAttention's kernels took 1.4-1.5x as long on the H200 with 32 documents per row of
       1,024, most of them empty, docs/benchmarks.md); max_seqlen is `length`;
     * masked_index has `masked` entries: the masked positions, then a position whose label is -100, repeated (the

@@ -102,9 +102,10 @@ class MLMPretrainingModule(L.LightningModule):
                           **encoder_kwargs)
 
     def _real_documents(self, batch: dict) -> torch.Tensor:
-        """cu_seqlens without a static batch's zero-length filler documents (neobert.data.masking.StaticShapes), which
-        only CUDA graphs need (they replay fixed shapes); each would cost the attention kernel a block per head. A
-        compiled model takes their number as a dynamic size: one graph for every count."""
+        """cu_seqlens without a static batch's zero-length filler documents (neobert.data.masking.StaticShapes: the
+        batch's "documents" counts those before them, [PAD] tails included), which only CUDA graphs need (they replay
+        fixed shapes); each would cost the attention kernel a block per head. A compiled model takes the count as a
+        dynamic size: one graph for every count."""
         cu_seqlens = batch["cu_seqlens"]
         if "documents" in batch and self.config.model.compile_mode not in CUDA_GRAPH_MODES:
             cu_seqlens = cu_seqlens[: batch["documents"] + 1]

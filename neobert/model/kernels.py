@@ -38,7 +38,8 @@ def liger_missing_reason() -> str | None:
     except importlib.metadata.PackageNotFoundError:  # importable without its metadata (a source tree on the path)
         return None
     if tuple(int(part) for part in installed.split(".")[:2] if part.isdigit()) < LIGER_MINIMUM:
-        # 0.8 added the fused loss's argmax output, which the training accuracy reads
+        # 0.8 added the fused loss's argmax output, which the training accuracy reads (fused_mlm_loss); one minimum
+        # for either switch, as both import the same package
         return (f"needs liger-kernel >= {'.'.join(map(str, LIGER_MINIMUM))} (installed: {installed}; "
                 "pip install -U liger-kernel)")
     return None

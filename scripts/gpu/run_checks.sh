@@ -99,6 +99,7 @@ for step in $STEPS; do
                             'models=[neobert,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
         *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;
     esac
-    tar czf "$RESULTS"/checks.tgz -C "$STAGE" .
+    # written aside, then renamed: a call cut short during the packing still returns the last whole archive
+    tar czf "$RESULTS"/checks.tgz.part -C "$STAGE" . && mv "$RESULTS"/checks.tgz.part "$RESULTS"/checks.tgz
 done
 say done

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,17 @@ def test_a_plain_loop_computing_otherwise_than_the_ceiling_is_not_judged_against
     assert differ[PLAIN_LOOP].loop_vs_ceiling is None and "no loop/ceiling" in differ[PLAIN_LOOP].notes
     assert differ[RECIPE_LOOP].loop_vs_ceiling == pytest.approx(0.95)
     assert differ[RECIPE_LOOP].strategy_vs_plain == pytest.approx(95 / 80)
+
+
+def test_a_compiled_loop_reports_its_graphs_and_packed_batches_do_not_recompile_per_document_count(tmp_path):
+    """The recipe's loop compiled by blocks on static packed batches, whose document counts differ: each block
+    compiles at most twice in training and validation together (on this CPU's attention, whose per-document mask is
+    built outside the blocks, the second time with the count dynamic); a compile per count (a size dynamo
+    specialises on, or dynamic=False) would pass that bound within a few batches. The row says how many."""
+    main(tiny_check(tmp_path, "speed_only=true", "data.packing=best_fit", "model.compile=true",
+                    "model.compile_scope=blocks"))
+    _, summary = report(tmp_path)
+    loop = next(row for row in summary["rows"] if row["stage"] == "loop, recipe's strategy")
+    match = re.search(r"torch\.compile \(blocks\) compiled (\d+) graphs in training and validation", loop["notes"])
+    layers = 2  # the tiny preset
+    assert loop["status"] == "ok" and match and 1 <= int(match.group(1)) <= 2 * layers

@@ -377,6 +377,13 @@ class StepProbe(L.Callback):
         return self.trainer is not None and self.trainer.state.finished
 
 
+def compiled_graphs() -> int:
+    """The graphs torch.compile has compiled in this process so far (dynamo's count)."""
+    from torch._dynamo.utils import counters  # dynamo is imported where something compiles
+
+    return counters["stats"]["unique_graphs"]
+
+
 def train(plan: Plan, run: PretrainConfig, label: str) -> StepProbe:
     """run_pretraining with a probe. A failure after training finished (the export, the summary) is the export
     stage's: printed and kept in plan.export_errors, while this stage keeps its figures."""
@@ -432,6 +439,7 @@ def loop_stage(plan: Plan, title: str, strategy: str, run_name: str) -> tuple[St
         except Exception as err:  # noqa: BLE001 - an estimate the preflight cannot make is noted, not fatal
             row.notes = f"no memory estimate ({type(err).__name__}: {one_line(err)}); "
         start_peak_memory(plan.device)
+        graphs = compiled_graphs()
         probe = train(plan, run, title)
         row.peak_memory_gib = peak_memory_gib(plan.device)
         trained.append(probe.trained)
@@ -441,6 +449,10 @@ def loop_stage(plan: Plan, title: str, strategy: str, run_name: str) -> tuple[St
             raise CheckpointError(f"{run.output_dir}: no checkpoint of step {plan.config.steps} was written")
         row.notes += (f"steps {plan.config.warmup_steps}-{plan.config.steps - 1} of {plan.config.steps}; "
                       f"validation loss {validation:.4f}; checkpoint {checkpoint.name} (step {plan.config.steps})")
+        if run.model.compile:  # a recompiling loop (a shape that changes, a size not taken as dynamic) shows here
+            scope = run.model.compile_scope
+            row.notes += (f"; torch.compile ({scope}) compiled {compiled_graphs() - graphs} graphs in training and "
+                          f"validation" + (" (each block its own)" if scope == "blocks" else ""))
 
     attempt(row, work)
     return row, (run if any(trained) else None)

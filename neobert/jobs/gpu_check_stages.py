@@ -379,9 +379,7 @@ class StepProbe(L.Callback):
 
 def compiled_graphs() -> int:
     """The graphs torch.compile has compiled in this process so far (dynamo's count)."""
-    from torch._dynamo.utils import counters  # dynamo is imported where something compiles
-
-    return counters["stats"]["unique_graphs"]
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]  # torch imports dynamo
 
 
 def train(plan: Plan, run: PretrainConfig, label: str) -> StepProbe:

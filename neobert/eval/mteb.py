@@ -86,7 +86,6 @@ class LengthLimit:
 
     tokens: int
     source: str
-    model_tokens: Optional[int] = None  # for a limit set in the config: the model's own, where it has one
 
     def to_dict(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "source": self.source}
@@ -140,7 +139,7 @@ def resolve_length_limit(backbone: Backbone, max_length: int | None, key: str = 
         log.warning("%s=%d is more than the model's own limit, %d tokens: texts are read further than its authors "
                     "evaluate it (null = the model's own limit)", key, max_length, own.tokens)
     return LengthLimit(int(max_length), f"{key}={max_length}, set in the config (the model's own limit: "
-                                        f"{own.tokens}, {own.source})", own.tokens)
+                                        f"{own.tokens}, {own.source})")
 
 
 @torch.inference_mode()

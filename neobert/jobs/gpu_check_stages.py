@@ -13,8 +13,10 @@ and each stage's peak device memory against the preflight's estimate.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import gc
+import io
 import importlib.util
 import statistics
 import time
@@ -333,18 +335,18 @@ def write_profile_tables(result: KernelProfile, output_dir: Path) -> None:
     """The self time per category (GPU_CHECK_PROFILE_CSV, every category, their shares summing to 1) and per name,
     with its category (GPU_CHECK_PROFILE_NAMES_CSV: what a new rule of neobert.eval.kernel_profile would be written
     from)."""
-    categories = ["category,self_ms,share,names,calls\n"] + [
-        f"{total.category},{total.self_us / 1e3:.4f},{total.share:.6f},{total.names},{total.calls}\n"
-        for total in result.category_totals()]
-    write_atomically(output_dir / GPU_CHECK_PROFILE_CSV, categories)
-    names = ["category,self_ms,calls,name\n"] + [
-        f"{entry.category},{entry.self_us / 1e3:.4f},{entry.calls},{csv_field(entry.name)}\n" for entry in result.names]
-    write_atomically(output_dir / GPU_CHECK_PROFILE_NAMES_CSV, names)
+    write_csv(output_dir / GPU_CHECK_PROFILE_CSV, ["category", "self_ms", "share", "names", "calls"],
+              [[total.category, f"{total.self_us / 1e3:.4f}", f"{total.share:.6f}", total.names, total.calls]
+               for total in result.category_totals()])
+    write_csv(output_dir / GPU_CHECK_PROFILE_NAMES_CSV, ["category", "self_ms", "calls", "name"],
+              [[entry.category, f"{entry.self_us / 1e3:.4f}", entry.calls, entry.name] for entry in result.names])
 
 
-def csv_field(text: str) -> str:
-    """A CSV field: quoted, its quotes doubled (kernel names hold commas)."""
-    return '"' + text.replace('"', '""') + '"'
+def write_csv(path: Path, header: list[str], rows: list[list]) -> None:
+    """The csv module's quoting (kernel names hold commas and quotes), written atomically."""
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows([header, *rows])
+    write_atomically(path, [text.getvalue()])
 
 
 def ceiling_batch(plan: Plan) -> Batch:

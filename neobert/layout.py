@@ -54,6 +54,9 @@ GPU_CHECK_MD, GPU_CHECK_JSON = "gpu_check.md", "gpu_check.json"
 # profile=true: the Chrome trace of the profiled step, its self time per category and per kernel/op name
 GPU_CHECK_TRACE, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV = ("gpu_check_trace.json", "gpu_check_profile.csv",
                                                                      "gpu_check_profile_names.csv")
+# ... and of the recipe's loop over profile_steps optimizer steps after its warm-up
+GPU_CHECK_LOOP_TRACE, GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV = (
+    "gpu_check_loop_trace.json", "gpu_check_loop_profile.csv", "gpu_check_loop_profile_names.csv")
 GPU_CHECK_RECIPE_RUN, GPU_CHECK_PLAIN_RUN = "recipe", "plain"
 PPPL_DOCUMENTS_CSV, PPPL_BUCKETS_JSON = "documents.csv", "buckets.json"
 PPPL_MD, PPPL_PLOT = "pseudo_perplexity.md", "pseudo_perplexity.png"

@@ -25,8 +25,9 @@ from typing import Iterable
 
 from neobert.errors import ConfigError
 from neobert.layout import (AVERAGING_JSON, CHECKPOINT_DIR, CONFIG_NAME, EMA_EXPORT_DIR, GLUE_BEST_DIR,
-                            GLUE_PREDICTIONS_DIR, GLUE_SWEEP_JSON, GLUE_SWEEP_MD, GPU_CHECK_JSON, GPU_CHECK_MD,
-                            GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV,
+                            GLUE_PREDICTIONS_DIR, GLUE_SWEEP_JSON, GLUE_SWEEP_MD, GPU_CHECK_JSON,
+                            GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV, GPU_CHECK_LOOP_TRACE,
+                            GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV,
                             GPU_CHECK_RECIPE_RUN, GPU_CHECK_TRACE, MATRYOSHKA_JSON, RESULTS_JSON, TOKENIZER_FILES,
                             WEIGHTS_NAME)
 
@@ -62,7 +63,9 @@ FINETUNE_TASK = OutputKind("a fine-tuning task", (RESULTS_JSON, GLUE_BEST_DIR, G
 # --pretokenize: neobert.data.corpus.pretokenize's shards, and a shard's file before its rename.
 SHARDS = OutputKind("a pretokenization", (), patterns=("shard-*.parquet", "shard-*.parquet.tmp"))
 GPU_CHECK = OutputKind("a GPU check", (GPU_CHECK_RECIPE_RUN, GPU_CHECK_PLAIN_RUN, GPU_CHECK_MD, GPU_CHECK_JSON,
-                                       GPU_CHECK_TRACE, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV))
+                                       GPU_CHECK_TRACE, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV,
+                                       GPU_CHECK_LOOP_TRACE, GPU_CHECK_LOOP_PROFILE_CSV,
+                                       GPU_CHECK_LOOP_PROFILE_NAMES_CSV))
 
 
 def listing(names: Iterable[str], limit: int = 4) -> str:

@@ -17,11 +17,12 @@ from experiments.gpu_check import main, parse_args
 from neobert.config import ConfigError
 from neobert.config.gpu_check import split_overrides
 from neobert.data.demo_corpus import demo_documents
-from neobert.eval.kernel_profile import CATEGORIES, MATMUL, MLM_LOSS
+from neobert.eval.kernel_profile import CATEGORIES, COMMUNICATION, MATMUL, MLM_LOSS, OPTIMIZER
 from neobert.jobs.cli import run_cli
 from neobert.jobs.gpu_check import make_plan
 from neobert.jobs.gpu_check_stages import head_step
-from neobert.layout import (GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV,
+from neobert.layout import (GPU_CHECK_JSON, GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV,
+                            GPU_CHECK_LOOP_TRACE, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV,
                             GPU_CHECK_PROFILE_NAMES_CSV, GPU_CHECK_TRACE)
 from neobert.model.modeling import IGNORE_INDEX
 
@@ -74,6 +75,7 @@ def test_the_check_runs_every_stage_on_cpu(tmp_path):
     assert not summary["enforced"] and "not enforced" in loop["notes"]  # CPU ratios are reported only
     assert (tmp_path / "check" / "recipe" / "export" / "model.safetensors").is_file()
     check_profile(tmp_path / "check", markdown, summary["profile"])
+    check_loop_profile(tmp_path / "check", markdown, summary, loop["notes"])
     with pytest.raises(ConfigError, match="holds an earlier check"):  # a second check does not mix with the first
         main(tiny_check(tmp_path))
 
@@ -92,10 +94,42 @@ def check_profile(check: Path, markdown: str, profile: dict) -> None:
         names = list(csv.DictReader(table))
     assert {row["name"] for row in names} >= {"aten::mm", "aten::nll_loss_forward"}
     assert sum(float(row["self_ms"]) for row in names) == pytest.approx(profile["total_ms"], rel=1e-3)
-    assert (profile["source"], profile["steps"]) == ("CPU operators", 2)
-    assert "## Profile: the ceiling's step (model + MLM head), 2 steps" in markdown
-    for category in CATEGORIES:
-        assert f"| {category} | {profile['self_ms'][category]:,.2f} |" in markdown
+    assert (profile["source"], profile["steps"], profile["tokens"]) == ("CPU operators", 2, 2 * 4 * 32)
+    assert profile["busy_ms"] is None  # the device's busy time: a GPU's only
+    assert "## Profile: the ceiling's step (model + MLM head) and the recipe's loop" in markdown
+    assert "in ms per step of 128 tokens" in markdown
+    for category in CATEGORIES:  # per step: the two steps' total halved
+        assert f"| {category} | {profile['self_ms'][category] / 2:,.2f} |" in markdown
+
+
+def check_loop_profile(check: Path, markdown: str, summary: dict, loop_notes: str) -> None:
+    """The recipe's loop profiled over profile_steps=2 steps after its warm-up (and left out of its tokens/s): its
+    files, the optimizer's and DDP's collectives in it and not in the ceiling's step, each category beside the
+    ceiling's at the ceiling's tokens per step, the names the loop adds."""
+    profile, ceiling = summary["loop_profile"], summary["profile"]
+    assert (profile["source"], profile["steps"]) == ("CPU operators", 2) and 0 < profile["tokens"] <= 2 * 4 * 32
+    assert profile["files"] == [GPU_CHECK_LOOP_TRACE, GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV]
+    trace = json.loads((check / GPU_CHECK_LOOP_TRACE).read_text())
+    assert any(event.get("name") == "aten::_fused_adamw_" for event in trace["traceEvents"])
+    with open(check / GPU_CHECK_LOOP_PROFILE_CSV) as table:
+        categories = {row["category"]: float(row["self_ms"]) for row in csv.DictReader(table)}
+    assert tuple(categories) == CATEGORIES and sum(categories.values()) == pytest.approx(profile["total_ms"], rel=1e-3)
+    assert categories[OPTIMIZER] > 0 and categories[COMMUNICATION] > 0 and categories[MATMUL] > 0
+    assert ceiling["self_ms"][OPTIMIZER] == 0 and ceiling["self_ms"][COMMUNICATION] == 0
+    with open(check / GPU_CHECK_LOOP_PROFILE_NAMES_CSV) as table:
+        names = {row["name"]: row["category"] for row in csv.DictReader(table)}
+    assert names["aten::_fused_adamw_"] == OPTIMIZER and names["c10d::allreduce_"] == COMMUNICATION
+    assert "DistributedDataParallel.forward" not in names  # a record_function range: Python time, not an operator
+    scale = 128 / profile["tokens"]  # the loop's time at the ceiling's 128 tokens a step
+    for category in (OPTIMIZER, MATMUL):
+        loop_ms, ceiling_ms = profile["self_ms"][category] * scale, ceiling["self_ms"][category] / 2
+        assert (f"| {category} | {ceiling_ms:,.2f} | {ceiling['self_ms'][category] / ceiling['total_ms']:.1%} | "
+                f"{loop_ms:,.2f} | {profile['self_ms'][category] / profile['total_ms']:.1%} | "
+                f"{loop_ms - ceiling_ms:+,.2f} |") in markdown
+    added = markdown.split("Where the loop spends more than the ceiling, by name")[1].split("\n\n")[1]
+    assert "(optimizer): `aten::_fused_adamw_`" in added
+    # the profiled steps 1-2 are not timed: the loop's tokens/s comes from step 3
+    assert "steps 3-3 of 4 (steps 1-2 profiled, not timed)" in loop_notes
 
 
 def test_the_ceilings_step_is_the_loops_step(tmp_path):
@@ -139,9 +173,11 @@ def test_a_ratio_under_its_target_fails_the_check_and_names_it(tmp_path):
     assert rows["loop, recipe's strategy"]["status"] == "BELOW TARGET" and not summary["passed"]
     assert rows["resume +2 steps"]["status"] == "ok" and rows["export + reload"]["status"] == "ok"
     assert "Result: FAILED" in markdown and "BELOW TARGET" in markdown
-    # no profile unless asked for: no row, no section, no files
+    # no profile unless asked for: no row, no section, no files, every step after the warm-up timed
     assert PROFILE not in rows and "profile" not in summary and "## Profile" not in markdown
+    assert "loop_profile" not in summary and "steps 1-3 of 4;" in rows["loop, recipe's strategy"]["notes"]
     assert not (tmp_path / "check" / GPU_CHECK_TRACE).exists()
+    assert not (tmp_path / "check" / GPU_CHECK_LOOP_TRACE).exists()
 
 
 def test_a_stage_that_raises_fails_the_check_and_the_others_are_still_reported(tmp_path, monkeypatch):
@@ -176,9 +212,15 @@ def test_overrides_are_the_checks_or_the_recipes():
         parse_args(["profile=true", "profile_steps=0"])
 
 
-def test_too_few_steps_for_a_measured_interval_is_a_config_error(tmp_path):
+def test_a_loop_that_cannot_be_timed_or_profiled_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="invalid config key 'steps'.*log_every_n_steps"):
         main(tiny_check(tmp_path, "logging.log_every_n_steps=3"))  # 4 steps: one read after the warm-up, no interval
+    # the loop's profiled steps are not timed either: 1 warm-up + 3 profiled leave no whole interval in 4 steps
+    with pytest.raises(ConfigError, match="after the 1 warm-up steps and 3 profiled steps .profile=true.*profile_steps"):
+        main(tiny_check(tmp_path, "profile=true", "profile_steps=3"))
+    # the loop's recording is a torch.profiler: Lightning's PyTorch profiler cannot record beside it
+    with pytest.raises(ConfigError, match="invalid config key 'trainer.profiler'"):
+        main(tiny_check(tmp_path, "profile=true", "trainer.profiler=pytorch"))
 
 
 def test_speed_only_measures_the_ceilings_and_the_recipes_loop_and_skips_the_rest(tmp_path):

@@ -11,8 +11,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from neobert.eval.kernel_profile import (ATTENTION, CATEGORIES, COPY, ELEMENTWISE, MATMUL, MLM_LOSS, NORM, OTHER,
-                                         category_of, self_times, summarise)
+from neobert.eval.kernel_profile import (ATTENTION, CATEGORIES, COMMUNICATION, COPY, ELEMENTWISE, MATMUL, MLM_LOSS,
+                                         NORM, OPTIMIZER, OTHER, category_of, device_busy_us, self_times, summarise)
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
 NAMES = {
@@ -73,6 +73,22 @@ NAMES = {
     "aten::_to_copy": COPY,
     "aten::index_select": COPY,
     "aten::embedding_dense_backward": COPY,
+    # a training loop's optimizer step: fused AdamW on a GPU and a CPU, DeepSpeed's, the foreach ops of clipping
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+    "FusedOptimizerTensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, "
+    "(at::native::ADAM_MODE)1, false>, ...>(...)": OPTIMIZER,
+    "void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float, float, long>, float, float, float, "
+    "float, float, float, adamMode_t, float>(...)": OPTIMIZER,
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+    "TensorListMetadata<1>, at::native::(anonymous namespace)::LpNormFunctor<float, (at::native::NormType)1, float, "
+    "float>, float*, int>(...)": OPTIMIZER,
+    "aten::_fused_adamw_": OPTIMIZER,
+    "aten::_foreach_norm": OPTIMIZER,
+    # collectives: NCCL's kernels, c10d's and Gloo's operators
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)": COMMUNICATION,
+    "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": COMMUNICATION,
+    "c10d::allreduce_": COMMUNICATION,
+    "gloo:all_reduce": COMMUNICATION,
     # what no rule knows
     "aten::empty_strided": OTHER,
     "autograd::engine::evaluate_function: MmBackward0": OTHER,
@@ -129,3 +145,33 @@ def test_on_a_gpu_only_the_device_kernels_are_timed():
     result = summarise(times, "CUDA kernels", steps=1, wall_us=50.0)
     assert (result.total_us, result.self_us[MATMUL], result.self_us[ATTENTION], result.self_us[COPY]) == (
         41.0, 30.0, 10.0, 1.0)
+
+
+def test_the_devices_busy_time_counts_overlapping_kernels_once():
+    """Kernels of two streams at once (a collective beside the backward) are one busy stretch; the gaps between
+    kernels (the device waiting for the host) are not busy; CPU operators and annotations are not the device's."""
+    def event(start, end, device_type=DeviceType.CUDA, annotation=False):
+        return SimpleNamespace(device_type=device_type, is_user_annotation=annotation,
+                               time_range=SimpleNamespace(start=start, end=end))
+
+    events = [event(0, 10), event(5, 12), event(6, 8),  # overlapping: 0-12
+              event(20, 25),  # after a gap of 8
+              event(30, 40), event(40, 45),  # end to end
+              event(0, 100, DeviceType.CPU), event(12, 30, annotation=True)]
+    assert device_busy_us(events) == 12 + 5 + 15
+    assert device_busy_us([]) == 0
+
+
+def test_a_cpu_recording_leaves_out_record_function_ranges():
+    """A record_function range's self time is the Python between its operators: a recording of a loop (which has
+    them: DistributedDataParallel.forward, Optimizer.step#...) would count time a bare model's recording cannot."""
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    with profile(activities=[ProfilerActivity.CPU]) as recording:
+        with torch.profiler.record_function("a range"):
+            model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+    times = dict(self_times(recording.events(), on_gpu=False))
+    assert "a range" not in times and "Optimizer.step#AdamW.step" not in times
+    assert {"aten::addmm", "aten::_fused_adamw_"} <= set(times)
+    assert category_of("aten::_fused_adamw_") == OPTIMIZER

@@ -42,8 +42,9 @@ class GpuCheckConfig:
     plain_strategy: str = "auto"  # the comparison loop: "auto" = Lightning's auto on one device, ddp on several
     ceiling_repeats: int = 5  # timed forward+backward steps of each model alone (the median is reported)
     ceiling_warmup: int = 2  # untimed steps before them
-    # torch.profiler over more steps of the model with its MLM head: a Chrome trace and the self time of its CUDA
-    # kernels (CPU operators on a CPU) by category, in output_dir and gpu_check.md
+    # torch.profiler over more steps of the model with its MLM head, and over the recipe's loop's profile_steps
+    # optimizer steps after its warm-up (then left out of its tokens/s: `timed_from`): Chrome traces and the self
+    # time of their CUDA kernels (CPU operators on a CPU) by category, side by side in gpu_check.md
     profile: bool = False
     profile_steps: int = 3
     # Only what a kernel or compile variant changes: the ceiling rows (and the profile) and the recipe's loop; the plain
@@ -52,6 +53,12 @@ class GpuCheckConfig:
     output_dir: str = "runs/gpu_check"  # stage runs in <output_dir>/recipe and /plain; gpu_check.md and .json
     overwrite: bool = False  # remove an earlier check's stage runs and reports from output_dir first
     targets: GpuCheckTargets = field(default_factory=GpuCheckTargets)
+
+    @property
+    def timed_from(self) -> int:
+        """The loops' first step in their tokens/s and MFU: after the warm-up, and after the recipe's loop's profiled
+        steps (the profiler slows them)."""
+        return self.warmup_steps + (self.profile_steps if self.profile else 0)
 
     def validate(self) -> None:
         require(self.steps > 0, "steps", "must be positive")

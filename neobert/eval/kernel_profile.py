@@ -16,15 +16,25 @@ from typing import Iterable
 
 from torch.autograd import DeviceType
 
-MATMUL, ATTENTION, MLM_LOSS, NORM, ELEMENTWISE, COPY, OTHER = (
-    "matmul (GEMM)", "attention", "MLM loss", "norm", "elementwise", "copy/cast", "other")
-CATEGORIES = (MATMUL, ATTENTION, MLM_LOSS, NORM, ELEMENTWISE, COPY, OTHER)
+MATMUL, ATTENTION, MLM_LOSS, NORM, ELEMENTWISE, COPY, OPTIMIZER, COMMUNICATION, OTHER = (
+    "matmul (GEMM)", "attention", "MLM loss", "norm", "elementwise", "copy/cast", "optimizer", "communication",
+    "other")
+CATEGORIES = (MATMUL, ATTENTION, MLM_LOSS, NORM, ELEMENTWISE, COPY, OPTIMIZER, COMMUNICATION, OTHER)
 
 # (category, pattern), the first match wins; patterns are searched in the lower-cased name. The order matters: the
 # loss before attention (the loss's log-softmax kernel is cunn_SoftMaxForward<..., LogSoftMaxForwardEpilogue>, an
 # attention softmax has SoftMaxForwardEpilogue), attention before matmul (fmha_cutlass... is attention), copy before
 # elementwise (a dtype cast is vectorized_elementwise_kernel<..., bfloat16_copy_kernel_cuda...>).
 RULES: tuple[tuple[str, re.Pattern], ...] = tuple((category, re.compile(pattern)) for category, pattern in (
+    # a training loop's collectives: NCCL's kernels (ncclDevKernel_AllReduce_Sum_bf16_RING_LL), the c10d and Gloo
+    # operators on a CPU, the profiler's record of a collective
+    (COMMUNICATION, r"nccl|gloo|^c10d::|record_param_comms"),
+    # a training loop's optimizer step: fused and foreach Adam/AdamW (multi_tensor_apply_kernel<...FusedAdamMath
+    # Functor...>, aten::_fused_adamw_), DeepSpeed's, the foreach ops of gradient clipping (its _foreach_norm),
+    # and the optimizer's own ranges (Optimizer.step#AdamW.step: its Python time between operators, on a CPU).
+    # Before the elementwise rule, which would take a kernel named ...Functor. A gradient norm computed tensor by
+    # tensor (torch.linalg.vector_norm) is "norm": a name says what a kernel computes, not for whom.
+    (OPTIMIZER, r"adam|optimizer|foreach|multi_tensor_apply|^aten::_fused_sgd"),
     # cross-entropy = log-softmax + NLL, eager (aten::_log_softmax, aten::nll_loss_forward and their CUDA kernels),
     # Liger's (_cross_entropy_kernel, fused linear cross-entropy) and Inductor's (triton_..._log_softmax_...)
     (MLM_LOSS, r"cross_entropy|log_?softmax|nll_loss"),
@@ -91,6 +101,10 @@ class KernelProfile:
     total_us: float
     self_us: dict[str, float]
     names: list[NameTime] = field(default_factory=list)  # every name, the largest self time first
+    # On a GPU: the time the device was running something (`device_busy_us`); the rest of wall_us it waited for
+    # the host. None for a CPU recording (its operators run on the host itself).
+    busy_us: float | None = None
+    tokens: int | None = None  # the tokens the recorded steps trained on, where the recorder counted them
 
     def share(self, category: str) -> float:
         return self.self_us[category] / self.total_us if self.total_us else 0.0
@@ -113,7 +127,8 @@ class KernelProfile:
         return self.names_in(OTHER)[:top]
 
 
-def summarise(times: Iterable[tuple[str, float]], source: str, steps: int, wall_us: float) -> KernelProfile:
+def summarise(times: Iterable[tuple[str, float]], source: str, steps: int, wall_us: float,
+              busy_us: float | None = None, tokens: int | None = None) -> KernelProfile:
     """(name, self time in µs) of every kernel or operator call -> their totals per name and per category."""
     totals: dict[str, list[float]] = {}
     for name, self_us in times:
@@ -125,16 +140,33 @@ def summarise(times: Iterable[tuple[str, float]], source: str, steps: int, wall_
     by_category = dict.fromkeys(CATEGORIES, 0.0)
     for entry in names:
         by_category[entry.category] += entry.self_us
-    return KernelProfile(source, steps, wall_us, sum(by_category.values()), by_category, names)
+    return KernelProfile(source, steps, wall_us, sum(by_category.values()), by_category, names, busy_us, tokens)
 
 
 def self_times(events, on_gpu: bool) -> list[tuple[str, float]]:
     """(name, self time in µs) of a torch.profiler recording's events (`prof.events()`): on a GPU its CUDA kernels
     and memory copies (the device's time: the CPU's operators only launch them), on a CPU its operators' self
-    time (an operator's time less its children's, so nothing is counted twice). The GPU timeline also holds user
-    annotations (a compiled graph's "## Call CompiledFxGraph ##" range spans its kernels): left out, as torch's own
-    device totals leave them out, or the compiled work would count twice."""
+    time (an operator's time less its children's, so nothing is counted twice). User annotations are left out: on
+    the GPU timeline a compiled graph's "## Call CompiledFxGraph ##" range spans its kernels (torch's own device
+    totals leave them out, or the compiled work would count twice); on a CPU a `record_function` range
+    (DistributedDataParallel.forward, Optimizer.step#AdamW.step) has as self time the Python between its operators,
+    which a recording without such ranges does not count anywhere: two recordings compare operator for operator."""
     if on_gpu:
         return [(event.name, event.time_range.elapsed_us()) for event in events
                 if event.device_type == DeviceType.CUDA and not event.is_user_annotation]
-    return [(event.name, event.self_cpu_time_total) for event in events if event.device_type == DeviceType.CPU]
+    return [(event.name, event.self_cpu_time_total) for event in events
+            if event.device_type == DeviceType.CPU and not event.is_user_annotation]
+
+
+def device_busy_us(events) -> float:
+    """The time a GPU recording's device was busy: the union of its kernels' and copies' time ranges (`self_times`'
+    events), so that work of two streams at once (a collective beside the backward) counts once. Beside the
+    recording's wall time, the rest is the device waiting for the host: launches, Python, host reads."""
+    spans = sorted((event.time_range.start, event.time_range.end) for event in events
+                   if event.device_type == DeviceType.CUDA and not event.is_user_annotation)
+    busy, covered_to = 0.0, float("-inf")
+    for start, end in spans:
+        if end > covered_to:
+            busy += end - max(start, covered_to)
+            covered_to = end
+    return busy

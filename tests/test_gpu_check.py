@@ -294,3 +294,44 @@ def test_a_compiled_loop_reports_its_graphs_and_packed_batches_do_not_recompile_
     match = re.search(r"torch\.compile \(blocks\) compiled (\d+) graphs in training and validation", loop["notes"])
     layers = 2  # the tiny preset
     assert loop["status"] == "ok" and match and 1 <= int(match.group(1)) <= 2 * layers
+
+
+def test_the_loop_profiler_records_its_steps_and_leaves_no_profiler_running(tmp_path):
+    """From the first micro-batch of global step `first` to the end of step first + steps, the tokens of the batches'
+    stats (their slots without them), on rank zero only; a loop that fails while recording stops the profiler."""
+    from types import SimpleNamespace
+
+    from neobert.data.stream_state import DATA_STATE_KEY
+    from neobert.jobs.gpu_check_stages import LoopProfiler
+
+    def trainer(step, rank_zero=True):
+        return SimpleNamespace(global_step=step, accumulate_grad_batches=2, is_global_zero=rank_zero)
+
+    def batch(tokens=None):
+        data_state = {"stats": {"tokens": tokens}} if tokens is not None else None
+        return {"input_ids": torch.ones(2, 8, dtype=torch.long), DATA_STATE_KEY: data_state}
+
+    weights = torch.randn(16, 16, requires_grad=True)
+    profiler = LoopProfiler(first=1, steps=2, device=torch.device("cpu"), output_dir=tmp_path)
+    profiler.on_train_batch_start(trainer(0), None, batch(5), 0)  # before its first step: not recorded
+    profiler.on_train_batch_start(trainer(1), None, batch(5), 3)  # step 1, but its second micro-batch: not yet
+    assert profiler.recording is None
+    # two optimizer steps of two micro-batches: (global step at its start, batch_idx, tokens, global step at its end)
+    for step, index, tokens, after in ((1, 4, 7, 1), (1, 5, None, 2), (2, 6, 9, 2), (2, 7, 3, 3)):
+        profiler.on_train_batch_start(trainer(step), None, batch(tokens), index)
+        (weights @ weights).sum().backward()
+        profiler.on_train_batch_end(trainer(after), None, None, None, index)
+    result = profiler.result
+    assert profiler.recording is None and result is not None and not torch.autograd.profiler._is_profiler_enabled
+    assert (result.steps, result.tokens) == (2, 7 + 16 + 9 + 3) and result.self_us[MATMUL] > 0
+    assert (tmp_path / GPU_CHECK_LOOP_TRACE).is_file() and (tmp_path / GPU_CHECK_LOOP_PROFILE_CSV).is_file()
+
+    other_rank = LoopProfiler(first=1, steps=2, device=torch.device("cpu"), output_dir=tmp_path / "rank1")
+    other_rank.on_train_batch_start(trainer(1, rank_zero=False), None, batch(5), 0)
+    assert other_rank.recording is None
+
+    failing = LoopProfiler(first=0, steps=2, device=torch.device("cpu"), output_dir=tmp_path / "failed")
+    failing.on_train_batch_start(trainer(0), None, batch(5), 0)
+    assert torch.autograd.profiler._is_profiler_enabled
+    failing.on_exception(trainer(0), None, RuntimeError("out of memory"))
+    assert not torch.autograd.profiler._is_profiler_enabled and failing.result is None

@@ -421,6 +421,11 @@ class LoopProfiler(L.Callback):
         if self.recording is not None:
             self._stop(trainer)
 
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self.recording is not None:  # the loop failed: nothing summarised, and no profiler left running
+            recording, self.recording = self.recording, None
+            recording.stop()
+
     def _stop(self, trainer) -> None:
         synchronize(self.device)
         wall = time.perf_counter() - self.started[0]

@@ -10,11 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
 from neobert.eval.throughput import dtype_conversions
 from neobert.model import NeoBERT, NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model.attention import RotaryTables, apply_rope, rope_tables
-from neobert.model.layers import RMSNorm
+from neobert.model.layers import RMSNorm, rms_norm_in_dtype
 
 
 def count_dtype_copies(model, *inputs):
@@ -100,6 +102,43 @@ def test_rmsnorm_in_bf16_trains():
     (F.rms_norm(expected_x, (16,), reference.weight, 1e-5) * direction).sum().backward()
     torch.testing.assert_close(x.grad.float(), expected_x.grad, rtol=3e-2, atol=3e-2)
     torch.testing.assert_close(norm.weight.grad.float(), reference.weight.grad, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch's fused RMSNorm kernel runs on a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rmsnorm_in_half_precision_on_cuda_is_pytorchs_fused_kernel(dtype):
+    """On CUDA the norm is aten::_fused_rms_norm (one kernel each way), not the CPU's chain of ops
+    (`rms_norm_in_dtype`); its output and gradients are float32's up to rounding, and no further from them than
+    the chain's (it rounds once)."""
+    torch.manual_seed(0)
+    norm = RMSNorm(768, eps=1e-5).to("cuda", dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = (torch.randn(4, 256, 768, device="cuda") * 4).to(dtype).requires_grad_()
+    direction = torch.randn(4, 256, 768, device="cuda")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", "CUDA")  # a kernel, not ops
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as recording:
+        out = norm(x)
+        torch.cuda.synchronize()
+    names = {event.name for event in recording.events() if event.device_type == DeviceType.CPU}
+    kernels = [event.name for event in recording.events() if event.device_type == DeviceType.CUDA]
+    assert "aten::_fused_rms_norm" in names and "aten::linalg_vector_norm" not in names
+    assert len(kernels) <= 2, kernels  # vectorized: one; else row moments + apply: two. The CPU's chain: 5 or more
+    (out.float() * direction).sum().backward()
+
+    x32, weight32 = x.detach().float().requires_grad_(), norm.weight.detach().float().requires_grad_()
+    expected = F.rms_norm(x32, (768,), weight32, 1e-5)
+    (expected * direction).sum().backward()
+    x_chain, weight_chain = x.detach().clone().requires_grad_(), norm.weight.detach().clone().requires_grad_()
+    chain = rms_norm_in_dtype(x_chain, weight_chain, 1e-5)
+    (chain.float() * direction).sum().backward()
+    with torch.no_grad():
+        fused = norm(x)
+    for got, by_chain, reference in ((fused, chain, expected), (x.grad, x_chain.grad, x32.grad),
+                                     (norm.weight.grad, weight_chain.grad, weight32.grad)):
+        torch.testing.assert_close(got.float(), reference, rtol=3e-2, atol=3e-2)
+        error = (got.float() - reference).norm() / reference.norm()
+        assert error <= 1.05 * (by_chain.float() - reference).norm() / reference.norm()
 
 
 def test_rope_in_bf16_equals_the_float32_rotation_up_to_rounding():

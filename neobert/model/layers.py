@@ -46,10 +46,10 @@ class GeluMLP(nn.Module):
 
 class RMSNorm(nn.RMSNorm):
     """`nn.RMSNorm`, the official code's norm: its float32 path is unchanged (bit for bit), and so is the compiled one
-    (Inductor fuses it). In eager bf16/fp16 it is the largest cost after the matmuls and attention, as nn.RMSNorm
-    copies x to float32 and back: here the reduction accumulates the mean square in float32 by itself and x is
-    scaled in its own dtype, one read and two elementwise passes, no dtype copy of x (docs/benchmarks.md).
-    `kernels`: see neobert.model.kernels (Liger's kernel when x and the weight share a dtype)."""
+    (Inductor fuses it). On CUDA it is PyTorch's fused RMSNorm in every dtype (`F.rms_norm` -> aten::_fused_rms_norm:
+    one kernel each way, float32 accumulation). In eager bf16/fp16 on a CPU, where F.rms_norm copies x to float32 and
+    back, it is `rms_norm_in_dtype` (docs/benchmarks.md). `kernels`: see neobert.model.kernels (Liger's kernel when x
+    and the weight share a dtype)."""
 
     def __init__(self, hidden: int, eps: float | None = None, kernels: str = "eager"):
         super().__init__(hidden, eps=eps)
@@ -59,17 +59,23 @@ class RMSNorm(nn.RMSNorm):
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
         if use_liger(self.kernels, x) and x.dtype == self.weight.dtype:
             return liger_rms_norm(x, self.weight, eps)
-        if x.dtype not in (torch.bfloat16, torch.float16) or self.weight.dtype != x.dtype \
+        if x.dtype not in (torch.bfloat16, torch.float16) or self.weight.dtype != x.dtype or x.is_cuda \
                 or torch.compiler.is_compiling():
             return super().forward(x)
-        # The norm accumulates in float32 inside the reduction and reads x once (asking it for a float32 result would
-        # first copy x to float32); only its result is rounded to x's dtype: a per-token scale off by at most half a
-        # bf16 ulp, as the rounding of the output itself.
-        mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).float().square() / x.shape[-1]
-        normed = x * torch.rsqrt(mean_square + eps).to(x.dtype)
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            return normed * self.weight  # autograd needs `normed` for the weight's gradient
-        return normed.mul_(self.weight)
+        return rms_norm_in_dtype(x, self.weight, eps)
+
+
+def rms_norm_in_dtype(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm of a bf16/fp16 x without a float32 copy of it: the mean square accumulates in float32 inside the
+    reduction, which reads x once (asking it for a float32 result would first copy x to float32), and x is scaled in
+    its own dtype: one read and two elementwise passes. Only the per-token scale is rounded to x's dtype, off by at
+    most half an ulp, as the output's own rounding is. The eager CPU path (a chain of kernels on a GPU, where
+    PyTorch's fused kernel does it in one)."""
+    mean_square = torch.linalg.vector_norm(x, dim=-1, keepdim=True).float().square() / x.shape[-1]
+    normed = x * torch.rsqrt(mean_square + eps).to(x.dtype)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        return normed * weight  # autograd needs `normed` for the weight's gradient
+    return normed.mul_(weight)
 
 
 def make_norm(config: NeoBERTConfig) -> nn.Module:

@@ -14,6 +14,8 @@
 #                    (static shapes, the filler documents left out since aed644e), profile: the ceiling's
 #                    step and 3 steps of the DeepSpeed loop side by side (where the loop's extra time goes)  ~2.5 min
 #   check_packed     the same rows eager (no static shapes), profiled: check_blocks' reference            ~2.5 min
+#   norms            RMSNorm fwd + bwd in bf16: PyTorch's fused kernel (the eager CUDA path since it was
+#                    chosen on CPU) vs the CPU's chain vs Liger's (scripts/bench/norm_ab.py)            ~0.3 min
 #   check_liger      gpu_check speed_only, kernels=liger (Liger's norms and SwiGLU), profile               ~2 min
 #   check_liger_fused   the same + fused_mlm_loss=true (Liger's fused linear cross-entropy head), profile ~2 min
 #   check_compiled   as check_blocks, the whole forward compiled (model.compile=true)                     ~4 min
@@ -32,7 +34,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests check_blocks check_packed check_liger check_liger_fused check_compiled check_blocks_fused check_graphs loop_profile check attention train infer compiled infer_compiled}
+STEPS=${*:-tests norms check_blocks check_packed check_liger check_liger_fused check_compiled check_blocks_fused check_graphs loop_profile check attention train infer compiled infer_compiled}
 STAGE=$(mktemp -d)
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
@@ -70,8 +72,10 @@ for step in $STEPS; do
     say "$step"
     case $step in
         tests) timeout 180 python3 -m pytest -q -p no:cacheprovider -rA --tb=short -k on_cuda tests/test_kernels.py \
-                   tests/test_attention_kernels.py tests/test_compile_mode.py > "$RESULTS"/tests.txt 2>&1
+                   tests/test_attention_kernels.py tests/test_compile_mode.py tests/test_bf16_path.py \
+                   > "$RESULTS"/tests.txt 2>&1
                grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$RESULTS"/tests.txt | tee -a "$LOG" ;;
+        norms) timeout 60 python3 scripts/bench/norm_ab.py 32768 20 2>&1 | tee -a "$LOG" ;;
         check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \
                                model.overrides.fused_mlm_loss=true ;;

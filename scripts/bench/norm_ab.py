@@ -1,0 +1,80 @@
+"""RMSNorm in bf16, forward + backward, each way the model can run it (docs/benchmarks.md, issue 34):
+
+* PyTorch's `F.rms_norm`: on CUDA its fused kernel (aten::_fused_rms_norm, one kernel each way, float32
+  accumulation), what the model runs on CUDA since this script was written; on a CPU a float32 round trip;
+* `rms_norm_in_dtype`: the model's eager CPU path (no float32 copy of x), a chain of kernels on a GPU;
+* Liger-Kernel's RMSNorm (`kernels=liger`), where liger-kernel and a GPU are there.
+
+Each on the same rows, alternated, the median of `repeats`; and each output's and input gradient's largest error
+against float32 on the same bf16 input.
+
+    python scripts/bench/norm_ab.py [ROWS=32768] [REPEATS=20]     # CUDA when there is a GPU, else the CPU
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from neobert.eval.throughput import synchronize
+from neobert.model.kernels import liger_missing_reason, liger_rms_norm
+from neobert.model.layers import rms_norm_in_dtype
+
+HIDDEN, EPS = 768, 1e-5
+
+
+def timed(norm, x, weight, grad) -> float:
+    """Seconds of one forward + backward."""
+    x, weight = x.detach().requires_grad_(), weight.detach().requires_grad_()
+    synchronize(x.device)
+    start = time.perf_counter()
+    norm(x, weight).backward(grad)
+    synchronize(x.device)
+    return time.perf_counter() - start
+
+
+def errors(norm, x, weight, grad) -> tuple[float, float]:
+    """Largest |output - float32| and |input gradient - float32's|, both over the float32 value's largest."""
+    x16, w16 = x.detach().requires_grad_(), weight.detach().requires_grad_()
+    out = norm(x16, w16)
+    out.backward(grad)
+    x32, w32 = x.detach().float().requires_grad_(), weight.detach().float().requires_grad_()
+    expected = F.rms_norm(x32, (HIDDEN,), w32, EPS)
+    expected.backward(grad.float())
+    return ((out.float() - expected).abs().max() / expected.abs().max()).item(), \
+        ((x16.grad.float() - x32.grad).abs().max() / x32.grad.abs().max()).item()
+
+
+def main(rows: int = 32768, repeats: int = 20) -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    x = (torch.randn(rows, HIDDEN, device=device) * 4).to(torch.bfloat16)
+    weight = torch.empty(HIDDEN, device=device).uniform_(0.5, 1.5).to(torch.bfloat16)
+    grad = torch.randn(rows, HIDDEN, device=device).to(torch.bfloat16)
+    variants = {"F.rms_norm": lambda x, w: F.rms_norm(x, (HIDDEN,), w, EPS),
+                "rms_norm_in_dtype": lambda x, w: rms_norm_in_dtype(x, w, EPS)}
+    if device.type == "cuda" and liger_missing_reason() is None:
+        variants["liger"] = lambda x, w: liger_rms_norm(x, w, EPS)
+    for norm in variants.values():  # warm-up: kernels loaded, allocator primed
+        timed(norm, x, weight, grad)
+    times = {name: [] for name in variants}
+    for _ in range(repeats):  # alternated, so that a change of clock or load falls on every variant
+        for name, norm in variants.items():
+            times[name].append(timed(norm, x, weight, grad))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"RMSNorm forward + backward, {rows:,} x {HIDDEN} bf16, {name}, torch {torch.__version__}, "
+          f"median of {repeats}")
+    reference = statistics.median(times["rms_norm_in_dtype"])
+    for variant, samples in times.items():
+        median = statistics.median(samples)
+        output_error, gradient_error = errors(variants[variant], x, weight, grad)
+        print(f"  {variant:18s} {median * 1e3:8.3f} ms  {reference / median:5.2f}x rms_norm_in_dtype  "
+              f"max error vs float32: output {output_error:.2e}, input gradient {gradient_error:.2e}")
+
+
+if __name__ == "__main__":
+    main(*(int(arg) for arg in sys.argv[1:]))

@@ -9,6 +9,7 @@ import csv
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,10 +18,11 @@ from experiments.gpu_check import main, parse_args
 from neobert.config import ConfigError
 from neobert.config.gpu_check import split_overrides
 from neobert.data.demo_corpus import demo_documents
+from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.eval.kernel_profile import CATEGORIES, COMMUNICATION, MATMUL, MLM_LOSS, OPTIMIZER
 from neobert.jobs.cli import run_cli
 from neobert.jobs.gpu_check import make_plan
-from neobert.jobs.gpu_check_stages import head_step
+from neobert.jobs.gpu_check_stages import LoopProfiler, head_step
 from neobert.layout import (GPU_CHECK_JSON, GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV,
                             GPU_CHECK_LOOP_TRACE, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV,
                             GPU_CHECK_PROFILE_NAMES_CSV, GPU_CHECK_TRACE)
@@ -49,7 +51,9 @@ def report(tmp_path: Path) -> tuple[str, dict]:
 
 def test_the_check_runs_every_stage_on_cpu(tmp_path):
     # ddp on one CPU process against Lightning's auto: two different loops, as deepspeed_stage_2 against auto on a GPU
-    assert run_cli(main, tiny_check(tmp_path, "trainer.strategy=ddp", "profile=true", "profile_steps=2")) == 0
+    # 5 steps: 1 warm-up, 2 profiled, 1 at whose end the profiler stops, 1 timed
+    assert run_cli(main, tiny_check(tmp_path, "trainer.strategy=ddp", "profile=true", "profile_steps=2",
+                                    "--steps", "5")) == 0
     markdown, summary = report(tmp_path)
     rows = {row["stage"]: row for row in summary["rows"]}
     assert list(rows) == [ENCODER, CEILING, PROFILE, *STAGES[2:]] and summary["passed"] and not summary["failures"]
@@ -69,8 +73,11 @@ def test_the_check_runs_every_stage_on_cpu(tmp_path):
     assert loop["ratio_basis"] == "tokens/s"  # no MFU on a CPU: no published peak
     assert loop["strategy_vs_plain"] == pytest.approx(loop["tokens_per_s"] / plain["tokens_per_s"])
     assert loop["peak_memory_gib"] is None and loop["memory_estimate_gib"] is not None  # n/a on CPU, vs estimate
-    assert "n/a /" in markdown and "validation loss" in loop["notes"] and "(step 4)" in loop["notes"]
-    assert "started at step 4, ended at 6" in rows[STAGES[4]]["notes"]
+    assert "n/a /" in markdown and "validation loss" in loop["notes"] and "(step 5)" in loop["notes"]
+    assert "started at step 5, ended at 7" in rows[STAGES[4]]["notes"]
+    # the plain loop is timed over the same steps as the recipe's
+    assert "steps 4-4 of 5 (from the step the profiled recipe's loop is timed from)" in plain["notes"]
+    assert summary["timed_from"] == 4 and "tokens/s and MFU from step 4: after 1 warm-up steps, 2 profiled" in markdown
     assert "AutoModelForMaskedLM" in rows[STAGES[5]]["notes"]
     assert not summary["enforced"] and "not enforced" in loop["notes"]  # CPU ratios are reported only
     assert (tmp_path / "check" / "recipe" / "export" / "model.safetensors").is_file()
@@ -128,8 +135,8 @@ def check_loop_profile(check: Path, markdown: str, summary: dict, loop_notes: st
                 f"{loop_ms - ceiling_ms:+,.2f} |") in markdown
     added = markdown.split("Where the loop spends more than the ceiling, by name")[1].split("\n\n")[1]
     assert "(optimizer): `aten::_fused_adamw_`" in added
-    # the profiled steps 1-2 are not timed: the loop's tokens/s comes from step 3
-    assert "steps 3-3 of 4 (steps 1-2 profiled, not timed)" in loop_notes
+    # the profiled steps 1-2 are not timed, nor step 3, at whose end the profiler stops: tokens/s from step 4
+    assert "steps 4-4 of 5 (steps 1-2 profiled and step 3, at whose end the profiler stopped, not timed)" in loop_notes
 
 
 def test_the_ceilings_step_is_the_loops_step(tmp_path):
@@ -216,8 +223,9 @@ def test_a_loop_that_cannot_be_timed_or_profiled_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="invalid config key 'steps'.*log_every_n_steps"):
         main(tiny_check(tmp_path, "logging.log_every_n_steps=3"))  # 4 steps: one read after the warm-up, no interval
     # the loop's profiled steps are not timed either: 1 warm-up + 3 profiled leave no whole interval in 4 steps
-    with pytest.raises(ConfigError, match="after the 1 warm-up steps and 3 profiled steps .profile=true.*profile_steps"):
-        main(tiny_check(tmp_path, "profile=true", "profile_steps=3"))
+    # nor the step at whose end the profiler stops: 1 warm-up + 2 profiled + 1 leave no whole interval in 4 steps
+    with pytest.raises(ConfigError, match="after the 1 warm-up steps, 2 profiled steps and the one the profiler stops in .profile=true.*profile_steps"):
+        main(tiny_check(tmp_path, "profile=true", "profile_steps=2"))
     # the loop's recording is a torch.profiler: Lightning's PyTorch profiler cannot record beside it
     with pytest.raises(ConfigError, match="invalid config key 'trainer.profiler'"):
         main(tiny_check(tmp_path, "profile=true", "trainer.profiler=pytorch"))
@@ -299,11 +307,6 @@ def test_a_compiled_loop_reports_its_graphs_and_packed_batches_do_not_recompile_
 def test_the_loop_profiler_records_its_steps_and_leaves_no_profiler_running(tmp_path):
     """From the first micro-batch of global step `first` to the end of step first + steps, the tokens of the batches'
     stats (their slots without them), on rank zero only; a loop that fails while recording stops the profiler."""
-    from types import SimpleNamespace
-
-    from neobert.data.stream_state import DATA_STATE_KEY
-    from neobert.jobs.gpu_check_stages import LoopProfiler
-
     def trainer(step, rank_zero=True):
         return SimpleNamespace(global_step=step, accumulate_grad_batches=2, is_global_zero=rank_zero)
 
@@ -312,7 +315,7 @@ def test_the_loop_profiler_records_its_steps_and_leaves_no_profiler_running(tmp_
         return {"input_ids": torch.ones(2, 8, dtype=torch.long), DATA_STATE_KEY: data_state}
 
     weights = torch.randn(16, 16, requires_grad=True)
-    profiler = LoopProfiler(first=1, steps=2, device=torch.device("cpu"), output_dir=tmp_path)
+    profiler = LoopProfiler(first_step=1, steps=2, device=torch.device("cpu"), output_dir=tmp_path)
     profiler.on_train_batch_start(trainer(0), None, batch(5), 0)  # before its first step: not recorded
     profiler.on_train_batch_start(trainer(1), None, batch(5), 3)  # step 1, but its second micro-batch: not yet
     assert profiler.recording is None
@@ -326,11 +329,11 @@ def test_the_loop_profiler_records_its_steps_and_leaves_no_profiler_running(tmp_
     assert (result.steps, result.tokens) == (2, 7 + 16 + 9 + 3) and result.self_us[MATMUL] > 0
     assert (tmp_path / GPU_CHECK_LOOP_TRACE).is_file() and (tmp_path / GPU_CHECK_LOOP_PROFILE_CSV).is_file()
 
-    other_rank = LoopProfiler(first=1, steps=2, device=torch.device("cpu"), output_dir=tmp_path / "rank1")
+    other_rank = LoopProfiler(first_step=1, steps=2, device=torch.device("cpu"), output_dir=tmp_path / "rank1")
     other_rank.on_train_batch_start(trainer(1, rank_zero=False), None, batch(5), 0)
     assert other_rank.recording is None
 
-    failing = LoopProfiler(first=0, steps=2, device=torch.device("cpu"), output_dir=tmp_path / "failed")
+    failing = LoopProfiler(first_step=0, steps=2, device=torch.device("cpu"), output_dir=tmp_path / "failed")
     failing.on_train_batch_start(trainer(0), None, batch(5), 0)
     assert torch.autograd.profiler._is_profiler_enabled
     failing.on_exception(trainer(0), None, RuntimeError("out of memory"))

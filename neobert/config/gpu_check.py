@@ -43,8 +43,8 @@ class GpuCheckConfig:
     ceiling_repeats: int = 5  # timed forward+backward steps of each model alone (the median is reported)
     ceiling_warmup: int = 2  # untimed steps before them
     # torch.profiler over more steps of the model with its MLM head, and over the recipe's loop's profile_steps
-    # optimizer steps after its warm-up (then left out of its tokens/s: `timed_from`): Chrome traces and the self
-    # time of their CUDA kernels (CPU operators on a CPU) by category, side by side in gpu_check.md
+    # optimizer steps after its warm-up (then left out of the loops' tokens/s: `timed_from`): Chrome traces and the
+    # self time of their CUDA kernels (CPU operators on a CPU) by category, side by side in gpu_check.md
     profile: bool = False
     profile_steps: int = 3
     # Only what a kernel or compile variant changes: the ceiling rows (and the profile) and the recipe's loop; the plain
@@ -56,9 +56,10 @@ class GpuCheckConfig:
 
     @property
     def timed_from(self) -> int:
-        """The loops' first step in their tokens/s and MFU: after the warm-up, and after the recipe's loop's profiled
-        steps (the profiler slows them)."""
-        return self.warmup_steps + (self.profile_steps if self.profile else 0)
+        """The loops' first step in their tokens/s and MFU (both loops alike): after the warm-up and, with profile=true,
+        after the recipe's loop's profiled steps and the step at whose end the profiler stops and writes its tables
+        (each logged interval also holds the end of the step before it)."""
+        return self.warmup_steps + (self.profile_steps + 1 if self.profile else 0)
 
     def validate(self) -> None:
         require(self.steps > 0, "steps", "must be positive")

@@ -30,11 +30,10 @@ RULES: tuple[tuple[str, re.Pattern], ...] = tuple((category, re.compile(pattern)
     # operators on a CPU, the profiler's record of a collective
     (COMMUNICATION, r"nccl|gloo|^c10d::|record_param_comms"),
     # a training loop's optimizer step: fused and foreach Adam/AdamW (multi_tensor_apply_kernel<...FusedAdamMath
-    # Functor...>, aten::_fused_adamw_), DeepSpeed's, the foreach ops of gradient clipping (its _foreach_norm),
-    # and the optimizer's own ranges (Optimizer.step#AdamW.step: its Python time between operators, on a CPU).
+    # Functor...>, aten::_fused_adamw_), DeepSpeed's, the foreach ops of gradient clipping (its _foreach_norm).
     # Before the elementwise rule, which would take a kernel named ...Functor. A gradient norm computed tensor by
     # tensor (torch.linalg.vector_norm) is "norm": a name says what a kernel computes, not for whom.
-    (OPTIMIZER, r"adam|optimizer|foreach|multi_tensor_apply|^aten::_fused_sgd"),
+    (OPTIMIZER, r"adam|foreach|multi_tensor_apply|^aten::_fused_sgd"),
     # cross-entropy = log-softmax + NLL, eager (aten::_log_softmax, aten::nll_loss_forward and their CUDA kernels),
     # Liger's (_cross_entropy_kernel, fused linear cross-entropy) and Inductor's (triton_..._log_softmax_...)
     (MLM_LOSS, r"cross_entropy|log_?softmax|nll_loss"),
@@ -47,8 +46,9 @@ RULES: tuple[tuple[str, re.Pattern], ...] = tuple((category, re.compile(pattern)
     (MATMUL, r"gemm|xmma|nvjet|cublas|cutlass|wgmma|s16816|s1688|splitkreduce|^triton_tem_\w*mm"
              r"|^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_addmm_activation)$"),
     # RMSNorm / LayerNorm kernels and operators (Liger's _rms_norm_forward_kernel, aten::_fused_rms_norm, PyTorch's
-    # layer-norm kernels that also serve RMSNorm, their weight-gradient GammaBeta kernels), the eager RMSNorm's
-    # vector norm (reduce_kernel<..., NormTwoOps...>), Inductor's fused norm (an rsqrt)
+    # layer-norm kernels that also serve RMSNorm, their weight-gradient GammaBeta kernels), the vector norm of
+    # rms_norm_in_dtype (reduce_kernel<..., NormTwoOps...>: the CPU's bf16 path; before 139d97c, CUDA's too),
+    # Inductor's fused norm (an rsqrt)
     (NORM, r"rms_?norm|layer_?norm|gammabeta|normtwoops|vector_norm|^triton_\w*rsqrt"),
     # Inductor's other fused kernels: pointwise and reductions
     (ELEMENTWISE, r"^triton_(poi|red|per)_"),

@@ -155,12 +155,13 @@ def make_plan(config: GpuCheckConfig) -> Plan:
 
 
 def check_log_interval(config: GpuCheckConfig, recipe: PretrainConfig) -> None:
-    """A loop's tokens/s needs one whole log interval after the warm-up (and the profiled steps), after the first
-    read (which has none)."""
+    """A loop's tokens/s needs one whole log interval from `timed_from` (after the warm-up, and the profiled steps
+    with the one the profiler stops in), after the first read (which has none)."""
     interval = log_interval(config, recipe)
     reads = max(2, math.ceil(config.timed_from / interval) + 1)
     if reads * interval > config.steps:
-        profiled = f" and {config.profile_steps} profiled steps (profile=true)" if config.profile else ""
+        profiled = (f", {config.profile_steps} profiled steps and the one the profiler stops in (profile=true)"
+                    if config.profile else "")
         raise ConfigError(f"invalid config key 'steps': {config.steps} steps log no tokens/s after the "
                           f"{config.warmup_steps} warm-up steps{profiled} at logging.log_every_n_steps={interval}; "
                           f"set steps={reads * interval} or more, or lower warmup_steps"
@@ -235,6 +236,7 @@ def write_reports(result: GpuCheckResult, plan: Plan) -> dict[str, Path]:
     write_atomically(paths["markdown"], [markdown_report(result, plan)])
     summary = {"device": result.device, "recipe": result.recipe, "overrides": plan.config.overrides,
                "steps": plan.config.steps, "warmup_steps": plan.config.warmup_steps,
+               "timed_from": plan.config.timed_from,
                "resume_steps": plan.config.resume_steps, "micro_batch_size": plan.recipe.trainer.micro_batch_size,
                "max_length": plan.recipe.data.max_length, "precision": plan.precision, "world_size": plan.world,
                "targets": dataclasses.asdict(plan.config.targets), "enforced": result.enforced,
@@ -254,7 +256,9 @@ def markdown_report(result: GpuCheckResult, plan: Plan) -> str:
     lines = [f"# GPU check: {result.recipe} on {result.device}", "",
              f"{plan.world} device(s); micro-batch {recipe.trainer.micro_batch_size} x length "
              f"{recipe.data.max_length}, accumulation {recipe.trainer.accumulate_grad_batches}, {plan.precision}; "
-             f"loops of {config.steps} steps (tokens/s and MFU after {config.warmup_steps} warm-up steps), "
+             f"loops of {config.steps} steps (tokens/s and MFU from step {config.timed_from}: after "
+             f"{config.warmup_steps} warm-up steps"
+             + (f", {config.profile_steps} profiled and the profiler's stop" if config.profile else "") + "), "
              + ("the recipe's loop only (speed_only=true)" if config.speed_only else f"resume +{config.resume_steps}")
              + f". Recipe overrides: {' '.join(config.overrides) or 'none'}. Targets: loop/ceiling >= "
              f"{targets.loop_vs_ceiling:g}, strategy/plain >= {targets.strategy_vs_plain:g} "
@@ -280,6 +284,7 @@ def markdown_report(result: GpuCheckResult, plan: Plan) -> str:
 
 
 def profile_summary(profile: KernelProfile, files: ProfileFiles) -> dict:
+    """A profile's figures for gpu_check.json (ms; its files; the largest names no rule knows)."""
     return {"files": [files.trace, files.categories, files.names], "source": profile.source, "steps": profile.steps,
             "wall_ms": profile.wall_us / 1e3, "total_ms": profile.total_us / 1e3,
             "busy_ms": None if profile.busy_us is None else profile.busy_us / 1e3, "tokens": profile.tokens,
@@ -303,8 +308,8 @@ def profile_section(ceiling: KernelProfile | None, loop: KernelProfile | None, t
              f"step of {step_tokens:,.0f} tokens."]
     for title, recording in subjects:
         files = CEILING_PROFILE_FILES if title == "ceiling" else LOOP_PROFILE_FILES
-        what = ("steps" if title == "ceiling" else "optimizer steps after its warm-up, the optimizer included, "
-                "scaled to the ceiling's tokens")
+        what = ("steps" if title == "ceiling" else "optimizer steps after its warm-up, the optimizer included"
+                + (", scaled to the ceiling's tokens" if len(subjects) == 2 else ""))
         lines[-1] += (f" {title.capitalize()}: {recording.steps} {what} ({recording.tokens:,} tokens): "
                       f"{_timing(recording, step_tokens)}; trace {files.trace} (ui.perfetto.dev), every name in "
                       f"{files.names}.")

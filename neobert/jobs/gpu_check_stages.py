@@ -49,7 +49,7 @@ from neobert.layout import (CONFIG_NAME, EXPORT_DIR, GPU_CHECK_LOOP_PROFILE_CSV,
                             GPU_CHECK_LOOP_TRACE, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV, GPU_CHECK_TRACE,
                             has_tokenizer, metrics_csvs, write_atomically)
 from neobert.lit.checkpoints import newest_readable_checkpoint, verify_checkpoint
-from neobert.lit.pretrain import MLMPretrainingModule
+from neobert.lit.pretrain import MLMPretrainingModule, real_tokens
 from neobert.lit.strategies import is_deepspeed
 from neobert.lit.trainer import resolve_precision
 from neobert.model import NeoBERT, NeoBERTForMaskedLM
@@ -342,6 +342,7 @@ def profile_stage(plan: Plan, step: HeadStep | None) -> tuple[StageRow, KernelPr
 
 
 def profiler_activities(device: torch.device) -> list[ProfilerActivity]:
+    """What torch.profiler records here: the CPU's operators, and on a GPU its kernels and copies."""
     return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
 
 
@@ -388,33 +389,31 @@ def ceiling_batch(plan: Plan) -> Batch:
 
 # ---------------------------------------------------------------------------------------------- 2. the loops
 class LoopProfiler(L.Callback):
-    """torch.profiler over `steps` optimizer steps of a training loop from global step `first`, on rank zero: where
-    the loop's time goes beside the ceiling's step (the optimizer, the strategy's copies and collectives, the device
-    waiting for the host). The device is synchronised at both ends, so that the wall time is the steps'. It counts
-    the real tokens of the recorded micro-batches (their stream's stats, host numbers; a batch without them counts
-    its token slots). `result` holds the summary once the steps are done (or the loop ended first: then over the
-    steps it ran)."""
+    """torch.profiler over `steps` optimizer steps of a training loop from global step `first_step`, on rank zero:
+    where the loop's time goes beside the ceiling's step (the optimizer, the strategy's copies and collectives, the
+    device waiting for the host). The device is synchronised at both ends, so that the wall time is the steps'. It
+    counts the recorded micro-batches' real tokens as the pretraining module does (`real_tokens`). `result` holds the
+    summary once the steps are done (or the loop ended first: then over the steps it ran)."""
 
-    def __init__(self, first: int, steps: int, device: torch.device, output_dir: Path) -> None:
-        self.first, self.steps, self.device, self.output_dir = first, steps, device, output_dir
+    def __init__(self, first_step: int, steps: int, device: torch.device, output_dir: Path) -> None:
+        self.first_step, self.steps, self.device, self.output_dir = first_step, steps, device, output_dir
         self.recording: profile | None = None
-        self.started: tuple[float, int] = (0.0, 0)  # (time, global step) at the start
-        self.tokens = 0
+        self.started_at, self.started_step = 0.0, 0
+        self.tokens: list[int | torch.Tensor] = []  # per recorded micro-batch, summed when the recording stops
         self.result: KernelProfile | None = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if (self.recording is None and self.result is None and trainer.is_global_zero
-                and trainer.global_step == self.first and batch_idx % trainer.accumulate_grad_batches == 0):
+                and trainer.global_step == self.first_step and batch_idx % trainer.accumulate_grad_batches == 0):
             synchronize(self.device)
             self.recording = profile(activities=profiler_activities(self.device))
             self.recording.start()
-            self.started = (time.perf_counter(), trainer.global_step)
+            self.started_at, self.started_step = time.perf_counter(), trainer.global_step
         if self.recording is not None:
-            stats = (batch.get(DATA_STATE_KEY) or {}).get("stats")
-            self.tokens += stats["tokens"] if stats is not None else batch["input_ids"].numel()
+            self.tokens.append(real_tokens(batch, (batch.get(DATA_STATE_KEY) or {}).get("stats")))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if self.recording is not None and trainer.global_step >= self.first + self.steps:
+        if self.recording is not None and trainer.global_step >= self.first_step + self.steps:
             self._stop(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
@@ -428,12 +427,12 @@ class LoopProfiler(L.Callback):
 
     def _stop(self, trainer) -> None:
         synchronize(self.device)
-        wall = time.perf_counter() - self.started[0]
+        wall = time.perf_counter() - self.started_at
         recording, self.recording = self.recording, None
         recording.stop()
-        steps = trainer.global_step - self.started[1]
-        self.result = summarise_recording(recording, self.device, steps, wall, self.output_dir, LOOP_PROFILE_FILES,
-                                          self.tokens)
+        tokens = int(sum(self.tokens))  # a mask's device sums are read here, after the recording
+        self.result = summarise_recording(recording, self.device, trainer.global_step - self.started_step, wall,
+                                          self.output_dir, LOOP_PROFILE_FILES, tokens)
 
 
 class StepProbe(L.Callback):
@@ -525,10 +524,8 @@ def loop_stage(plan: Plan, title: str, strategy: str, run_name: str,
         checkpoint, _ = newest_readable_checkpoint(run.output_dir)
         if checkpoint is None or verify_checkpoint(checkpoint) != plan.config.steps:
             raise CheckpointError(f"{run.output_dir}: no checkpoint of step {plan.config.steps} was written")
-        timed = plan.config.timed_from
-        row.notes += (f"steps {timed}-{plan.config.steps - 1} of {plan.config.steps}"
-                      + (f" (steps {plan.config.warmup_steps}-{timed - 1} profiled, not timed)"
-                         if profiler is not None else "")
+        row.notes += (f"steps {plan.config.timed_from}-{plan.config.steps - 1} of {plan.config.steps}"
+                      + untimed_steps(plan.config, profiled=profiler is not None)
                       + f"; validation loss {validation:.4f}; checkpoint {checkpoint.name} (step {plan.config.steps})")
         if run.model.compile:  # a recompiling loop (a shape that changes, a size not taken as dynamic) shows here
             scope = run.model.compile_scope
@@ -537,6 +534,17 @@ def loop_stage(plan: Plan, title: str, strategy: str, run_name: str,
 
     attempt(row, work)
     return row, (run if any(trained) else None)
+
+
+def untimed_steps(config: GpuCheckConfig, profiled: bool) -> str:
+    """Why a loop's timed steps start after its warm-up, if they do (profile=true: both loops start alike)."""
+    if not config.profile:
+        return ""
+    first, last = config.warmup_steps, config.warmup_steps + config.profile_steps - 1
+    if profiled:
+        recorded = f"step {first}" if first == last else f"steps {first}-{last}"
+        return f" ({recorded} profiled and step {last + 1}, at whose end the profiler stopped, not timed)"
+    return " (from the step the profiled recipe's loop is timed from)"
 
 
 def loop_profiler(plan: Plan) -> LoopProfiler | None:

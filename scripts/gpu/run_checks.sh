@@ -83,8 +83,8 @@ for step in $STEPS; do
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \
                                model.overrides.fused_mlm_loss=true ;;
         # Compiling needs batches of one shape: best-fit packed rows (data.static_shapes auto follows model.compile)
-        check_packed) gpu_check check_packed 190 speed_only=true profile=true data.packing=best_fit ;;
-        check_blocks) gpu_check check_blocks 240 speed_only=true profile=true data.packing=best_fit model.compile=true \
+        check_packed) gpu_check check_packed 220 speed_only=true profile=true data.packing=best_fit ;;
+        check_blocks) gpu_check check_blocks 260 speed_only=true profile=true data.packing=best_fit model.compile=true \
                           model.compile_scope=blocks ;;
         check_blocks_fused) gpu_check check_blocks_fused 200 speed_only=true data.packing=best_fit model.compile=true \
                                 model.compile_scope=blocks model.overrides.fused_mlm_loss=true ;;

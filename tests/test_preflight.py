@@ -194,8 +194,32 @@ def test_the_activation_estimate_takes_the_highest_masking_rate_of_the_schedule(
 
     model_config = build_model_config(config, load_tokenizer(config.data.tokenizer))
     tokens = config.trainer.micro_batch_size * config.data.max_length
-    assert config_activation_bytes(config, model_config) == activation_bytes(model_config, tokens, "bf16-mixed",
+    # (the recipe's DeepSpeed computes in bf16 throughout: test_the_activation_widths_are_those_the_strategy_computes_in)
+    assert config_activation_bytes(config, model_config) == activation_bytes(model_config, tokens, "bf16-true",
                                                                              0.4 * tokens)
+
+
+@pytest.mark.parametrize("strategy, widths", [("deepspeed_stage_2", "bf16-true"), ("fsdp2", "bf16-true"),
+                                              ("auto", "bf16-mixed"), ("ddp", "bf16-mixed")])
+def test_the_activation_widths_are_those_the_strategy_computes_in(strategy, widths):
+    """bf16-mixed keeps a float32 residual stream where the weights stay float32 under autocast (one device, DDP);
+    DeepSpeed casts the module to bf16 and FSDP2 gathers bf16 parameters: their activations are bf16 throughout, as
+    in bf16-true (each op keeping what it keeps there: test_the_activation_estimate_is_what_the_model_keeps_...)."""
+    from neobert.data.tokenizer import load_tokenizer
+    from neobert.jobs.preflight import activation_bytes, config_activation_bytes
+    from neobert.jobs.pretrain import build_model_config
+
+    config = load_config(PretrainConfig, "neobert", [f"trainer.strategy={strategy}"])
+    model_config = build_model_config(config, load_tokenizer(config.data.tokenizer))
+    tokens = config.trainer.micro_batch_size * config.data.max_length
+    estimate = config_activation_bytes(config, model_config)
+    assert estimate == activation_bytes(model_config, tokens, widths, 0.2 * tokens)
+    if widths == "bf16-true":  # no float32 norm inputs: 2 x 2 bytes less per token, layer and hidden unit
+        mixed = activation_bytes(model_config, tokens, "bf16-mixed", 0.2 * tokens)
+        layers, hidden = model_config.num_hidden_layers, model_config.hidden_size
+        assert mixed - estimate == tokens * (2 * 2 * hidden * layers + 2 * hidden)
+        text = preflight_report(load_config(PretrainConfig, "neobert", [*EIGHT_GPUS, f"trainer.strategy={strategy}"]))
+        assert f"bf16-mixed, bf16-true's widths under {strategy}, the MLM head included" in text.text()
 
 
 @pytest.mark.parametrize("overrides, expected", [

@@ -157,8 +157,21 @@ def config_activation_bytes(config: PretrainConfig, model_config) -> float:
     run's highest masking rate, its schedule included: the peak)."""
     tokens = config.trainer.micro_batch_size * config.data.max_length
     scored = tokens * (config.masking.highest_rate if config.model.masked_only_logits else 1.0)
-    return activation_bytes(model_config, tokens, resolve_precision_on_gpu(config), scored,
+    return activation_bytes(model_config, tokens, activation_precision(config), scored,
                             fused_loss_runs(config, model_config))
+
+
+def activation_precision(config: PretrainConfig) -> str:
+    """The precision whose widths the run's activations have on its GPUs. A mixed precision whose strategy computes
+    with 16-bit weights has no float32 residual stream: DeepSpeed's engine casts the module (bf16-mixed runs as
+    bf16-true), and FSDP2 under bf16-mixed gathers bf16 parameters (the embedding's output, and every residual add
+    after it, is bf16)."""
+    precision = resolve_precision_on_gpu(config)
+    strategy = config.trainer.strategy
+    if (is_deepspeed(strategy) and precision in ("bf16-mixed", "16-mixed")) or (
+            strategy == "fsdp2" and precision == "bf16-mixed"):
+        return precision.replace("mixed", "true")
+    return precision
 
 
 def fused_loss_runs(config: PretrainConfig, model_config) -> bool:
@@ -338,8 +351,10 @@ def memory_section(report: Preflight, config: PretrainConfig, model, parameters:
                    f"{gpu_bytes / GiB:.2f} GiB")
     tokens = trainer.micro_batch_size * config.data.max_length
     activations = config_activation_bytes(config, model.config)
+    precision, widths = resolve_precision_on_gpu(config), activation_precision(config)
+    arithmetic = precision if widths == precision else f"{precision}, {widths}'s widths under {trainer.strategy}"
     report.add(f"- activations (what each op keeps for the backward, {tokens:,} tokens per micro-batch, "
-               f"{resolve_precision_on_gpu(config)}, the MLM head included): {activations / GiB:.1f} GiB")
+               f"{arithmetic}, the MLM head included): {activations / GiB:.1f} GiB")
     total = gpu_bytes + activations
     capacity = next((size for key, size in GPU_MEMORY_GIB.items() if key in gpu.lower()), None)
     report.add(f"- total about {total / GiB:.1f} GiB" + (f" of the {capacity} GiB of a {gpu}" if capacity else ""))

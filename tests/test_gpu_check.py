@@ -234,8 +234,12 @@ def test_a_loop_that_cannot_be_timed_or_profiled_is_a_config_error(tmp_path):
 def test_speed_only_measures_the_ceilings_and_the_recipes_loop_and_skips_the_rest(tmp_path):
     """speed_only=true, for comparing kernel or compile variants: the two ceiling rows and the recipe's loop are
     measured; the plain loop, the resume and the export are reported as skipped and never run."""
-    assert run_cli(main, tiny_check(tmp_path, "trainer.strategy=ddp", "speed_only=true")) == 0
+    # profiled, with two micro-batches a step: the loop's recording spans both micro-batches of its one step
+    assert run_cli(main, tiny_check(tmp_path, "trainer.strategy=ddp", "speed_only=true", "profile=true",
+                                    "profile_steps=1", "trainer.accumulate_grad_batches=2")) == 0
     markdown, summary = report(tmp_path)
+    assert summary["loop_profile"]["steps"] == 1 and 4 * 32 < summary["loop_profile"]["tokens"] <= 2 * 4 * 32
+    assert summary["loop_profile"]["self_ms"]["optimizer"] > 0 and summary["timed_from"] == 3
     rows = {row["stage"]: row for row in summary["rows"]}
     assert [rows[stage]["status"] for stage in (ENCODER, CEILING, "loop, recipe's strategy")] == ["ok"] * 3
     assert rows["loop, recipe's strategy"]["loop_vs_ceiling"] is not None

@@ -304,3 +304,34 @@ def test_encoders_without_a_packed_forward_skip_the_unpadded_layout_saying_why()
     bert = build_model("bert-base", torch.device("cpu"), torch.float32)  # SDPA here: no FlashAttention 2
     assert bert.skipped_layouts == {"unpadded": "no unpadded path on this machine"}
     assert "unpadded" not in build_model("neobert", torch.device("cpu"), torch.float32, "tiny").skipped_layouts
+
+
+def test_modernbert_flex_runs_flexattention_and_equals_sdpa():
+    """modernbert-base-flex: transformers' flex_attention, whose block mask skips what ModernBERT's sliding window
+    masks; the same weights give SDPA's outputs (a small ModernBERT here: FlexAttention compiles, ~15 s on a CPU)."""
+    from transformers import AutoModel, ModernBertConfig
+
+    from neobert.eval.throughput import FLEX_NOTE, build_model, hf_attention
+
+    cpu = torch.device("cpu")
+    assert (hf_attention("modernbert-base-flex", cpu), hf_attention("modernbert-base", cpu)) == ("flex_attention", "sdpa")
+    bench = build_model("modernbert-base-flex", cpu, torch.float32)
+    assert bench.module.config._attn_implementation == "flex_attention" and bench.num_layers == 22
+    assert bench.attention["full"] == "attention: flex_attention" + FLEX_NOTE and "unpadded" in bench.skipped_layouts
+
+    config = ModernBertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                              local_attention=16, global_attn_every_n_layers=3, vocab_size=1000,
+                              max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                              cls_token_id=1, sep_token_id=2)
+    torch.manual_seed(0)
+    sdpa = AutoModel.from_config(config, attn_implementation="sdpa").eval()
+    flex = AutoModel.from_config(config, attn_implementation="flex_attention").eval()
+    flex.load_state_dict(sdpa.state_dict())
+    ids = torch.randint(5, 1000, (2, 128))
+    mask = torch.ones_like(ids)
+    mask[1, 100:] = 0  # padding too: the block mask hides it as SDPA's mask does
+    with torch.no_grad():
+        expected = sdpa(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = flex(input_ids=ids, attention_mask=mask).last_hidden_state
+    keep = mask.bool()
+    torch.testing.assert_close(got[keep], expected[keep], rtol=1e-4, atol=1e-4)

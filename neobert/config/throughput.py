@@ -15,7 +15,11 @@ DEFAULT_MODELS = ("neobert", "neobert-liger", "neobert-official", "bert-base", "
 # installed (else a row saying why; padded batches run SDPA whatever the kernel: a row saying so)
 ATTENTION_KERNEL_MODELS = ("neobert-flash_attn_3", "neobert-flash_attn", "neobert-varlen_attn", "neobert-xformers",
                            "neobert-padded_sdpa")
-MODEL_NAMES = DEFAULT_MODELS + ATTENTION_KERNEL_MODELS
+# modernbert-base-flex: ModernBERT-base through transformers' flex_attention (PyTorch's FlexAttention, compiled): its
+# block mask skips the blocks outside the sliding window of the local layers (2 of every 3), which SDPA computes and
+# masks. The best installable ModernBERT kernel without the flash-attn package (Figure 3 at best kernels).
+FLEX_MODELS = ("modernbert-base-flex",)
+MODEL_NAMES = DEFAULT_MODELS + ATTENTION_KERNEL_MODELS + FLEX_MODELS
 LAYOUTS = ("full", "padded", "unpadded")
 MODES = ("inference", "training")
 DTYPES = ("auto", "float32", "bfloat16")

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, RobertaConfig
 
-from neobert.config.throughput import ATTENTION_KERNEL_MODELS
+from neobert.config.throughput import ATTENTION_KERNEL_MODELS, FLEX_MODELS, LAYOUTS
 from neobert.eval.flops import flops_per_token, matmul_params
 from neobert.model import NeoBERT, NeoBERTConfig
 from neobert.model.attention import attention_kernel_missing_reason, chosen_packed_kernel
@@ -53,7 +53,7 @@ class BenchModel:
     vocab_size: int
     pad_token_id: int
     forward: Callable[[nn.Module, "Batch"], Tensor]
-    attention: dict[str, str] = field(default_factory=dict)  # NeoBERT: layout -> the attention kernel it runs
+    attention: dict[str, str] = field(default_factory=dict)  # layout -> the attention kernel it runs (a note)
     skipped_layouts: dict[str, str] = field(default_factory=dict)  # layout -> why it is not timed for this model
 
     @property
@@ -121,12 +121,12 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
         bench = _build_official(official_code_dir)
     else:
         config = _hf_config(name)
-        attn = "sdpa"
-        if device.type == "cuda" and name == "modernbert-base" and _has_flash_attn():
-            attn = "flash_attention_2"  # ModernBERT's unpadding path
+        attn = hf_attention(name, device)
         module = AutoModel.from_config(config, attn_implementation=attn)
         bench = BenchModel(name, module, config.num_hidden_layers, config.hidden_size, _hf_max_length(name, config),
                            config.vocab_size, config.pad_token_id, _hf_forward,
+                           attention={layout: f"attention: {attn}" + FLEX_NOTE * (attn == "flex_attention")
+                                      for layout in LAYOUTS},
                            skipped_layouts={} if attn == "flash_attention_2" else dict(NO_UNPADDED_PATH))
     bench.module.to(device=device, dtype=dtype)
     return bench
@@ -168,6 +168,21 @@ def _build_neobert(name: str, device: torch.device, compute_dtype: torch.dtype, 
     attention["unpadded"] = f"attention: {packed}"
     return BenchModel(name, NeoBERT(config), config.num_hidden_layers, config.hidden_size, config.max_length,
                       config.vocab_size, config.pad_token_id, forward, attention, skipped)
+
+
+# The FLOP count is a dense encoder's: a flex row's local layers skip most of their attention, so its MFU and per-FLOP
+# ratios overstate (tokens/s is what Figure 3 compares).
+FLEX_NOTE = " (FLOPs counted dense; the sliding window's skipped blocks are not computed)"
+
+
+def hf_attention(name: str, device: torch.device) -> str:
+    """The attention implementation a Hugging Face row runs: SDPA; ModernBERT's unpadding path (flash_attention_2)
+    where flash-attn is installed on a GPU; FlexAttention for modernbert-base-flex (FLEX_MODELS)."""
+    if name in FLEX_MODELS:
+        return "flex_attention"
+    if device.type == "cuda" and name == "modernbert-base" and _has_flash_attn():
+        return "flash_attention_2"
+    return "sdpa"
 
 
 def _has_flash_attn() -> bool:

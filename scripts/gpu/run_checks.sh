@@ -27,6 +27,8 @@
 #   attention        throughput training per attention kernel (full rows as documents, unpadded)         ~2 min
 #   train            throughput training: eager, liger, bert-base                                        ~2 min
 #   infer            throughput inference: eager, liger, bert-base, modernbert-base                      ~2 min
+#   infer_flex       throughput inference at 1,024-4,096: ModernBERT with FlexAttention (its sliding window
+#                    skips blocks; no flash-attn wheel) against SDPA and neobert-liger: Figure 3 at best kernels ~3 min
 #   compiled         throughput training compiled: neobert, bert-base                                    ~2 min
 #   infer_compiled   throughput inference compiled at 512: neobert, bert-base (the per-FLOP target)       ~2 min
 set -u
@@ -34,7 +36,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests norms check_blocks check_packed check_liger check_liger_fused check_compiled check_blocks_fused check_graphs loop_profile check attention train infer compiled infer_compiled}
+STEPS=${*:-tests norms check_blocks check_packed check_liger check_liger_fused check_compiled check_blocks_fused check_graphs loop_profile check attention train infer infer_flex compiled infer_compiled}
 STAGE=$(mktemp -d)
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
@@ -101,6 +103,9 @@ for step in $STEPS; do
         infer) throughput throughput_inference 90 mode=inference 'lengths=[512,1024,4096]' \
                    'models=[neobert,neobert-liger,bert-base,modernbert-base]' 'batch_sizes=[16,32,64]' search_top=2 \
                    repeats=3 ;;
+        infer_flex) throughput throughput_inference_flex 200 mode=inference 'lengths=[1024,2048,4096]' \
+                        'models=[neobert,neobert-liger,modernbert-base,modernbert-base-flex]' 'batch_sizes=[16]' \
+                        search_top=1 repeats=3 ;;
         compiled) throughput throughput_compiled 100 mode=training 'lengths=[512]' 'models=[neobert,bert-base]' \
                       'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
         infer_compiled) throughput throughput_inference_compiled 120 mode=inference 'lengths=[512]' \

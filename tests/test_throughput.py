@@ -335,3 +335,23 @@ def test_modernbert_flex_runs_flexattention_and_equals_sdpa():
         got = flex(input_ids=ids, attention_mask=mask).last_hidden_state
     keep = mask.bool()
     torch.testing.assert_close(got[keep], expected[keep], rtol=1e-4, atol=1e-4)
+
+
+def test_a_flex_row_is_unavailable_for_training_on_cpu_and_reported_without_a_per_flop_ratio():
+    """FlexAttention has no CPU backward: a training run there reports the row as not available (the others still
+    run). Its FLOPs are counted dense, so the report gives its speed ratio and its note, not a per-FLOP ratio."""
+    from neobert.eval.throughput import FLEX_NOTE, ModelUnavailable, ThroughputRow, build_model
+    from neobert.eval.throughput_report import markdown_table
+
+    with pytest.raises(ModelUnavailable, match="no backward on a CPU"):
+        build_model("modernbert-base-flex", torch.device("cpu"), torch.float32, training=True)
+
+    def row(model, tokens_per_s, note=""):
+        return ThroughputRow(model, "inference", "full", 1024, 16, tokens_per_s, 0.1, 1e9, tokens_per_s * 1e9, 0.3,
+                             1, "cuda", "bfloat16", note=note, peak_flops=1e15, peak_source="published")
+
+    table = markdown_table([row("neobert", 500.0), row("modernbert-base", 400.0),
+                            row("modernbert-base-flex", 625.0, "attention: flex_attention" + FLEX_NOTE)])
+    assert "| neobert / modernbert-base | 1.25x; 1.25x |" in table
+    assert "| neobert / modernbert-base-flex | 0.80x; n/a |" in table
+    assert f"- modernbert-base-flex: attention: flex_attention{FLEX_NOTE}" in table

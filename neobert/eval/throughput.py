@@ -122,6 +122,8 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
     else:
         config = _hf_config(name)
         attn = hf_attention(name, device)
+        if attn == "flex_attention" and training and device.type != "cuda":
+            raise ModelUnavailable("FlexAttention has no backward on a CPU (its training rows run on a GPU)")
         module = AutoModel.from_config(config, attn_implementation=attn)
         bench = BenchModel(name, module, config.num_hidden_layers, config.hidden_size, _hf_max_length(name, config),
                            config.vocab_size, config.pad_token_id, _hf_forward,

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from neobert.config.throughput import ThroughputConfig
+from neobert.config.throughput import FLEX_MODELS, ThroughputConfig
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
 from neobert.eval.plots import plot_throughput
 from neobert.eval.throughput import (MATMUL_REFERENCE_SHAPE, Batch, BenchModel, MatmulReference, ModelUnavailable,
@@ -103,9 +103,16 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
             # depended on how many sizes the search had tried.
             models[name].module = torch.compile(models[name].module, dynamic=False)
     # Each model compiles once per shape it runs (the searched sizes of every layout and length): past dynamo's
-    # recompile limit (8) it would fall back to eager without a word, and time that.
-    shapes = len(config.layouts) * len(lengths) * (len(set(candidates)) if config.compile else 1)
-    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, shapes)):
+    # recompile limit (8) it would fall back to eager without a word, and time that. A FlexAttention row
+    # (FLEX_MODELS) compiles inside transformers even without compile=true: its block mask and its kernel, each
+    # twice a shape (the full and the sliding-window mask), and again for grad mode. Automatic dynamic shapes off:
+    # every shape gets its own static graph, as compile=true's dynamic=False gives, not the dynamic graph dynamo
+    # would switch to at the second shape (which row timed which depended on the search's order).
+    flex = any(name in FLEX_MODELS for name in models)
+    sizes = len(set(candidates)) if config.compile or flex else 1
+    shapes = len(config.layouts) * len(lengths) * sizes * (2 if flex else 1) + (4 if flex else 0)
+    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, shapes),
+                                    automatic_dynamic_shapes=False):
         for layout in config.layouts:
             for length in lengths:
                 chosen: dict[str, tuple[int, Batch]] = {}

@@ -21,6 +21,8 @@
 #   check_compiled   as check_blocks, the whole forward compiled (model.compile=true)                     ~4 min
 #   check_blocks_fused  check_blocks + fused_mlm_loss=true (Liger's fused loss in the eager head)         ~2 min
 #   check_graphs     check_blocks + compile_mode=reduce-overhead (CUDA graphs)                           ~3 min
+#   check_ds_buffers check_packed, profiled, with DeepSpeed's overlap_comm and contiguous_gradients off (one GPU
+#                    has no reduction to overlap; whether their side stream and bucket copies cost time)  ~2.5 min
 #   loop_profile     check_packed with Lightning's simple profiler in the loop (where the loop's host time
 #                    goes: the packed loops ran 0.88-0.89 of their ceilings on the H200)                ~2 min
 #   check            gpu_check, the recipe as shipped, every stage, profile                              ~4 min
@@ -36,7 +38,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests norms check_blocks check_packed check_liger check_liger_fused check_compiled check_blocks_fused check_graphs loop_profile check attention train infer infer_flex compiled infer_compiled}
+STEPS=${*:-tests norms check_blocks check_packed check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention train infer infer_flex compiled infer_compiled}
 STAGE=$(mktemp -d)
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
@@ -93,6 +95,8 @@ for step in $STEPS; do
         check_compiled) gpu_check check_compiled 300 speed_only=true data.packing=best_fit model.compile=true ;;
         check_graphs) gpu_check check_graphs 240 speed_only=true data.packing=best_fit model.compile=true \
                           model.compile_scope=blocks model.compile_mode=reduce-overhead ;;
+        check_ds_buffers) gpu_check check_ds_buffers 220 speed_only=true profile=true data.packing=best_fit \
+                              trainer.deepspeed.overlap_comm=false trainer.deepspeed.contiguous_gradients=false ;;
         loop_profile) gpu_check loop_profile 180 speed_only=true data.packing=best_fit trainer.profiler=simple ;;
         check) gpu_check check 240 profile=true ;;
         attention) throughput throughput_attention 150 mode=training 'lengths=[1024]' 'layouts=[full,unpadded]' \

@@ -197,3 +197,16 @@ def test_swiglu_in_place_without_autograd_equals_the_autograd_path():
     with torch.inference_mode():
         inference = ffn(x)
     assert torch.equal(no_grad, with_grad.detach()) and torch.equal(inference, with_grad.detach())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_predicted_ids_are_the_argmax_first_of_equal_maxima(dtype):
+    from neobert.model.modeling import MaskedLMOutput
+
+    logits = torch.randn(6, 50).to(dtype)
+    logits[0, 7] = logits[0, 31] = logits[0].max() + 1  # a tie: the first index wins, as argmax's
+    logits[1] = 0.0
+    predicted = MaskedLMOutput(logits=logits).predicted_ids()
+    assert torch.equal(predicted, logits.float().argmax(-1)) and predicted[0] == 7 and predicted[1] == 0
+    fused = torch.tensor([3, -1])  # the fused loss gives its predictions instead of logits
+    assert MaskedLMOutput(logits=None, predictions=fused).predicted_ids() is fused

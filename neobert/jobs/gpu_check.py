@@ -310,6 +310,7 @@ def profile_section(ceiling: KernelProfile | None, loop: KernelProfile | None, t
         files = CEILING_PROFILE_FILES if title == "ceiling" else LOOP_PROFILE_FILES
         what = ("steps" if title == "ceiling" else "optimizer steps after its warm-up, the optimizer included"
                 + (", scaled to the ceiling's tokens" if len(subjects) == 2 else ""))
+        what = what.replace("steps", "step", 1) if recording.steps == 1 else what
         lines[-1] += (f" {title.capitalize()}: {recording.steps} {what} ({recording.tokens:,} tokens): "
                       f"{_timing(recording, step_tokens)}; trace {files.trace} (ui.perfetto.dev), every name in "
                       f"{files.names}.")

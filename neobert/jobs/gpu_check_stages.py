@@ -331,7 +331,7 @@ def profile_stage(plan: Plan, step: HeadStep | None) -> tuple[StageRow, KernelPr
         result = summarise_recording(recording, plan.device, steps, wall, plan.output_dir, CEILING_PROFILE_FILES,
                                      steps * step.tokens)
         largest = sorted(result.self_us, key=lambda category: -result.self_us[category])[:3]
-        row.notes = (f"{steps} steps: {result.source} {result.total_us / 1e3:,.1f} ms, "
+        row.notes = (f"{steps} step{'s' * (steps != 1)}: {result.source} {result.total_us / 1e3:,.1f} ms, "
                      f"{result.total_us / result.wall_us:.0%} of their wall time; "
                      + ", ".join(f"{category} {result.share(category):.0%}" for category in largest)
                      + f"; {GPU_CHECK_TRACE}, {GPU_CHECK_PROFILE_CSV}, the table below")

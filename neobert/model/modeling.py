@@ -48,8 +48,10 @@ class MaskedLMOutput:
     predictions: Tensor | None = None  # the fused loss's argmax token per scored row (-1 for rows labelled -100)
 
     def predicted_ids(self) -> Tensor:
-        """The most likely token of every row the head scored: from the logits, or the fused loss's predictions."""
-        return self.logits.argmax(-1) if self.logits is not None else self.predictions
+        """The most likely token of every row the head scored: from the logits, or the fused loss's predictions. max's
+        indices, not argmax: on bf16 logits argmax is 5.7x slower on a CPU (28 x 30,522: 1.39 against 0.24 ms),
+        and the training loop asks every micro-batch (the first of equal maxima either way)."""
+        return self.logits.max(-1).indices if self.logits is not None else self.predictions
 
 
 @dataclass

@@ -105,11 +105,13 @@ def test_rmsnorm_in_bf16_trains():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="PyTorch's fused RMSNorm kernel runs on a CUDA GPU")
+@pytest.mark.parametrize("autocast", [False, True], ids=["no-autocast", "autocast"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_rmsnorm_in_half_precision_on_cuda_is_pytorchs_fused_kernel(dtype):
+def test_rmsnorm_in_half_precision_on_cuda_is_pytorchs_fused_kernel(dtype, autocast):
     """On CUDA the norm is aten::_fused_rms_norm (one kernel each way), not the CPU's chain of ops
-    (`rms_norm_in_dtype`); its output and gradients are float32's up to rounding, and no further from them than
-    the chain's (it rounds once)."""
+    (`rms_norm_in_dtype`), in x's dtype also under autocast (FSDP2's bf16 parameters: no float32 copy of x in, no
+    float32 out); its output and gradients are float32's up to rounding, and no further from them than the chain's
+    (it rounds once)."""
     torch.manual_seed(0)
     norm = RMSNorm(768, eps=1e-5).to("cuda", dtype)
     with torch.no_grad():
@@ -117,13 +119,15 @@ def test_rmsnorm_in_half_precision_on_cuda_is_pytorchs_fused_kernel(dtype):
     x = (torch.randn(4, 256, 768, device="cuda") * 4).to(dtype).requires_grad_()
     direction = torch.randn(4, 256, 768, device="cuda")
     assert torch._C._dispatch_has_kernel_for_dispatch_key("aten::_fused_rms_norm", "CUDA")  # a kernel, not ops
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as recording:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as recording, \
+            torch.autocast("cuda", dtype=dtype, enabled=autocast):
         out = norm(x)
         torch.cuda.synchronize()
     names = {event.name for event in recording.events() if event.device_type == DeviceType.CPU}
     kernels = [event.name for event in recording.events() if event.device_type == DeviceType.CUDA]
-    assert "aten::_fused_rms_norm" in names and "aten::linalg_vector_norm" not in names
-    assert len(kernels) <= 2, kernels  # vectorized: one; else row moments + apply: two. The CPU's chain: 5 or more
+    assert "aten::_fused_rms_norm" in names and "aten::linalg_vector_norm" not in names and out.dtype == dtype
+    # vectorized: one kernel; else row moments + apply: two. The CPU's chain: 5 or more; autocast's casts: 2 more
+    assert len(kernels) <= 2, kernels
     (out.float() * direction).sum().backward()
 
     x32, weight32 = x.detach().float().requires_grad_(), norm.weight.detach().float().requires_grad_()

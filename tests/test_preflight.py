@@ -199,13 +199,13 @@ def test_the_activation_estimate_takes_the_highest_masking_rate_of_the_schedule(
                                                                              0.4 * tokens)
 
 
-@pytest.mark.parametrize("strategy, widths", [("deepspeed_stage_2", "bf16-true"), ("fsdp2", "bf16-mixed"),
+@pytest.mark.parametrize("strategy, widths", [("deepspeed_stage_2", "bf16-true"), ("fsdp2", "bf16-true"),
                                               ("auto", "bf16-mixed"), ("ddp", "bf16-mixed")])
 def test_the_activation_widths_are_those_the_strategy_computes_in(strategy, widths):
-    """bf16-mixed keeps float32 norm inputs: a float32 residual stream where the weights stay float32 under
-    autocast (one device, DDP), and autocast's float32 copy of each norm's input where FSDP2 gathers bf16 parameters.
-    DeepSpeed casts the module to bf16 without autocast: its activations are bf16 throughout, as in bf16-true (each
-    op keeping what it keeps there: test_the_activation_estimate_is_what_the_model_keeps_...)."""
+    """bf16-mixed keeps a float32 residual stream where the weights stay float32 under autocast (one device, DDP).
+    DeepSpeed casts the module to bf16 and FSDP2 gathers bf16 parameters, whose norms run in bf16 under autocast too:
+    their activations are bf16 throughout, as in bf16-true (each op keeping what it keeps there:
+    test_the_activation_estimate_is_what_the_model_keeps_...)."""
     from neobert.data.tokenizer import load_tokenizer
     from neobert.jobs.preflight import activation_bytes, config_activation_bytes
     from neobert.jobs.pretrain import build_model_config

@@ -162,12 +162,14 @@ def config_activation_bytes(config: PretrainConfig, model_config) -> float:
 
 
 def activation_precision(config: PretrainConfig) -> str:
-    """The precision whose widths the run's activations have on its GPUs. DeepSpeed's engine casts the module to
-    16 bits and adds no autocast: *-mixed runs as *-true, with no float32 norm input. FSDP2 under bf16-mixed gathers
-    bf16 parameters (a bf16 residual stream), but autocast still hands every norm a float32 copy of its input
-    (rms_norm is on its float32 list), which the norm keeps: bf16-mixed's widths."""
+    """The precision whose widths the run's activations have on its GPUs. A mixed precision whose strategy computes
+    with 16-bit weights has no float32 residual stream or norm input: DeepSpeed's engine casts the module (bf16-mixed
+    runs as bf16-true); FSDP2 under bf16-mixed gathers bf16 parameters, and the norm of a bf16 input with a bf16
+    weight runs in bf16 under autocast too (neobert.model.layers.RMSNorm)."""
     precision = resolve_precision_on_gpu(config)
-    if is_deepspeed(config.trainer.strategy) and precision in ("bf16-mixed", "16-mixed"):
+    strategy = config.trainer.strategy
+    if (is_deepspeed(strategy) and precision in ("bf16-mixed", "16-mixed")) or (
+            strategy == "fsdp2" and precision == "bf16-mixed"):
         return precision.replace("mixed", "true")
     return precision
 

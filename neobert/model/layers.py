@@ -47,9 +47,10 @@ class GeluMLP(nn.Module):
 class RMSNorm(nn.RMSNorm):
     """`nn.RMSNorm`, the official code's norm: its float32 path is unchanged (bit for bit), and so is the compiled one
     (Inductor fuses it). On CUDA it is PyTorch's fused RMSNorm in every dtype (`F.rms_norm` -> aten::_fused_rms_norm:
-    one kernel each way, float32 accumulation). In eager bf16/fp16 on a CPU, where F.rms_norm copies x to float32 and
-    back, it is `rms_norm_in_dtype` (docs/benchmarks.md). `kernels`: see neobert.model.kernels (Liger's kernel when x
-    and the weight share a dtype)."""
+    one kernel each way, float32 accumulation); with x and the weight both 16-bit it runs in their dtype under
+    autocast too. In eager bf16/fp16 on a CPU, where F.rms_norm copies x to float32 and back, it is
+    `rms_norm_in_dtype` (docs/benchmarks.md). `kernels`: see neobert.model.kernels (Liger's kernel when x and the
+    weight share a dtype)."""
 
     def __init__(self, hidden: int, eps: float | None = None, kernels: str = "eager"):
         super().__init__(hidden, eps=eps)
@@ -59,10 +60,18 @@ class RMSNorm(nn.RMSNorm):
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
         if use_liger(self.kernels, x) and x.dtype == self.weight.dtype:
             return liger_rms_norm(x, self.weight, eps)
-        if x.dtype not in (torch.bfloat16, torch.float16) or self.weight.dtype != x.dtype or x.is_cuda \
+        if x.dtype not in (torch.bfloat16, torch.float16) or self.weight.dtype != x.dtype \
                 or torch.compiler.is_compiling():
             return super().forward(x)
-        return rms_norm_in_dtype(x, self.weight, eps)
+        if not x.is_cuda:
+            return rms_norm_in_dtype(x, self.weight, eps)
+        if torch.is_autocast_enabled("cuda"):
+            # 16-bit weights under autocast (FSDP2's bf16 parameters): autocast would hand the kernel a float32 copy
+            # of x (rms_norm is on its float32 list), keep that for the backward and return float32, a cast each way
+            # around a kernel that accumulates in float32 anyway.
+            with torch.autocast("cuda", enabled=False):
+                return super().forward(x)
+        return super().forward(x)
 
 
 def rms_norm_in_dtype(x: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -307,9 +307,11 @@ def test_encoders_without_a_packed_forward_skip_the_unpadded_layout_saying_why()
 
 
 def test_modernbert_flex_runs_flexattention_and_equals_sdpa():
-    """modernbert-base-flex: transformers' flex_attention, whose block mask skips what ModernBERT's sliding window
-    masks; the same weights give SDPA's outputs (a small ModernBERT here: FlexAttention compiles, ~15 s on a CPU)."""
+    """modernbert-base-flex: transformers' flex_attention, whose block mask skips the blocks that ModernBERT's
+    sliding window hides (its local layers, two of every three); the same weights give SDPA's outputs (a small
+    ModernBERT here, 512 tokens = 4 x 4 blocks of 128: FlexAttention compiles, ~15 s on a CPU)."""
     from transformers import AutoModel, ModernBertConfig
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from neobert.eval.throughput import FLEX_NOTE, build_model, hf_attention
 
@@ -321,20 +323,32 @@ def test_modernbert_flex_runs_flexattention_and_equals_sdpa():
 
     config = ModernBertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                               local_attention=16, global_attn_every_n_layers=3, vocab_size=1000,
-                              max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                              max_position_embeddings=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                               cls_token_id=1, sep_token_id=2)
     torch.manual_seed(0)
     sdpa = AutoModel.from_config(config, attn_implementation="sdpa").eval()
     flex = AutoModel.from_config(config, attn_implementation="flex_attention").eval()
     flex.load_state_dict(sdpa.state_dict())
-    ids = torch.randint(5, 1000, (2, 128))
+    ids = torch.randint(5, 1000, (2, 512))
     mask = torch.ones_like(ids)
-    mask[1, 100:] = 0  # padding too: the block mask hides it as SDPA's mask does
-    with torch.no_grad():
-        expected = sdpa(input_ids=ids, attention_mask=mask).last_hidden_state
-        got = flex(input_ids=ids, attention_mask=mask).last_hidden_state
+    mask[1, 400:] = 0  # padding too: the block mask hides it as SDPA's mask does
+    flex_attention, skipped = ALL_ATTENTION_FUNCTIONS["flex_attention"], {}
+
+    def spy(module, query, key, value, attention_mask, **kwargs):  # the block mask of each layer: % of blocks skipped
+        skipped[module.layer_idx] = attention_mask.sparsity()
+        return flex_attention(module, query, key, value, attention_mask, **kwargs)
+
+    ALL_ATTENTION_FUNCTIONS["flex_attention"] = spy
+    try:
+        with torch.no_grad():
+            expected = sdpa(input_ids=ids, attention_mask=mask).last_hidden_state
+            got = flex(input_ids=ids, attention_mask=mask).last_hidden_state
+    finally:
+        ALL_ATTENTION_FUNCTIONS["flex_attention"] = flex_attention
     keep = mask.bool()
     torch.testing.assert_close(got[keep], expected[keep], rtol=1e-4, atol=1e-4)
+    # layer 0 is global; 1 and 2 are local: each query block needs itself and its neighbours, 6 of 16 are skipped
+    assert skipped[0] == 0 and skipped[1] == skipped[2] == 37.5
 
 
 def test_a_flex_row_is_unavailable_for_training_on_cpu_and_reported_without_a_per_flop_ratio():

@@ -308,10 +308,11 @@ def profile_section(ceiling: KernelProfile | None, loop: KernelProfile | None, t
              f"step of {step_tokens:,.0f} tokens."]
     for title, recording in subjects:
         files = CEILING_PROFILE_FILES if title == "ceiling" else LOOP_PROFILE_FILES
-        what = ("steps" if title == "ceiling" else "optimizer steps after its warm-up, the optimizer included"
+        plural = "s" * (recording.steps != 1)
+        what = (f"{recording.steps} step{plural}" if title == "ceiling" else
+                f"{recording.steps} optimizer step{plural} after its warm-up, the optimizer included"
                 + (", scaled to the ceiling's tokens" if len(subjects) == 2 else ""))
-        what = what.replace("steps", "step", 1) if recording.steps == 1 else what
-        lines[-1] += (f" {title.capitalize()}: {recording.steps} {what} ({recording.tokens:,} tokens): "
+        lines[-1] += (f" {title.capitalize()}: {what} ({recording.tokens:,} tokens): "
                       f"{_timing(recording, step_tokens)}; trace {files.trace} (ui.perfetto.dev), every name in "
                       f"{files.names}.")
     header = "| category |" + "".join(f" {title} ms | share |" for title, _ in subjects)

@@ -50,7 +50,7 @@ from neobert.layout import (CONFIG_NAME, EXPORT_DIR, GPU_CHECK_LOOP_PROFILE_CSV,
                             has_tokenizer, metrics_csvs, write_atomically)
 from neobert.lit.checkpoints import newest_readable_checkpoint, verify_checkpoint
 from neobert.lit.pretrain import MLMPretrainingModule, real_tokens
-from neobert.lit.strategies import is_deepspeed
+from neobert.lit.strategies import is_deepspeed, loop_dtypes
 from neobert.lit.trainer import resolve_precision
 from neobert.model import NeoBERT, NeoBERTForMaskedLM
 from neobert.model.modeling import IGNORE_INDEX
@@ -59,11 +59,6 @@ OK, FAILED, SKIPPED, BELOW_TARGET = "ok", "FAILED", "skipped", "BELOW TARGET"
 ENCODER, CEILING, PROFILE = "encoder alone (reference)", "model + MLM head (ceiling)", "profile: model + MLM head"
 RECIPE_LOOP, PLAIN_LOOP, RESUME, EXPORT = "loop, recipe's strategy", "loop, plain strategy", "resume", "export + reload"
 TOKENS_PER_S, MFU, VAL_LOSS = "train/tokens_per_sec", "train/mfu", "val/loss"
-AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
-WEIGHT_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16}
-# DeepSpeed's bf16/fp16: its engine casts the module's weights, and Lightning's DeepSpeedPrecision adds no autocast
-DEEPSPEED_WEIGHT_DTYPES = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16,
-                           "16-true": torch.float16}
 EXPORT_TEXT = "The quick brown fox jumps over the {mask} dog."
 RELOAD_TOLERANCE = 1e-4  # ours against transformers' on the same weights: the same code, so float noise only
 
@@ -113,20 +108,12 @@ class Plan:
         return self.dtypes_of(self.recipe.trainer.strategy)
 
     def dtypes_of(self, strategy: str) -> tuple[torch.dtype, torch.dtype | None]:
-        """(weights, autocast) a loop under `strategy` computes with here: DeepSpeed's half precision holds
-        half-precision weights without autocast (its engine casts the module; Lightning adds no autocast there);
-        FSDP2 under bf16-mixed gathers bf16 weights under autocast; otherwise (one device, DDP, and the plain loop
-        standing in for DeepSpeed on a CPU) float32 weights under autocast for *-mixed. The ceilings take the
-        recipe's loop's, so that no weight is cast in their step that the loop does not cast."""
-        if self._deepspeed_half(strategy):
-            return DEEPSPEED_WEIGHT_DTYPES[self.precision], None
-        if strategy == "fsdp2" and self.precision == "bf16-mixed":
-            return torch.bfloat16, torch.bfloat16
-        return WEIGHT_DTYPES.get(self.precision, torch.float32), AUTOCAST_DTYPES.get(self.precision)
-
-    def _deepspeed_half(self, strategy: str) -> bool:
-        return (is_deepspeed(strategy) and unavailable(strategy, self.device) is None
-                and self.precision in DEEPSPEED_WEIGHT_DTYPES)
+        """(weights, autocast) a loop under `strategy` computes with here (`loop_dtypes`; where DeepSpeed cannot
+        run, the plain loop that stands in for it). The ceilings take the recipe's loop's, so that no weight is cast
+        in their step that the loop does not cast."""
+        if is_deepspeed(strategy) and unavailable(strategy, self.device) is not None:
+            strategy = "auto"
+        return loop_dtypes(strategy, self.precision)
 
     @property
     def arithmetic(self) -> str:
@@ -134,7 +121,10 @@ class Plan:
         weights, autocast = self.ceiling_dtypes
         words = {torch.float32: "float32", torch.bfloat16: "bf16", torch.float16: "fp16"}
         if autocast is None:
-            how = " (as DeepSpeed runs it)" if self._deepspeed_half(self.recipe.trainer.strategy) else ""
+            strategy = self.recipe.trainer.strategy
+            deepspeed_half = (is_deepspeed(strategy) and unavailable(strategy, self.device) is None
+                              and weights != torch.float32)
+            how = " (as DeepSpeed runs it)" if deepspeed_half else ""
             return f"{self.precision}: {words[weights]} weights, no autocast{how}"
         return f"{self.precision}: {words[weights]} weights under {words[autocast]} autocast"
 

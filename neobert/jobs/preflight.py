@@ -33,7 +33,7 @@ from neobert.eval.flops import flops_per_token, matmul_params, peak_flops_of
 from neobert.hub import hub_reachable
 from neobert.jobs.phases import plan_phases
 from neobert.jobs.pretrain import build_model_config
-from neobert.lit.strategies import is_deepspeed
+from neobert.lit.strategies import is_deepspeed, loop_dtypes
 from neobert.lit.trainer import build_strategy
 from neobert.model import NeoBERTForMaskedLM
 from neobert.model.attention import training_attention_kernel
@@ -163,13 +163,12 @@ def config_activation_bytes(config: PretrainConfig, model_config) -> float:
 
 def activation_precision(config: PretrainConfig) -> str:
     """The precision whose widths the run's activations have on its GPUs. A mixed precision whose strategy computes
-    with 16-bit weights has no float32 residual stream or norm input: DeepSpeed's engine casts the module (bf16-mixed
-    runs as bf16-true); FSDP2 under bf16-mixed gathers bf16 parameters, and the norm of a bf16 input with a bf16
-    weight runs in bf16 under autocast too (neobert.model.layers.RMSNorm)."""
+    with 16-bit weights (`loop_dtypes`: DeepSpeed's engine casts the module, FSDP2 under bf16-mixed gathers bf16
+    parameters) has no float32 residual stream or norm input (the norm of a bf16 input with a bf16 weight runs in
+    bf16 under autocast too, neobert.model.layers.RMSNorm): *-true's widths."""
     precision = resolve_precision_on_gpu(config)
-    strategy = config.trainer.strategy
-    if (is_deepspeed(strategy) and precision in ("bf16-mixed", "16-mixed")) or (
-            strategy == "fsdp2" and precision == "bf16-mixed"):
+    weights, _ = loop_dtypes(config.trainer.strategy, precision)
+    if precision.endswith("-mixed") and weights != torch.float32:
         return precision.replace("mixed", "true")
     return precision
 

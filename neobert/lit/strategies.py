@@ -62,6 +62,26 @@ def is_deepspeed(strategy: str | Strategy) -> bool:
     return isinstance(strategy, DeepSpeedStrategy) or (isinstance(strategy, str) and strategy.startswith("deepspeed"))
 
 
+# Lightning precision -> the dtype of the weights a loop holds, and of its autocast (neobert.lit.strategies.loop_dtypes)
+AUTOCAST_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+WEIGHT_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16}
+# DeepSpeed's bf16/fp16: its engine casts the module's weights, and Lightning's DeepSpeedPrecision adds no autocast
+DEEPSPEED_WEIGHT_DTYPES = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16,
+                           "16-true": torch.float16}
+
+
+def loop_dtypes(strategy: str, precision: str) -> tuple[torch.dtype, torch.dtype | None]:
+    """(weights, autocast) a training loop under `strategy` and Lightning `precision` computes with on its GPUs:
+    DeepSpeed's half precision holds half-precision weights without autocast (its engine casts the module); FSDP2
+    under bf16-mixed gathers bf16 weights under autocast (`fsdp2_mixed_precision`); otherwise (one device, DDP)
+    *-true holds its dtype's weights and *-mixed float32 weights under autocast."""
+    if is_deepspeed(strategy) and precision in DEEPSPEED_WEIGHT_DTYPES:
+        return DEEPSPEED_WEIGHT_DTYPES[precision], None
+    if strategy == "fsdp2" and precision == "bf16-mixed":
+        return torch.bfloat16, torch.bfloat16
+    return WEIGHT_DTYPES.get(precision, torch.float32), AUTOCAST_DTYPES.get(precision)
+
+
 def deepspeed_strategy(name: str, precision: str, micro_batch_size: int | None = None,
                        tuning: DeepSpeedConfig | None = None) -> NeoBERTDeepSpeedStrategy:
     """Lightning's registered DeepSpeed strategy `name` (deepspeed_stage_2, ..._offload, ...) with its own settings

@@ -32,7 +32,7 @@ EXPLICIT = [kernel for kernel in ATTENTION_KERNELS if kernel != "auto"]
 @pytest.fixture
 def installed(monkeypatch):
     """Every optional attention package "installed" (the flags the config and `auto` read)."""
-    for flag in ("_HAS_FLASH_ATTN_3", "_HAS_FLASH_ATTN", "_HAS_XFORMERS"):
+    for flag in ("_HAS_FLASH_ATTN_4", "_HAS_FLASH_ATTN_3", "_HAS_FLASH_ATTN", "_HAS_XFORMERS"):
         monkeypatch.setattr(attention, flag, True)
 
 
@@ -44,6 +44,7 @@ def test_attention_kernel_is_validated_naming_the_field():
 
 
 @pytest.mark.parametrize("kernel, flag, install", [
+    ("flash_attn_4", "_HAS_FLASH_ATTN_4", "pip install flash-attn-4"),
     ("flash_attn_3", "_HAS_FLASH_ATTN_3", "cd hopper && python setup.py install"),
     ("flash_attn", "_HAS_FLASH_ATTN", "pip install flash-attn"),
     ("xformers", "_HAS_XFORMERS", "pip install xformers"),
@@ -113,6 +114,7 @@ def test_the_choice_is_the_machines_not_written_to_config_json(tmp_path, install
 def test_auto_takes_the_fastest_kernel_that_runs_the_step(monkeypatch, hopper, fa3, fa2, xformers, dtype, dropout,
                                                           expected):
     monkeypatch.setattr(attention, "_on_hopper", lambda: hopper)
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)  # explicit only: auto never takes it (not yet measured)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", fa3)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN", fa2)
     monkeypatch.setattr(attention, "_HAS_XFORMERS", xformers)
@@ -129,13 +131,13 @@ def test_an_explicit_kernel_runs_as_asked_on_cuda_and_padded_sdpa_elsewhere(monk
         assert chosen_packed_kernel(kernel, device_type, torch.float32, 0.1) == "padded_sdpa"
 
 
-@pytest.mark.parametrize("kernel", ["flash_attn_3", "flash_attn", "varlen_attn"])
+@pytest.mark.parametrize("kernel", ["flash_attn_4", "flash_attn_3", "flash_attn", "varlen_attn"])
 def test_flashattention_kernels_refuse_float32_naming_the_field(kernel):
     with pytest.raises(ValueError, match=f"NeoBERTConfig.attention_kernel='{kernel}' takes bfloat16 or float16"):
         chosen_packed_kernel(kernel, "cuda", torch.float32, 0.0)
 
 
-@pytest.mark.parametrize("kernel", ["flash_attn_3", "varlen_attn"])
+@pytest.mark.parametrize("kernel", ["flash_attn_4", "flash_attn_3", "varlen_attn"])
 def test_kernels_without_dropout_refuse_a_training_dropout_naming_the_field(kernel):
     with pytest.raises(ValueError, match=f"attention_kernel='{kernel}' has no attention dropout.*0.1"):
         chosen_packed_kernel(kernel, "cuda", torch.bfloat16, 0.1)
@@ -190,10 +192,63 @@ def _attention_per_document(q, k, v, cu_seqlens):
     return out
 
 
+def _attention_and_lse_per_document(q, k, v, cu_seqlens):
+    """FlashAttention 4's forward: the output and the logsumexp of the scores, float32 [heads, T] (empty documents
+    have no rows)."""
+    out, lse = torch.empty_like(q), q.new_zeros((q.shape[1], q.shape[0]), dtype=torch.float32)
+    bounds = cu_seqlens.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), k[start:end].float()) / q.shape[-1] ** 0.5
+        lse[:, start:end] = scores.logsumexp(-1)
+        out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v[start:end].float()).to(q.dtype)
+    return out, lse
+
+
+def install_flash_attn_4(monkeypatch, calls: list, backward_calls: list) -> None:
+    """flash-attn-4's modules (`flash_attn.cute`, `flash_attn.cute.interface`) as stand-ins with its signatures
+    (4.0.0b36: keyword arguments after q, k, v, whose fourth positional is qv), computing what it computes and
+    recording the calls: the forward in `calls` as the other stand-ins do, the backward in `backward_calls`."""
+
+    def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                               max_seqlen_k=None, *, return_lse=False):
+        assert qv is None and not torch.is_grad_enabled()  # the op's own backward, not FA4's autograd.Function
+        out, lse = _attention_and_lse_per_document(q, k, v, cu_seqlens_q)
+        calls.append(("flash_attn_4", dict(cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, max_q=max_seqlen_q,
+                                           max_k=max_seqlen_k, args=(), kwargs={}, lse=lse)))
+        return out, (lse if return_lse else None)
+
+    def _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=False, softcap=0.0, *,
+                        cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+        backward_calls.append(dict(lse=lse, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, max_q=max_seqlen_q,
+                                   max_k=max_seqlen_k, dout_contiguous=dout.is_contiguous()))
+        # attention's gradient from the saved logsumexp (P = exp(S - lse)), as FlashAttention's backward computes it;
+        # no autograd here: a custom op's backward runs below the autograd dispatch
+        dq, dk, dv = (torch.zeros_like(tensor) for tensor in (q, k, v))
+        scale = q.shape[-1] ** -0.5
+        bounds = cu_seqlens_q.tolist()
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            q_, k_, v_, out_, dout_ = (tensor[start:end].float() for tensor in (q, k, v, out, dout))
+            p = (torch.einsum("qhd,khd->hqk", q_, k_) * scale - lse[:, start:end, None]).exp()
+            dv[start:end] = torch.einsum("hqk,qhd->khd", p, dout_)
+            dp = torch.einsum("qhd,khd->hqk", dout_, v_)
+            ds = p * (dp - (dout_ * out_).sum(-1).transpose(0, 1)[..., None])
+            dq[start:end] = torch.einsum("hqk,khd->qhd", ds, k_) * scale
+            dk[start:end] = torch.einsum("hqk,qhd->khd", ds, q_) * scale
+        return dq, dk, dv
+
+    cute = types.ModuleType("flash_attn.cute")
+    # as FA4's CuTe DSL calls, which Dynamo cannot trace: called from a compiled graph, a graph break
+    cute.flash_attn_varlen_func = torch.compiler.disable(flash_attn_varlen_func)
+    interface = types.ModuleType("flash_attn.cute.interface")
+    interface._flash_attn_bwd = torch.compiler.disable(_flash_attn_bwd)
+    for name, module in (("flash_attn.cute", cute), ("flash_attn.cute.interface", interface)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+
 class StandInKernels:
-    """FlashAttention 3 (`flash_attn_interface`), flash-attn and PyTorch's varlen_attn replaced by the attention they
-    compute, recording their arguments; the model's tensors pass for CUDA bf16 ones in the kernel's choice (the rest,
-    the arithmetic included, runs as on CPU)."""
+    """FlashAttention 4 (`flash_attn.cute`), FlashAttention 3 (`flash_attn_interface`), flash-attn and PyTorch's
+    varlen_attn replaced by the attention they compute, recording their arguments; the model's tensors pass for CUDA
+    bf16 ones in the kernel's choice (the rest, the arithmetic included, runs as on CPU)."""
 
     def __init__(self, monkeypatch, fa3_returns_lse: bool = False):
         self.calls: list[tuple[str, dict]] = []
@@ -212,7 +267,9 @@ class StandInKernels:
             module.flash_attn_varlen_func = recorder(name, returns_lse)
             monkeypatch.setitem(sys.modules, module_name, module)
         monkeypatch.setattr(attention, "varlen_attn", recorder("varlen_attn"))
-        for flag in ("_HAS_FLASH_ATTN_3", "_HAS_FLASH_ATTN"):
+        self.fa4_backward_calls: list[dict] = []
+        install_flash_attn_4(monkeypatch, calls, self.fa4_backward_calls)
+        for flag in ("_HAS_FLASH_ATTN_4", "_HAS_FLASH_ATTN_3", "_HAS_FLASH_ATTN"):
             monkeypatch.setattr(attention, flag, True)
         monkeypatch.setattr(attention, "_on_hopper", lambda: True)
         resolve = attention.chosen_packed_kernel
@@ -231,6 +288,7 @@ def _packed_outputs(config: NeoBERTConfig, reference: NeoBERT, train: bool = Fal
 
 
 @pytest.mark.parametrize("choice, called, fa3_returns_lse", [
+    ("flash_attn_4", "flash_attn_4", False),
     ("flash_attn_3", "flash_attn_3", False),  # FlashAttention 3 returning out alone (later releases)
     ("flash_attn_3", "flash_attn_3", True),  # and (out, softmax_lse) (early releases)
     ("auto", "flash_attn_3", True),  # auto on a Hopper GPU with FlashAttention 3 installed
@@ -251,6 +309,94 @@ def test_the_chosen_kernel_runs_every_layer_with_int32_cu_seqlens_and_equals_pad
         if called == "flash_attn_3":  # no dropout argument (it has none), nothing beyond the varlen arguments
             assert call["args"] == () and call["kwargs"] == {}
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def _packed_training_step(config: NeoBERTConfig, reference: NeoBERT, compile_backend: str | None = None):
+    """A float32 forward + backward of the tiny model over the packed documents: (last hidden state, gradients)."""
+    model = NeoBERT(config)
+    model.load_state_dict(reference.state_dict())
+    ids = torch.randint(5, 1000, (CU_SEQLENS[-1],), generator=torch.Generator().manual_seed(0))
+    cu_seqlens = torch.tensor(CU_SEQLENS, dtype=torch.int32)
+
+    def forward(ids, cu_seqlens):
+        hidden = model(ids, cu_seqlens=cu_seqlens, max_seqlen=12).last_hidden_state
+        return hidden, hidden.square().mean()
+
+    if compile_backend is not None:  # one graph or an error: a graph break in any layer fails the test
+        forward = torch.compile(forward, backend=compile_backend, fullgraph=True)
+    hidden, loss = forward(ids, cu_seqlens)
+    loss.backward()  # compiled: AOTAutograd's backward graph
+    return hidden.detach(), {name: parameter.grad for name, parameter in model.named_parameters()}
+
+
+def test_flash_attn_4_gradients_come_from_its_backward_with_the_forwards_logsumexp(monkeypatch):
+    """FlashAttention 4 runs as two custom ops: its backward (stand-in: autograd over the per-document attention) gets
+    the forward's logsumexp, the documents and the longest, once per layer, and the model's gradients equal
+    padded_sdpa's."""
+    torch.manual_seed(0)
+    reference = NeoBERT(NeoBERTConfig.from_preset("tiny"))
+    hidden_ref, grads_ref = _packed_training_step(NeoBERTConfig.from_preset("tiny"), reference)  # CPU: padded_sdpa
+    kernels = StandInKernels(monkeypatch)
+    hidden, grads = _packed_training_step(NeoBERTConfig.from_preset("tiny", attention_kernel="flash_attn_4"), reference)
+    layers = reference.config.num_hidden_layers
+    assert [name for name, _ in kernels.calls] == ["flash_attn_4"] * layers
+    assert len(kernels.fa4_backward_calls) == layers
+    forward_lses = [call["lse"] for _, call in kernels.calls]
+    for backward in kernels.fa4_backward_calls:  # layers run backwards in reverse order
+        assert backward["lse"].data_ptr() == forward_lses.pop().data_ptr()  # the saved tensor itself
+        assert backward["cu_q"].tolist() == CU_SEQLENS and backward["max_q"] == backward["max_k"] == 12
+        assert backward["dout_contiguous"]
+    torch.testing.assert_close(hidden, hidden_ref, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, grads_ref[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_flash_attn_4_ops_pass_torch_library_opcheck(monkeypatch):
+    """The ops' schema, fake (shapes for the compiler), autograd registration and AOT dispatch, checked by PyTorch on
+    CPU tensors through the stand-in."""
+    StandInKernels(monkeypatch)
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(CU_SEQLENS[-1], 2, 8, generator=generator, requires_grad=True) for _ in range(3))
+    cu_seqlens = torch.tensor(CU_SEQLENS, dtype=torch.int32)
+    torch.library.opcheck(attention.flash_attn_4_varlen, (q, k, v, cu_seqlens, 12))
+    out, lse = (tensor.detach() for tensor in attention.flash_attn_4_varlen(q, k, v, cu_seqlens, 12))
+    # the backward has no backward of its own (no double backward, as in FlashAttention): inputs without gradients
+    torch.library.opcheck(attention.flash_attn_4_varlen_backward,
+                          (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, cu_seqlens, 12))
+
+
+def test_flash_attn_4_compiles_into_one_graph_with_the_model(monkeypatch):
+    """Under torch.compile (fullgraph: any graph break fails) the model's forward and backward through FlashAttention
+    4's ops, Dynamo and AOTAutograd included (backend aot_eager: the graphs run eagerly), give padded_sdpa's
+    outputs and gradients."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    reference = NeoBERT(NeoBERTConfig.from_preset("tiny"))
+    hidden_ref, grads_ref = _packed_training_step(NeoBERTConfig.from_preset("tiny"), reference)
+    kernels = StandInKernels(monkeypatch)
+    hidden, grads = _packed_training_step(NeoBERTConfig.from_preset("tiny", attention_kernel="flash_attn_4"), reference,
+                                          compile_backend="aot_eager")
+    assert len(kernels.fa4_backward_calls) == reference.config.num_hidden_layers
+    torch.testing.assert_close(hidden, hidden_ref, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, grads_ref[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("files, expected", [
+    ([], (False, False)),
+    (["flash_attn/__init__.py"], (True, False)),  # flash-attn 2
+    (["flash_attn/cute/interface.py"], (False, True)),  # flash-attn-4 alone: flash_attn is a namespace package
+    (["flash_attn/__init__.py", "flash_attn/cute/interface.py"], (True, True)),  # both, one folder
+])
+def test_flash_attn_packages_tells_flash_attn_2_from_flash_attn_4(monkeypatch, tmp_path, files, expected):
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    if not files:  # nothing in tmp_path: hide any real install from the finder too
+        monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    assert attention.flash_attn_packages() == expected
 
 
 def test_flash_attn_gets_the_training_dropout_and_none_in_eval(monkeypatch):
@@ -277,7 +423,7 @@ def test_on_cpu_every_choice_runs_padded_sdpa_and_calls_no_kernel_package(monkey
     def never(*args, **kwargs):
         raise AssertionError("a GPU kernel was called on CPU tensors")
 
-    for module_name in ("flash_attn_interface", "flash_attn"):
+    for module_name in ("flash_attn_interface", "flash_attn", "flash_attn.cute"):
         module = types.ModuleType(module_name)
         module.flash_attn_varlen_func = never
         monkeypatch.setitem(sys.modules, module_name, module)
@@ -351,9 +497,11 @@ def test_measured_rows_are_labelled_with_the_kernel_that_ran_and_exercise_it(mon
 def _installed_kernels_on_cuda() -> list[str]:
     if not torch.cuda.is_available():
         return []
-    return [kernel for kernel in ("varlen_attn", "flash_attn", "flash_attn_3", "xformers")
+    major_minor = torch.cuda.get_device_capability()
+    return [kernel for kernel in ("varlen_attn", "flash_attn", "flash_attn_3", "flash_attn_4", "xformers")
             if attention.attention_kernel_missing_reason(kernel) is None
-            and (kernel != "flash_attn_3" or torch.cuda.get_device_capability() == (9, 0))]
+            and (kernel != "flash_attn_3" or major_minor == (9, 0))
+            and (kernel != "flash_attn_4" or major_minor[0] in (9, 10))]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the real attention kernels need a CUDA GPU")

@@ -13,8 +13,8 @@ DEFAULT_MODELS = ("neobert", "neobert-liger", "neobert-official", "bert-base", "
 # neobert-<kernel>: our encoder with NeoBERTConfig.attention_kernel=<kernel> (neobert.model.attention), full rows (one
 # document each) and unpadded documents through that kernel, beside neobert's auto; on CUDA where its package is
 # installed (else a row saying why; padded batches run SDPA whatever the kernel: a row saying so)
-ATTENTION_KERNEL_MODELS = ("neobert-flash_attn_3", "neobert-flash_attn", "neobert-varlen_attn", "neobert-xformers",
-                           "neobert-padded_sdpa")
+ATTENTION_KERNEL_MODELS = ("neobert-flash_attn_4", "neobert-flash_attn_3", "neobert-flash_attn", "neobert-varlen_attn",
+                           "neobert-xformers", "neobert-padded_sdpa")
 # modernbert-base-flex: ModernBERT-base through transformers' flex_attention (PyTorch's FlexAttention, compiled): its
 # block mask skips the blocks outside the sliding window of the local layers (2 of every 3), which SDPA computes and
 # masks. The best installable ModernBERT kernel without the flash-attn package (Figure 3 at best kernels).

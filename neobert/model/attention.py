@@ -16,10 +16,14 @@ The packed kernel is `NeoBERTConfig.attention_kernel` (a choice of the machine, 
   varlen kernel (``flash_attn`` installed), PyTorch's ``varlen_attn`` (FlashAttention 2 inside PyTorch; no dropout),
   xFormers' block-diagonal attention (installed, for dropout), else ``padded_sdpa``: all but the last on CUDA
   tensors in bf16/fp16 only;
-* an explicit kernel (``flash_attn_3``, ``flash_attn``, ``varlen_attn``, ``xformers``, ``padded_sdpa``) runs as
-  asked on CUDA tensors, or raises naming the field where it cannot (a dtype or a dropout it does not take; a missing
-  package is refused when the config is built). On other devices every choice runs ``padded_sdpa``, as Liger's
-  kernels fall back to eager on CPU: tests and CPU runs of a GPU recipe work unchanged;
+* an explicit kernel (``flash_attn_4``, ``flash_attn_3``, ``flash_attn``, ``varlen_attn``, ``xformers``,
+  ``padded_sdpa``) runs as asked on CUDA tensors, or raises naming the field where it cannot (a dtype or a dropout it
+  does not take; a missing package is refused when the config is built). On other devices every choice runs
+  ``padded_sdpa``, as Liger's kernels fall back to eager on CPU: tests and CPU runs of a GPU recipe work unchanged;
+* ``flash_attn_4`` (the flash-attn-4 package: pure Python on NVIDIA's CuTe DSL, so installable from PyPI where
+  FlashAttention 3 must be built; Hopper sm90 and Blackwell sm100; no dropout) is explicit only: ``auto`` takes it
+  once it has measured faster than ``varlen_attn`` on our shapes (docs/benchmarks.md). It runs as two custom ops
+  (forward, backward) so that a compiled model keeps one graph around it;
 * ``padded_sdpa``: the documents scattered into a padded batch, SDPA with a key-padding mask, gathered back.
 
 Padded batches run SDPA under every choice: with padding it needs a mask, which FlashAttention takes none of (the
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,14 +42,27 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.varlen import varlen_attn
 
+
+
+def flash_attn_packages() -> tuple[bool, bool]:
+    """(flash-attn 2 installed, flash-attn-4 installed), read without importing either. flash-attn-4 installs
+    flash_attn/cute/ alone, so that `flash_attn` is then a namespace package (no __init__.py, spec.origin None) in which
+    flash-attn 2's `flash_attn_varlen_func` does not exist: finding the name `flash_attn` says neither."""
+    spec = importlib.util.find_spec("flash_attn")
+    if spec is None:
+        return False, False
+    folders = spec.submodule_search_locations or ()
+    return spec.origin is not None, any((Path(folder) / "cute" / "interface.py").is_file() for folder in folders)
+
+
 _HAS_FLASH_ATTN_3 = importlib.util.find_spec("flash_attn_interface") is not None  # the flash_attn_3 package
-_HAS_FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
+_HAS_FLASH_ATTN, _HAS_FLASH_ATTN_4 = flash_attn_packages()
 _HAS_XFORMERS = importlib.util.find_spec("xformers") is not None
 _HALF = (torch.float16, torch.bfloat16)
 
-ATTENTION_KERNELS = ("auto", "flash_attn_3", "flash_attn", "varlen_attn", "xformers", "padded_sdpa")
-_HALF_ONLY = ("flash_attn_3", "flash_attn", "varlen_attn")  # FlashAttention kernels: bf16 and fp16 only
-_NO_DROPOUT = ("flash_attn_3", "varlen_attn")  # neither takes a dropout probability
+ATTENTION_KERNELS = ("auto", "flash_attn_4", "flash_attn_3", "flash_attn", "varlen_attn", "xformers", "padded_sdpa")
+_HALF_ONLY = ("flash_attn_4", "flash_attn_3", "flash_attn", "varlen_attn")  # FlashAttention kernels: bf16/fp16 only
+_NO_DROPOUT = ("flash_attn_4", "flash_attn_3", "varlen_attn")  # none of them takes a dropout probability
 
 
 @dataclass
@@ -128,6 +146,9 @@ def attention_kernel_missing_reason(kernel: str) -> str | None:
         return ("needs FlashAttention 3 (the flash_attn_3 package, module flash_attn_interface; not on PyPI: built "
                 "from the hopper/ folder of github.com/Dao-AILab/flash-attention, `cd hopper && python setup.py "
                 "install`)")
+    if kernel == "flash_attn_4" and not _HAS_FLASH_ATTN_4:
+        return ("needs FlashAttention 4 (pip install flash-attn-4: pure Python on NVIDIA's CuTe DSL, for Hopper sm90 "
+                "and Blackwell sm100 GPUs)")
     if kernel == "flash_attn" and not _HAS_FLASH_ATTN:
         return "needs the flash-attn package (pip install flash-attn --no-build-isolation)"
     if kernel == "xformers" and not _HAS_XFORMERS:
@@ -179,6 +200,8 @@ def _attend_packed(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dro
                    choice: str) -> Tensor:
     cu, max_len = layout.cu_seqlens, layout.max_seqlen
     kernel = chosen_packed_kernel(choice, q.device.type, q.dtype, dropout_p)
+    if kernel == "flash_attn_4":
+        return flash_attn_4_varlen(q, k, v, cu, max_len)[0]
     if kernel == "flash_attn_3":
         from flash_attn_interface import flash_attn_varlen_func  # optional GPU kernel package (FlashAttention 3)
 
@@ -201,7 +224,59 @@ def _attend_packed(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dro
     return _attend_packed_by_padding(q, k, v, layout, dropout_p)
 
 
+# FlashAttention 4 as two custom ops. Its own autograd.Function calls CuTe DSL kernels that Dynamo cannot trace (a graph
+# break in every layer of a compiled model); an op is opaque to the compiler, described by its fake (output shapes)
+# and its backward. The forward is FA4's public varlen function; the backward is `_flash_attn_bwd`, the function FA4's
+# own backward calls, with the arguments it passes (PyTorch's own FA4 integration calls it by that name too).
+@torch.library.custom_op("neobert::flash_attn_4_varlen", mutates_args=())
+def flash_attn_4_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> tuple[Tensor, Tensor]:
+    """FlashAttention 4 over packed documents: (out [T, heads, head_dim], logsumexp float32 [heads, T])."""
+    from flash_attn.cute import flash_attn_varlen_func  # optional GPU kernel package (FlashAttention 4)
+
+    with torch.no_grad():  # the op's backward is registered below, not FA4's autograd.Function
+        out, lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
+                                          max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen, return_lse=True)
+    return out, lse
+
+
+@flash_attn_4_varlen.register_fake
+def _flash_attn_4_varlen_fake(q, k, v, cu_seqlens, max_seqlen):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("neobert::flash_attn_4_varlen_backward", mutates_args=())
+def flash_attn_4_varlen_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                                 cu_seqlens: Tensor, max_seqlen: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of `flash_attn_4_varlen`."""
+    from flash_attn.cute.interface import _flash_attn_bwd  # optional GPU kernel package (FlashAttention 4)
+
+    dq, dk, dv = _flash_attn_bwd(q, k, v, out, grad_out.contiguous(), lse, cu_seqlens_q=cu_seqlens,
+                                 cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)
+    return dq, dk, dv
+
+
+@flash_attn_4_varlen_backward.register_fake
+def _flash_attn_4_varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _flash_attn_4_save(ctx, inputs, output) -> None:
+    q, k, v, cu_seqlens, max_seqlen = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens)
+    ctx.max_seqlen = max_seqlen
+
+
+def _flash_attn_4_backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
+    dq, dk, dv = flash_attn_4_varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen)
+    return dq, dk, dv, None, None  # the logsumexp is never used downstream: its gradient is not propagated
+
+
+flash_attn_4_varlen.register_autograd(_flash_attn_4_backward, setup_context=_flash_attn_4_save)
+
+
 _KERNEL_WORDS = {
+    "flash_attn_4": "FlashAttention 4's flash_attn_varlen_func (flash-attn-4, CuTe DSL; Hopper and Blackwell)",
     "flash_attn_3": "FlashAttention 3's flash_attn_varlen_func (flash_attn_interface, Hopper)",
     "flash_attn": "flash-attn's flash_attn_varlen_func (FlashAttention varlen)",
     "varlen_attn": "PyTorch's varlen_attn (FlashAttention varlen)",

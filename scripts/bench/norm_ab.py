@@ -3,7 +3,9 @@
 * PyTorch's `F.rms_norm`: on CUDA its fused kernel (aten::_fused_rms_norm, one kernel each way, float32
   accumulation), what the model runs on CUDA since this script was written; on a CPU a float32 round trip;
 * `rms_norm_in_dtype`: the model's eager CPU path (no float32 copy of x), a chain of kernels on a GPU;
-* Liger-Kernel's RMSNorm (`kernels=liger`), where liger-kernel and a GPU are there.
+* Liger-Kernel's RMSNorm (`kernels=liger`), where liger-kernel and a GPU are there;
+* QuACK's RMSNorm (Dao-AILab's CuTe DSL kernels, `quack-kernels`: flash-attn-4 depends on it, so it comes with
+  scripts/gpu/prepare_fa4.sh's archive), where it and a GPU are there: a candidate, not a path of the model.
 
 Each on the same rows, alternated, the median of `repeats`; and each output's and input gradient's largest error
 against float32 on the same bf16 input.
@@ -13,6 +15,8 @@ against float32 on the same bf16 input.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import statistics
 import sys
 import time
@@ -59,6 +63,9 @@ def main(rows: int = 32768, repeats: int = 20) -> None:
                 "rms_norm_in_dtype": lambda x, w: rms_norm_in_dtype(x, w, EPS)}
     if device.type == "cuda" and liger_missing_reason() is None:
         variants["liger"] = lambda x, w: liger_rms_norm(x, w, EPS)
+    if device.type == "cuda" and importlib.util.find_spec("quack") is not None:
+        quack_rmsnorm = importlib.import_module("quack").rmsnorm
+        variants["quack"] = lambda x, w: quack_rmsnorm(x, w, eps=EPS)
     for norm in variants.values():  # warm-up: kernels loaded, allocator primed
         timed(norm, x, weight, grad)
     times = {name: [] for name in variants}

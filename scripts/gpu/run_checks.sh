@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine: the checks of docs/benchmarks.md's GPU sections, each with its own time limit, so a short lease
 # still returns what finished. Reads what scripts/gpu/prepare_offline.sh wrote (wheels are installed into /tmp/site
-# when present). RESULTS (default: $OUT, else runs/gpu_checks) gets three files, so that a device call brings all
+# when present), or scripts/gpu/prepare_fa4.sh's archive (unpacked there: PREPARED=.gpu_fa4). RESULTS (default: $OUT, else runs/gpu_checks) gets three files, so that a device call brings all
 # back (it returns at most 8): log.txt (every step's summary and report), tests.txt (the CUDA tests' whole output)
 # and checks.tgz (each gpu_check's report, JSON and profile tables, each throughput CSV), packed again after every
 # step so that a call cut short still returns what finished.
@@ -14,6 +14,11 @@
 #                    (static shapes, the filler documents left out since aed644e), profiled: the ceiling's
 #                    step and one optimizer step of the DeepSpeed loop side by side (where its extra time goes) ~2.5 min
 #   check_packed     the same rows eager (no static shapes), profiled: check_blocks' reference            ~2.5 min
+#   tests_fa4        the attention kernels' CUDA test alone, FlashAttention 4 included where prepare_fa4.sh's archive
+#                    is unpacked (a call of its own: carry .gpu_fa4, no corpus; FA4 compiles its kernels first) ~1.5 min
+#   check_fa4        check_packed with model.overrides.attention_kernel=flash_attn_4 (needs FA4 unpacked by an earlier
+#                    call on the same warm machine, and .gpu's corpus)                                 ~2.5 min
+#   check_blocks_fa4 check_blocks with FlashAttention 4 (the same needs)                                  ~2.5 min
 #   norms            RMSNorm fwd + bwd in bf16: PyTorch's fused kernel (the eager CUDA path since it was
 #                    chosen on CPU) vs the CPU's chain vs Liger's (scripts/bench/norm_ab.py)            ~0.3 min
 #   check_liger      gpu_check speed_only, kernels=liger (Liger's norms and SwiGLU), profile               ~2 min
@@ -26,7 +31,9 @@
 #   loop_profile     check_packed with Lightning's simple profiler in the loop (where the loop's host time
 #                    goes: the packed loops ran 0.88-0.89 of their ceilings on the H200)                ~2 min
 #   check            gpu_check, the recipe as shipped, every stage, profile                              ~4 min
-#   attention        throughput training per attention kernel (full rows as documents, unpadded)         ~2 min
+#   attention        throughput training per attention kernel (full rows as documents, unpadded), FA4 included
+#                    where unpacked (runs from .gpu_fa4 alone: the throughput job needs no corpus)        ~2.5 min
+#   attention_compiled  the same compiled (compile=true): varlen_attn against FA4's custom ops            ~3 min
 #   train            throughput training: eager, liger, bert-base                                        ~2 min
 #   infer            throughput inference: eager, liger, bert-base, modernbert-base                      ~2 min
 #   infer_flex       throughput inference at 1,024-4,096: ModernBERT with FlexAttention (its sliding window
@@ -43,7 +50,16 @@ STAGE=$(mktemp -d)
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$PREPARED"/wheels/*.whl || exit 1
+fi
+if [ -f "$PREPARED"/site.tar.xz ]; then  # scripts/gpu/prepare_fa4.sh: FlashAttention 4 and CuTe DSL, installed
+    mkdir -p /tmp/site && tar -xJf "$PREPARED"/site.tar.xz -C /tmp/site || exit 1
+fi
+if [ -d /tmp/site ]; then  # this call's, or an earlier call's on the same warm machine (FA4's travels alone)
     export PYTHONPATH=/tmp/site:$PWD
+    # CuTe DSL puts its `cutlass` package on sys.path from a .pth file, which Python reads in site-packages only
+    if [ -d /tmp/site/nvidia_cutlass_dsl/dsl_packages ]; then
+        PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
+    fi
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 LOG=$RESULTS/log.txt
@@ -77,6 +93,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 for step in $STEPS; do
     say "$step"
     case $step in
+        tests_fa4) timeout 150 python3 -m pytest -q -p no:cacheprovider -rA --tb=short -k on_cuda \
+                       tests/test_attention_kernels.py > "$RESULTS"/tests_fa4.txt 2>&1
+                   grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$RESULTS"/tests_fa4.txt | tee -a "$LOG" ;;
         tests) timeout 180 python3 -m pytest -q -p no:cacheprovider -rA --tb=short -k on_cuda tests/test_kernels.py \
                    tests/test_attention_kernels.py tests/test_compile_mode.py tests/test_bf16_path.py \
                    > "$RESULTS"/tests.txt 2>&1
@@ -90,6 +109,10 @@ for step in $STEPS; do
         check_packed) gpu_check check_packed 220 speed_only=true profile=true data.packing=best_fit ;;
         check_blocks) gpu_check check_blocks 260 speed_only=true profile=true data.packing=best_fit model.compile=true \
                           model.compile_scope=blocks ;;
+        check_fa4) gpu_check check_fa4 220 speed_only=true profile=true data.packing=best_fit \
+                       model.overrides.attention_kernel=flash_attn_4 ;;
+        check_blocks_fa4) gpu_check check_blocks_fa4 260 speed_only=true profile=true data.packing=best_fit \
+                              model.compile=true model.compile_scope=blocks model.overrides.attention_kernel=flash_attn_4 ;;
         check_blocks_fused) gpu_check check_blocks_fused 200 speed_only=true data.packing=best_fit model.compile=true \
                                 model.compile_scope=blocks model.overrides.fused_mlm_loss=true ;;
         check_compiled) gpu_check check_compiled 300 speed_only=true data.packing=best_fit model.compile=true ;;
@@ -99,9 +122,12 @@ for step in $STEPS; do
                               trainer.deepspeed.overlap_comm=false trainer.deepspeed.contiguous_gradients=false ;;
         loop_profile) gpu_check loop_profile 180 speed_only=true data.packing=best_fit trainer.profiler=simple ;;
         check) gpu_check check 240 profile=true ;;
-        attention) throughput throughput_attention 150 mode=training 'lengths=[1024]' 'layouts=[full,unpadded]' \
-                       'models=[neobert,neobert-flash_attn_3,neobert-flash_attn,neobert-varlen_attn,neobert-padded_sdpa]' \
+        attention) throughput throughput_attention 180 mode=training 'lengths=[1024]' 'layouts=[full,unpadded]' \
+                       'models=[neobert,neobert-flash_attn_4,neobert-flash_attn_3,neobert-flash_attn,neobert-varlen_attn,neobert-padded_sdpa]' \
                        'batch_sizes=[32]' search_top=1 repeats=5 ;;
+        attention_compiled) throughput throughput_attention_compiled 240 mode=training 'lengths=[1024]' \
+                                'layouts=[full,unpadded]' 'models=[neobert-varlen_attn,neobert-flash_attn_4]' \
+                                'batch_sizes=[32]' search_top=1 repeats=5 compile=true ;;
         train) throughput throughput_training 120 mode=training 'lengths=[512,1024]' \
                    'models=[neobert,neobert-liger,bert-base]' 'batch_sizes=[32,64]' search_top=2 repeats=5 ;;
         infer) throughput throughput_inference 90 mode=inference 'lengths=[512,1024,4096]' \

@@ -12,6 +12,7 @@ gradients against padded_sdpa (the test at the bottom; it skips elsewhere).
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import types
@@ -382,20 +383,24 @@ def test_flash_attn_4_compiles_into_one_graph_with_the_model(monkeypatch):
         torch.testing.assert_close(grad, grads_ref[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+FLASH_ATTN_2 = ["flash_attn/__init__.py", "flash_attn/cute/__init__.py", "flash_attn/cute/interface.py"]  # 2.8.3's
+FLASH_ATTN_4 = ["flash_attn/cute/__init__.py", "flash_attn/cute/interface.py", "flash_attn_4-4.0.0b36.dist-info/METADATA"]
+
+
 @pytest.mark.parametrize("files, expected", [
     ([], (False, False)),
-    (["flash_attn/__init__.py"], (True, False)),  # flash-attn 2
-    (["flash_attn/cute/interface.py"], (False, True)),  # flash-attn-4 alone: flash_attn is a namespace package
-    (["flash_attn/__init__.py", "flash_attn/cute/interface.py"], (True, True)),  # both, one folder
+    (FLASH_ATTN_2, (True, False)),  # flash-attn 2 ships an early cute/ folder: not FlashAttention 4
+    (FLASH_ATTN_4, (False, True)),  # flash-attn-4 alone: flash_attn is a namespace package
+    (FLASH_ATTN_2 + FLASH_ATTN_4, (True, True)),  # both, one folder
 ])
 def test_flash_attn_packages_tells_flash_attn_2_from_flash_attn_4(monkeypatch, tmp_path, files, expected):
     for name in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
+        (tmp_path / name).write_text("Metadata-Version: 2.1\nName: flash-attn-4\nVersion: 4.0.0b36\n"
+                                     if name.endswith("METADATA") else "")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])  # these files only: no real install is seen
     monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
-    if not files:  # nothing in tmp_path: hide any real install from the finder too
-        monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    importlib.invalidate_caches()
     assert attention.flash_attn_packages() == expected
 
 

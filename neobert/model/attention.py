@@ -32,9 +32,9 @@ Padded batches run SDPA under every choice: with padding it needs a mask, which 
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,14 +45,19 @@ from torch.nn.attention.varlen import varlen_attn
 
 
 def flash_attn_packages() -> tuple[bool, bool]:
-    """(flash-attn 2 installed, flash-attn-4 installed), read without importing either. flash-attn-4 installs
-    flash_attn/cute/ alone, so that `flash_attn` is then a namespace package (no __init__.py, spec.origin None) in which
-    flash-attn 2's `flash_attn_varlen_func` does not exist: finding the name `flash_attn` says neither."""
+    """(flash-attn 2 installed, flash-attn-4 installed), read without importing either. Both install the package
+    `flash_attn`, so finding that name says neither: flash-attn-4 installs only its `cute` folder (alone, `flash_attn`
+    is a namespace package, with no __init__.py and no `flash_attn_varlen_func`), and flash-attn 2 (2.8.3) ships an
+    early `flash_attn/cute/` of its own, without the CuTe DSL it imports. So flash-attn 2 is a regular package
+    `flash_attn`, and flash-attn-4 is known by its distribution's name."""
     spec = importlib.util.find_spec("flash_attn")
     if spec is None:
         return False, False
-    folders = spec.submodule_search_locations or ()
-    return spec.origin is not None, any((Path(folder) / "cute" / "interface.py").is_file() for folder in folders)
+    try:
+        importlib.metadata.distribution("flash-attn-4")
+    except importlib.metadata.PackageNotFoundError:
+        return spec.origin is not None, False
+    return spec.origin is not None, True
 
 
 _HAS_FLASH_ATTN_3 = importlib.util.find_spec("flash_attn_interface") is not None  # the flash_attn_3 package

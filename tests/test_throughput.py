@@ -313,13 +313,13 @@ def test_modernbert_flex_runs_flexattention_and_equals_sdpa():
     from transformers import AutoModel, ModernBertConfig
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from neobert.eval.throughput import FLEX_NOTE, build_model, hf_attention
+    from neobert.eval.throughput import WINDOW_NOTE, build_model, hf_attention
 
     cpu = torch.device("cpu")
     assert (hf_attention("modernbert-base-flex", cpu), hf_attention("modernbert-base", cpu)) == ("flex_attention", "sdpa")
     bench = build_model("modernbert-base-flex", cpu, torch.float32)
     assert bench.module.config._attn_implementation == "flex_attention" and bench.num_layers == 22
-    assert bench.attention["full"] == "attention: flex_attention" + FLEX_NOTE and "unpadded" in bench.skipped_layouts
+    assert bench.attention["full"] == "attention: flex_attention" + WINDOW_NOTE and "unpadded" in bench.skipped_layouts
 
     config = ModernBertConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                               local_attention=16, global_attn_every_n_layers=3, vocab_size=1000,
@@ -354,7 +354,7 @@ def test_modernbert_flex_runs_flexattention_and_equals_sdpa():
 def test_a_flex_row_is_unavailable_for_training_on_cpu_and_reported_without_a_per_flop_ratio():
     """FlexAttention has no CPU backward: a training run there reports the row as not available (the others still
     run). Its FLOPs are counted dense, so the report gives its speed ratio and its note, not a per-FLOP ratio."""
-    from neobert.eval.throughput import FLEX_NOTE, ModelUnavailable, ThroughputRow, build_model
+    from neobert.eval.throughput import WINDOW_NOTE, ModelUnavailable, ThroughputRow, build_model
     from neobert.eval.throughput_report import markdown_table
 
     with pytest.raises(ModelUnavailable, match="no backward on a CPU"):
@@ -365,7 +365,32 @@ def test_a_flex_row_is_unavailable_for_training_on_cpu_and_reported_without_a_pe
                              1, "cuda", "bfloat16", note=note, peak_flops=1e15, peak_source="published")
 
     table = markdown_table([row("neobert", 500.0), row("modernbert-base", 400.0),
-                            row("modernbert-base-flex", 625.0, "attention: flex_attention" + FLEX_NOTE)])
+                            row("modernbert-base-flex", 625.0, "attention: flex_attention" + WINDOW_NOTE),
+                            row("modernbert-base-fa4", 1000.0, "attention: flash_attention_4" + WINDOW_NOTE)])
     assert "| neobert / modernbert-base | 1.25x; 1.25x |" in table
     assert "| neobert / modernbert-base-flex | 0.80x; n/a |" in table
-    assert f"- modernbert-base-flex: attention: flex_attention{FLEX_NOTE}" in table
+    assert "| neobert / modernbert-base-fa4 | 0.50x; n/a |" in table
+    assert f"- modernbert-base-flex: attention: flex_attention{WINDOW_NOTE}" in table
+    assert f"- modernbert-base-fa4: attention: flash_attention_4{WINDOW_NOTE}" in table
+
+
+def test_modernbert_fa4_row_runs_flash_attention_4_on_a_gpu_and_says_why_not_elsewhere(monkeypatch):
+    """modernbert-base-fa4: transformers' flash_attention_4 (FA4's local window skips the blocks the sliding window
+    hides), only on a CUDA GPU with flash-attn-4 installed; modernbert-base takes flash_attention_2 only where
+    flash-attn 2 itself is installed (flash-attn-4 alone also installs a package named flash_attn)."""
+    from neobert.eval import throughput
+    from neobert.eval.throughput import ModelUnavailable, build_model, hf_attention
+    from neobert.model import attention
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert hf_attention("modernbert-base-fa4", cpu) == hf_attention("modernbert-base-fa4", cuda) == "flash_attention_4"
+    monkeypatch.setattr(throughput, "flash_attn_packages", lambda: (False, True))  # flash-attn-4 alone
+    assert hf_attention("modernbert-base", cuda) == "sdpa"
+    monkeypatch.setattr(throughput, "flash_attn_packages", lambda: (True, False))  # flash-attn 2
+    assert (hf_attention("modernbert-base", cuda), hf_attention("modernbert-base", cpu)) == ("flash_attention_2", "sdpa")
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", False)
+    with pytest.raises(ModelUnavailable, match="needs FlashAttention 4 .pip install flash-attn-4"):
+        build_model("modernbert-base-fa4", cuda, torch.bfloat16)
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)
+    with pytest.raises(ModelUnavailable, match="FlashAttention 4 runs on CUDA GPUs only"):
+        build_model("modernbert-base-fa4", cpu, torch.bfloat16)

@@ -15,11 +15,13 @@ DEFAULT_MODELS = ("neobert", "neobert-liger", "neobert-official", "bert-base", "
 # installed (else a row saying why; padded batches run SDPA whatever the kernel: a row saying so)
 ATTENTION_KERNEL_MODELS = ("neobert-flash_attn_4", "neobert-flash_attn_3", "neobert-flash_attn", "neobert-varlen_attn",
                            "neobert-xformers", "neobert-padded_sdpa")
-# modernbert-base-flex: ModernBERT-base through transformers' flex_attention (PyTorch's FlexAttention, compiled): its
-# block mask skips the blocks outside the sliding window of the local layers (2 of every 3), which SDPA computes and
-# masks. The best installable ModernBERT kernel without the flash-attn package (Figure 3 at best kernels).
-FLEX_MODELS = ("modernbert-base-flex",)
-MODEL_NAMES = DEFAULT_MODELS + ATTENTION_KERNEL_MODELS + FLEX_MODELS
+# ModernBERT-base at transformers' attention implementations that skip the blocks outside the sliding window of its
+# local layers (2 of every 3), which SDPA computes and masks: Figure 3 at ModernBERT's best installable kernels.
+# modernbert-base-flex: FlexAttention (PyTorch's, compiled; its block mask), on any machine;
+# modernbert-base-fa4: FlashAttention 4 (the flash-attn-4 package; Hopper and Blackwell GPUs), with FA4's local window.
+WINDOWED_MODELS = {"modernbert-base-flex": "flex_attention", "modernbert-base-fa4": "flash_attention_4"}
+FLEX_MODELS = tuple(name for name, attention in WINDOWED_MODELS.items() if attention == "flex_attention")
+MODEL_NAMES = DEFAULT_MODELS + ATTENTION_KERNEL_MODELS + tuple(WINDOWED_MODELS)
 LAYOUTS = ("full", "padded", "unpadded")
 MODES = ("inference", "training")
 DTYPES = ("auto", "float32", "bfloat16")

@@ -18,7 +18,6 @@ is `neobert.jobs.throughput.run_throughput`.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import time
 from dataclasses import dataclass, field
@@ -31,10 +30,10 @@ from torch import Tensor, nn
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, RobertaConfig
 
-from neobert.config.throughput import ATTENTION_KERNEL_MODELS, FLEX_MODELS, LAYOUTS
+from neobert.config.throughput import ATTENTION_KERNEL_MODELS, LAYOUTS, WINDOWED_MODELS
 from neobert.eval.flops import flops_per_token, matmul_params
 from neobert.model import NeoBERT, NeoBERTConfig
-from neobert.model.attention import attention_kernel_missing_reason, chosen_packed_kernel
+from neobert.model.attention import attention_kernel_missing_reason, chosen_packed_kernel, flash_attn_packages
 from neobert.model.kernels import liger_missing_reason
 
 OFFICIAL_HUB_NAME = "chandar-lab/NeoBERT"
@@ -124,12 +123,22 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
         attn = hf_attention(name, device)
         if attn == "flex_attention" and training and device.type != "cuda":
             raise ModelUnavailable("FlexAttention has no backward on a CPU (its training rows run on a GPU)")
+        if attn == "flash_attention_4":
+            unavailable = attention_kernel_missing_reason("flash_attn_4") or (
+                None if device.type == "cuda" else "FlashAttention 4 runs on CUDA GPUs only (Hopper, Blackwell)")
+            if unavailable:
+                raise ModelUnavailable(unavailable)
         module = AutoModel.from_config(config, attn_implementation=attn)
+        skipped = dict(NO_UNPADDED_PATH)
+        if attn == "flash_attention_2":
+            skipped = {}
+        elif attn == "flash_attention_4":  # transformers' packed form (position_ids) through FA4: not tried here
+            skipped = {"unpadded": "the packed form is timed with flash_attention_2 only"}
         bench = BenchModel(name, module, config.num_hidden_layers, config.hidden_size, _hf_max_length(name, config),
                            config.vocab_size, config.pad_token_id, _hf_forward,
-                           attention={layout: f"attention: {attn}" + FLEX_NOTE * (attn == "flex_attention")
+                           attention={layout: f"attention: {attn}" + WINDOW_NOTE * (name in WINDOWED_MODELS)
                                       for layout in LAYOUTS},
-                           skipped_layouts={} if attn == "flash_attention_2" else dict(NO_UNPADDED_PATH))
+                           skipped_layouts=skipped)
     bench.module.to(device=device, dtype=dtype)
     return bench
 
@@ -172,23 +181,19 @@ def _build_neobert(name: str, device: torch.device, compute_dtype: torch.dtype, 
                       config.vocab_size, config.pad_token_id, forward, attention, skipped)
 
 
-# The FLOP count is a dense encoder's: a flex row's local layers skip most of their attention, so its MFU and per-FLOP
-# ratios overstate (tokens/s is what Figure 3 compares).
-FLEX_NOTE = " (FLOPs counted dense; the sliding window's skipped blocks are not computed)"
+# The FLOP count is a dense encoder's: a windowed row's local layers skip most of their attention, so its MFU and
+# per-FLOP ratios overstate (tokens/s is what Figure 3 compares).
+WINDOW_NOTE = " (FLOPs counted dense; the sliding window's skipped blocks are not computed)"
 
 
 def hf_attention(name: str, device: torch.device) -> str:
     """The attention implementation a Hugging Face row runs: SDPA; ModernBERT's unpadding path (flash_attention_2)
-    where flash-attn is installed on a GPU; FlexAttention for modernbert-base-flex (FLEX_MODELS)."""
-    if name in FLEX_MODELS:
-        return "flex_attention"
-    if device.type == "cuda" and name == "modernbert-base" and _has_flash_attn():
+    where flash-attn 2 is installed on a GPU; a WINDOWED_MODELS row's own (FlexAttention, FlashAttention 4)."""
+    if name in WINDOWED_MODELS:
+        return WINDOWED_MODELS[name]
+    if device.type == "cuda" and name == "modernbert-base" and flash_attn_packages()[0]:
         return "flash_attention_2"
     return "sdpa"
-
-
-def _has_flash_attn() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
 
 
 def _build_official(code_dir: str | None) -> BenchModel:

@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Callable, Sequence
 
-from neobert.config.throughput import FLEX_MODELS, LAYOUTS, MODEL_NAMES, MODES
+from neobert.config.throughput import LAYOUTS, MODEL_NAMES, MODES, WINDOWED_MODELS
 from neobert.eval.throughput import ThroughputRow
 
 CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow)]
@@ -54,8 +54,8 @@ def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") ->
         lengths = sorted({r.seq_len for r in group if r.seq_len})
         names = [n for n in MODEL_NAMES if any(r.model == n for r in group)]
         cell = {(r.model, r.seq_len): r for r in group}
-        # why a model has no figures; and a flex row's attention, whose FLOPs are counted dense (FLEX_NOTE)
-        notes = {r.model: r.note for r in group if r.note.startswith("not available") or r.model in FLEX_MODELS}
+        # why a model has no figures; and a windowed row's attention, whose FLOPs are counted dense (WINDOW_NOTE)
+        notes = {r.model: r.note for r in group if r.note.startswith("not available") or r.model in WINDOWED_MODELS}
         header = "| model | " + " | ".join(str(n) for n in lengths) + " |"
         rule = "|---|" + "---:|" * len(lengths)
 
@@ -85,7 +85,7 @@ def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") ->
                 return "n/a"
             ours, theirs = cell[(reference, length)], cell[(name, length)]
             speed = ours.tokens_per_s / theirs.tokens_per_s
-            if name in FLEX_MODELS:  # its FLOPs are counted dense: a per-FLOP ratio would mislead
+            if name in WINDOWED_MODELS:  # its FLOPs are counted dense: a per-FLOP ratio would mislead
                 return f"{speed:.2f}x; n/a"
             per_flop = ours.achieved_flops / theirs.achieved_flops
             return f"{speed:.2f}x; {per_flop:.2f}x"

@@ -36,8 +36,9 @@
 #   attention_compiled  the same compiled (compile=true): varlen_attn against FA4's custom ops            ~3 min
 #   train            throughput training: eager, liger, bert-base                                        ~2 min
 #   infer            throughput inference: eager, liger, bert-base, modernbert-base                      ~2 min
-#   infer_flex       throughput inference at 1,024-4,096: ModernBERT with FlexAttention (its sliding window
-#                    skips blocks; no flash-attn wheel) against SDPA and neobert-liger: Figure 3 at best kernels ~3 min
+#   infer_flex       throughput inference at 1,024-4,096: ModernBERT with FlexAttention and, where unpacked,
+#                    FlashAttention 4 (their sliding windows skip blocks; no flash-attn wheel) against SDPA and
+#                    neobert-liger: Figure 3 at best kernels (runs from .gpu_fa4 alone too)                ~3.5 min
 #   compiled         throughput training compiled: neobert, bert-base                                    ~2 min
 #   infer_compiled   throughput inference compiled at 512: neobert, bert-base (the per-FLOP target)       ~2 min
 set -u
@@ -134,7 +135,8 @@ for step in $STEPS; do
                    'models=[neobert,neobert-liger,bert-base,modernbert-base]' 'batch_sizes=[16,32,64]' search_top=2 \
                    repeats=3 ;;
         infer_flex) throughput throughput_inference_flex 200 mode=inference 'lengths=[1024,2048,4096]' \
-                        'models=[neobert,neobert-liger,modernbert-base,modernbert-base-flex]' 'batch_sizes=[16]' \
+                        'models=[neobert,neobert-liger,modernbert-base,modernbert-base-flex,modernbert-base-fa4]' \
+                        'batch_sizes=[16]' \
                         search_top=1 repeats=3 ;;
         compiled) throughput throughput_compiled 100 mode=training 'lengths=[512]' 'models=[neobert,bert-base]' \
                       'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;

@@ -212,7 +212,7 @@ def install_flash_attn_4(monkeypatch, calls: list, backward_calls: list) -> None
 
     def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                                max_seqlen_k=None, *, return_lse=False):
-        assert qv is None and not torch.is_grad_enabled()  # the op's own backward, not FA4's autograd.Function
+        assert qv is None
         out, lse = _attention_and_lse_per_document(q, k, v, cu_seqlens_q)
         calls.append(("flash_attn_4", dict(cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, max_q=max_seqlen_q,
                                            max_k=max_seqlen_k, args=(), kwargs={}, lse=lse)))
@@ -221,7 +221,7 @@ def install_flash_attn_4(monkeypatch, calls: list, backward_calls: list) -> None
     def _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=False, softcap=0.0, *,
                         cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
         backward_calls.append(dict(lse=lse, cu_q=cu_seqlens_q, cu_k=cu_seqlens_k, max_q=max_seqlen_q,
-                                   max_k=max_seqlen_k, dout_contiguous=dout.is_contiguous()))
+                                   max_k=max_seqlen_k))
         # attention's gradient from the saved logsumexp (P = exp(S - lse)), as FlashAttention's backward computes it;
         # no autograd here: a custom op's backward runs below the autograd dispatch
         dq, dk, dv = (torch.zeros_like(tensor) for tensor in (q, k, v))
@@ -346,7 +346,6 @@ def test_flash_attn_4_gradients_come_from_its_backward_with_the_forwards_logsume
     for backward in kernels.fa4_backward_calls:  # layers run backwards in reverse order
         assert backward["lse"].data_ptr() == forward_lses.pop().data_ptr()  # the saved tensor itself
         assert backward["cu_q"].tolist() == CU_SEQLENS and backward["max_q"] == backward["max_k"] == 12
-        assert backward["dout_contiguous"]
     torch.testing.assert_close(hidden, hidden_ref, rtol=1e-5, atol=1e-5)
     for name, grad in grads.items():
         torch.testing.assert_close(grad, grads_ref[name], rtol=1e-4, atol=1e-6, msg=name)
@@ -387,18 +386,23 @@ FLASH_ATTN_2 = ["flash_attn/__init__.py", "flash_attn/cute/__init__.py", "flash_
 FLASH_ATTN_4 = ["flash_attn/cute/__init__.py", "flash_attn/cute/interface.py", "flash_attn_4-4.0.0b36.dist-info/METADATA"]
 
 
-@pytest.mark.parametrize("files, expected", [
-    ([], (False, False)),
-    (FLASH_ATTN_2, (True, False)),  # flash-attn 2 ships an early cute/ folder: not FlashAttention 4
-    (FLASH_ATTN_4, (False, True)),  # flash-attn-4 alone: flash_attn is a namespace package
-    (FLASH_ATTN_2 + FLASH_ATTN_4, (True, True)),  # both, one folder
+@pytest.mark.parametrize("folders, expected", [
+    ([[]], (False, False)),
+    ([FLASH_ATTN_2], (True, False)),  # flash-attn 2 ships an early cute/ folder: not FlashAttention 4
+    ([FLASH_ATTN_4], (False, True)),  # flash-attn-4 alone: flash_attn is a namespace package
+    ([FLASH_ATTN_2 + FLASH_ATTN_4], (True, True)),  # both, one folder
+    ([FLASH_ATTN_2, FLASH_ATTN_4], (True, False)),  # flash-attn 2 first on sys.path: its package hides FA4's folder
+    ([FLASH_ATTN_4, FLASH_ATTN_2], (True, False)),  # a regular package wins over a namespace portion wherever it is
 ])
-def test_flash_attn_packages_tells_flash_attn_2_from_flash_attn_4(monkeypatch, tmp_path, files, expected):
-    for name in files:
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text("Metadata-Version: 2.1\nName: flash-attn-4\nVersion: 4.0.0b36\n"
-                                     if name.endswith("METADATA") else "")
-    monkeypatch.setattr(sys, "path", [str(tmp_path)])  # these files only: no real install is seen
+def test_flash_attn_packages_tells_flash_attn_2_from_flash_attn_4(monkeypatch, tmp_path, folders, expected):
+    path = []
+    for index, files in enumerate(folders):  # each a folder on sys.path (a site-packages) holding these files
+        for name in files:
+            (tmp_path / str(index) / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / str(index) / name).write_text("Metadata-Version: 2.1\nName: flash-attn-4\nVersion: 4.0.0b36\n"
+                                                      if name.endswith("METADATA") else "")
+        path.append(str(tmp_path / str(index)))
+    monkeypatch.setattr(sys, "path", path)  # these files only: no real install is seen
     monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
     importlib.invalidate_caches()
     assert attention.flash_attn_packages() == expected

@@ -35,6 +35,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,19 +46,21 @@ from torch.nn.attention.varlen import varlen_attn
 
 
 def flash_attn_packages() -> tuple[bool, bool]:
-    """(flash-attn 2 installed, flash-attn-4 installed), read without importing either. Both install the package
+    """(flash-attn 2 importable, flash-attn-4 importable), read without importing either. Both install the package
     `flash_attn`, so finding that name says neither: flash-attn-4 installs only its `cute` folder (alone, `flash_attn`
     is a namespace package, with no __init__.py and no `flash_attn_varlen_func`), and flash-attn 2 (2.8.3) ships an
     early `flash_attn/cute/` of its own, without the CuTe DSL it imports. So flash-attn 2 is a regular package
-    `flash_attn`, and flash-attn-4 is known by its distribution's name."""
+    `flash_attn`, and flash-attn-4 is its distribution's `flash_attn` folder, where Python looks for the package's
+    modules (a regular flash-attn 2 found first elsewhere on sys.path hides it)."""
     spec = importlib.util.find_spec("flash_attn")
     if spec is None:
         return False, False
     try:
-        importlib.metadata.distribution("flash-attn-4")
+        flash_attn_4 = importlib.metadata.distribution("flash-attn-4")
     except importlib.metadata.PackageNotFoundError:
         return spec.origin is not None, False
-    return spec.origin is not None, True
+    searched = {Path(folder).resolve() for folder in spec.submodule_search_locations or ()}
+    return spec.origin is not None, Path(flash_attn_4.locate_file("flash_attn")).resolve() in searched
 
 
 _HAS_FLASH_ATTN_3 = importlib.util.find_spec("flash_attn_interface") is not None  # the flash_attn_3 package
@@ -238,15 +241,14 @@ def flash_attn_4_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max
     """FlashAttention 4 over packed documents: (out [T, heads, head_dim], logsumexp float32 [heads, T])."""
     from flash_attn.cute import flash_attn_varlen_func  # optional GPU kernel package (FlashAttention 4)
 
-    with torch.no_grad():  # the op's backward is registered below, not FA4's autograd.Function
-        out, lse = flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
-                                          max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen, return_lse=True)
-    return out, lse
+    # An op's body runs below autograd: FA4's autograd.Function records nothing here; the backward is registered below
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+                                  max_seqlen_k=max_seqlen, return_lse=True)
 
 
 @flash_attn_4_varlen.register_fake
 def _flash_attn_4_varlen_fake(q, k, v, cu_seqlens, max_seqlen):
-    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 @torch.library.custom_op("neobert::flash_attn_4_varlen_backward", mutates_args=())
@@ -255,8 +257,8 @@ def flash_attn_4_varlen_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tens
     """(dq, dk, dv) of `flash_attn_4_varlen`."""
     from flash_attn.cute.interface import _flash_attn_bwd  # optional GPU kernel package (FlashAttention 4)
 
-    dq, dk, dv = _flash_attn_bwd(q, k, v, out, grad_out.contiguous(), lse, cu_seqlens_q=cu_seqlens,
-                                 cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)
+    dq, dk, dv = _flash_attn_bwd(q, k, v, out, grad_out, lse, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
+                                 max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)
     return dq, dk, dv
 
 

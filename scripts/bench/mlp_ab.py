@@ -1,0 +1,105 @@
+"""NeoBERT's SwiGLU MLP (768 -> 2 x 2,048 -> 768) in bf16, forward + backward, each way it could run (issue 34):
+
+* eager: `neobert.model.layers.SwiGLU`, PyTorch's matmuls with silu(gate) * up between them (elementwise kernels
+  over the 2 x 2,048-wide activation);
+* compiled: the same module under `torch.compile` (Inductor fuses the elementwise work, not into the matmuls);
+* liger: `kernels=liger` (Liger-Kernel's fused SwiGLU between the same matmuls), where liger-kernel and a GPU are;
+* quack: QuACK's `mlp_func` (Dao-AILab's CuTe DSL GEMMs with SwiGLU fused into the first GEMM's epilogue forward
+  and its gradient into the backward GEMM's; `quack-kernels`, which comes with scripts/gpu/prepare_fa4.sh's
+  archive), on the same weights (`concat_layout`: gate then up, as `w12` stacks them), where it and a GPU are: a
+  candidate, not a path of the model. Untuned (`tuned=False`, QuACK's default tile for the GPU's generation): its
+  autotuner compiles dozens of configurations per GEMM, minutes per shape, too long for a lease.
+
+Each on the same rows, alternated, the median of `repeats`; and each output's, input gradient's and w12 gradient's
+largest error against float32 on the same bf16 input, over the float32 value's largest (a wrong weight layout
+would show here as an error near 1).
+
+    python scripts/bench/mlp_ab.py [ROWS=32768] [REPEATS=20]     # CUDA when there is a GPU, else the CPU
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import statistics
+import sys
+import time
+
+import torch
+
+from neobert.eval.throughput import synchronize
+from neobert.model import NeoBERTConfig
+from neobert.model.kernels import liger_missing_reason
+from neobert.model.layers import SwiGLU
+
+
+def timed(run, module, x, grad) -> float:
+    """Seconds of one forward + backward."""
+    x = x.detach().requires_grad_()
+    module.zero_grad(set_to_none=True)
+    synchronize(x.device)
+    start = time.perf_counter()
+    run(module, x).backward(grad)
+    synchronize(x.device)
+    return time.perf_counter() - start
+
+
+def errors(run, module, reference, x, grad) -> tuple[float, float, float]:
+    """Largest |value - float32's| over float32's largest: the output, x's gradient, w12's gradient."""
+    def forward_backward(run, module, x, grad):
+        x = x.detach().requires_grad_()
+        module.zero_grad(set_to_none=True)
+        out = run(module, x)
+        out.backward(grad)
+        return out.float(), x.grad.float(), module.w12.weight.grad.float()
+
+    got = forward_backward(run, module, x, grad)
+    expected = forward_backward(lambda m, x: m(x), reference, x.float(), grad.float())
+    return tuple(((g - e).abs().max() / e.abs().max()).item() for g, e in zip(got, expected))
+
+
+def main(rows: int = 32768, repeats: int = 20) -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    config = NeoBERTConfig.from_preset("neobert")
+    torch.manual_seed(0)
+    reference = SwiGLU(config.hidden_size, config.ffn_hidden_size).to(device)  # float32
+    x = torch.randn(rows, config.hidden_size, device=device).to(torch.bfloat16)
+    grad = torch.randn(rows, config.hidden_size, device=device).to(torch.bfloat16)
+
+    def module(kernels: str = "eager") -> SwiGLU:
+        copy = SwiGLU(config.hidden_size, config.ffn_hidden_size, kernels=kernels).to(device)
+        copy.load_state_dict(reference.state_dict())
+        return copy.to(torch.bfloat16)
+
+    variants = {"eager": (module(), lambda m, x: m(x))}
+    compiled = torch.compile(module())
+    variants["compiled"] = (compiled, lambda m, x: m(x))
+    if device.type == "cuda" and liger_missing_reason() is None:
+        variants["liger"] = (module("liger"), lambda m, x: m(x))
+    if device.type == "cuda" and importlib.util.find_spec("quack") is not None:
+        mlp_func = importlib.import_module("quack.mlp").mlp_func
+        variants["quack"] = (module(), lambda m, x: mlp_func(x, m.w12.weight, m.w3.weight, "swiglu", tuned=False,
+                                                             concat_layout=True))
+    for mlp, run in variants.values():  # warm-up: kernels compiled or tuned, allocator primed
+        timed(run, mlp, x, grad)
+    times = {name: [] for name in variants}
+    for _ in range(repeats):  # alternated, so that a change of clock or load falls on every variant
+        for name, (mlp, run) in variants.items():
+            times[name].append(timed(run, mlp, x, grad))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"SwiGLU MLP forward + backward, {rows:,} x {config.hidden_size} -> 2 x {config.ffn_hidden_size} bf16, "
+          f"{name}, torch {torch.__version__}, median of {repeats}")
+    # the two matmuls' FLOPs, forward (2 per multiply-add) and backward (twice the forward)
+    flops = 3 * 2 * rows * config.hidden_size * 3 * config.ffn_hidden_size
+    baseline = statistics.median(times["eager"])
+    for variant, samples in times.items():
+        median = statistics.median(samples)
+        mlp, run = variants[variant]
+        output, input_grad, w12_grad = errors(run, mlp, reference, x, grad)
+        print(f"  {variant:9s} {median * 1e3:8.3f} ms  {flops / median / 1e12:6.1f} TFLOP/s  {baseline / median:5.2f}x "
+              f"eager  max error vs float32: output {output:.2e}, x gradient {input_grad:.2e}, "
+              f"w12 gradient {w12_grad:.2e}")
+
+
+if __name__ == "__main__":
+    main(*(int(arg) for arg in sys.argv[1:]))

@@ -44,7 +44,6 @@ from torch import Tensor
 from torch.nn.attention.varlen import varlen_attn
 
 
-
 def flash_attn_packages() -> tuple[bool, bool]:
     """(flash-attn 2 importable, flash-attn-4 importable), read without importing either. Both install the package
     `flash_attn`, so finding that name says neither: flash-attn-4 installs only its `cute` folder (alone, `flash_attn`

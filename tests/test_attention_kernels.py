@@ -515,7 +515,8 @@ def _installed_kernels_on_cuda() -> list[str]:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the real attention kernels need a CUDA GPU")
 @pytest.mark.parametrize("kernel", _installed_kernels_on_cuda() or ["varlen_attn"])
-def test_each_installed_kernel_equals_padded_sdpa_on_cuda(kernel):
+@pytest.mark.parametrize("head_dim", [16, 64])  # the tiny preset's, and NeoBERT's (a kernel's tiles follow it)
+def test_each_installed_kernel_equals_padded_sdpa_on_cuda(kernel, head_dim):
     """The real kernels on a GPU, bf16, a packed batch of uneven documents (one empty, as a static batch's filler):
     the model's outputs against the padded_sdpa reference within bf16 tolerance, and every gradient as close to the
     float32 model's as padded_sdpa's own bf16 gradient is. Two bf16 paths cannot be compared with each other
@@ -523,12 +524,13 @@ def test_each_installed_kernel_equals_padded_sdpa_on_cuda(kernel):
     much as the kernel's (docs/benchmarks.md, 2026-11-26)."""
     torch.manual_seed(0)
     device = torch.device("cuda")
-    state = NeoBERT(NeoBERTConfig.from_preset("tiny", attention_backend="varlen")).state_dict()
+    shape = dict(attention_backend="varlen", hidden_size=4 * head_dim, intermediate_size=12 * head_dim)  # 4 heads
+    state = NeoBERT(NeoBERTConfig.from_preset("tiny", **shape)).state_dict()
     cu_seqlens = torch.tensor([0, 37, 37, 300, 512], dtype=torch.int32, device=device)
     ids = torch.randint(5, 30000, (512,), device=device)
 
     def run(chosen: str, dtype: torch.dtype) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        model = NeoBERT(NeoBERTConfig.from_preset("tiny", attention_backend="varlen", attention_kernel=chosen))
+        model = NeoBERT(NeoBERTConfig.from_preset("tiny", attention_kernel=chosen, **shape))
         model.load_state_dict(state)
         model.to(device=device, dtype=dtype)
         hidden = model(ids, cu_seqlens=cu_seqlens, max_seqlen=263).last_hidden_state

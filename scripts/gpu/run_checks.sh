@@ -24,6 +24,8 @@
 #                    (scripts/bench/norm_ab.py)                                                          ~0.3 min
 #   mlp              the SwiGLU MLP fwd + bwd in bf16: eager vs compiled vs Liger vs QuACK's GEMMs with SwiGLU
 #                    in their epilogues (where prepare_fa4.sh's archive brought quack; scripts/bench/mlp_ab.py) ~1 min
+#   rope             RoPE of q and k fwd + bwd in bf16 over packed documents: eager vs compiled vs QuACK's
+#                    interleaved varlen kernel where there (scripts/bench/rope_ab.py)                    ~0.5 min
 #   check_liger      gpu_check speed_only, kernels=liger (Liger's norms and SwiGLU), profile               ~2 min
 #   check_liger_fused   the same + fused_mlm_loss=true (Liger's fused linear cross-entropy head), profile ~2 min
 #   check_compiled   as check_blocks, the whole forward compiled (model.compile=true)                     ~4 min
@@ -49,7 +51,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests tests_fa4 norms mlp check_blocks check_packed check_fa4 check_blocks_fa4 check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled train infer infer_flex compiled infer_compiled}
+STEPS=${*:-tests tests_fa4 norms mlp rope check_blocks check_packed check_fa4 check_blocks_fa4 check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled train infer infer_flex compiled infer_compiled}
 STAGE=$(mktemp -d)
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
@@ -115,6 +117,8 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                    | tee -a "$LOG" ;;
         mlp) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 150 python3 scripts/bench/mlp_ab.py 32768 20 2>&1 \
                  | tail -8 | tee -a "$LOG" ;;
+        rope) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 90 python3 scripts/bench/rope_ab.py 32768 20 2>&1 \
+                  | tail -6 | tee -a "$LOG" ;;
         check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \
                                model.overrides.fused_mlm_loss=true ;;

@@ -1,0 +1,99 @@
+"""NeoBERT's RoPE over q and k of packed documents in bf16, forward + backward, each way it could run (issue 34):
+
+* eager: `neobert.model.attention.apply_rope`, what the model runs (q and k side by side in one pass over the fused
+  projection's view: a copy for the swapped pairs, then a multiply and a fused multiply-add);
+* compiled: the same under `torch.compile` (one fused kernel each way);
+* quack: QuACK's `apply_rotary_emb` (Dao-AILab's CuTe DSL kernel, `quack-kernels`, which comes with
+  scripts/gpu/prepare_fa4.sh's archive): `interleaved=True` rotates adjacent pairs, NeoBERT's layout (Liger's RoPE
+  rotates halves, so it would need q and k permuted); `cu_seqlens` restarts positions per document; q and k in one
+  call, as 128-wide vectors whose second half (k) takes the first half's frequencies again. Where it and a GPU are:
+  a candidate, not a path of the model.
+
+Each on the same view of a fused qkv projection, alternated, the median of `repeats`; and each output's and
+gradient's largest error against the float32 rotation, over its largest value.
+
+    python scripts/bench/rope_ab.py [TOKENS=32768] [REPEATS=20]     # CUDA when there is a GPU, else the CPU
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import statistics
+import sys
+import time
+
+import torch
+
+from neobert.eval.throughput import synchronize
+from neobert.model import NeoBERTConfig
+from neobert.model.attention import RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables
+
+DOCUMENT = 512  # tokens per packed document
+
+
+def timed(rotate, qk, grad) -> float:
+    """Seconds of one forward + backward."""
+    qk = qk.detach().requires_grad_()
+    synchronize(qk.device)
+    start = time.perf_counter()
+    rotate(qk).backward(grad)
+    synchronize(qk.device)
+    return time.perf_counter() - start
+
+
+def errors(rotate, reference, qk, grad) -> tuple[float, float]:
+    """Largest |value - float32's| over float32's largest: the output, and the gradient."""
+    def forward_backward(rotate, qk, grad):
+        qk = qk.detach().requires_grad_()
+        out = rotate(qk)
+        out.backward(grad)
+        return out.float(), qk.grad.float()
+
+    got = forward_backward(rotate, qk, grad)
+    expected = forward_backward(reference, qk.float(), grad.float())
+    return tuple(((g - e).abs().max() / e.abs().max()).item() for g, e in zip(got, expected))
+
+
+def main(tokens: int = 32768, repeats: int = 20) -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    config = NeoBERTConfig.from_preset("neobert")
+    heads, head_dim = config.num_attention_heads, config.head_dim
+    torch.manual_seed(0)
+    qkv = torch.randn(tokens, heads, 3 * head_dim, device=device).to(torch.bfloat16)  # the model's fused projection
+    qk = qkv[..., : 2 * head_dim]  # the strided view the model rotates
+    grad = torch.randn(tokens, heads, 2 * head_dim, device=device).to(torch.bfloat16)
+    cu_seqlens = torch.arange(0, tokens + 1, DOCUMENT, device=device, dtype=torch.int32)
+    positions = position_ids_from_cu_seqlens(cu_seqlens, tokens)
+    tables = RotaryTables.side_by_side(rope_tables(head_dim, positions, config.rope_theta), 2)
+
+    def reference(x):
+        return apply_rope(x, tables)
+
+    variants = {"eager": reference, "compiled": torch.compile(reference)}
+    if device.type == "cuda" and importlib.util.find_spec("quack") is not None:
+        apply_rotary_emb = importlib.import_module("quack.rotary").apply_rotary_emb
+        # by position, for q's and k's halves alike: (positions, 2 x head_dim / 2), float32
+        by_position = rope_tables(head_dim, torch.arange(DOCUMENT, device=device), config.rope_theta).repeat(1, 2, 1)
+        cos, sin = by_position[..., 0].contiguous(), by_position[..., 1].contiguous()
+        variants["quack"] = lambda x: apply_rotary_emb(x, cos, sin, interleaved=True, cu_seqlens=cu_seqlens,
+                                                       max_seqlen=DOCUMENT)
+    for rotate in variants.values():  # warm-up: kernels compiled, allocator primed
+        timed(rotate, qk, grad)
+    times = {name: [] for name in variants}
+    for _ in range(repeats):  # alternated, so that a change of clock or load falls on every variant
+        for name, rotate in variants.items():
+            times[name].append(timed(rotate, qk, grad))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"RoPE forward + backward of q and k, {tokens:,} tokens in documents of {DOCUMENT} x {heads} heads x "
+          f"{head_dim}, bf16, {name}, torch {torch.__version__}, median of {repeats}")
+    baseline = statistics.median(times["eager"])
+    for variant, samples in times.items():
+        median = statistics.median(samples)
+        output, gradient = errors(variants[variant], reference, qk, grad)
+        print(f"  {variant:9s} {median * 1e3:8.3f} ms  {baseline / median:5.2f}x eager  max error vs float32: "
+              f"output {output:.2e}, gradient {gradient:.2e}")
+
+
+if __name__ == "__main__":
+    main(*(int(arg) for arg in sys.argv[1:]))

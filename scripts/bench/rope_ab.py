@@ -55,6 +55,14 @@ def errors(rotate, reference, qk, grad) -> tuple[float, float]:
     return tuple(((g - e).abs().max() / e.abs().max()).item() for g, e in zip(got, expected))
 
 
+def interleaved_tables(head_dim: int, length: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin), float32 [length, head_dim]: by position, the table of flash-attn's and QuACK's interleaved rotary
+    (pair i of a vector turned by angle [position, i]) for q and k side by side as one 2 x head_dim vector, k's half
+    repeating q's frequencies (tests/test_bench_scripts.py checks it against `apply_rope`)."""
+    by_position = rope_tables(head_dim, torch.arange(length, device=device), theta).repeat(1, 2, 1)
+    return by_position[..., 0].contiguous(), by_position[..., 1].contiguous()
+
+
 def main(tokens: int = 32768, repeats: int = 20) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = NeoBERTConfig.from_preset("neobert")
@@ -73,9 +81,7 @@ def main(tokens: int = 32768, repeats: int = 20) -> None:
     variants = {"eager": reference, "compiled": torch.compile(reference)}
     if device.type == "cuda" and importlib.util.find_spec("quack") is not None:
         apply_rotary_emb = importlib.import_module("quack.rotary").apply_rotary_emb
-        # by position, for q's and k's halves alike: (positions, 2 x head_dim / 2), float32
-        by_position = rope_tables(head_dim, torch.arange(DOCUMENT, device=device), config.rope_theta).repeat(1, 2, 1)
-        cos, sin = by_position[..., 0].contiguous(), by_position[..., 1].contiguous()
+        cos, sin = interleaved_tables(head_dim, DOCUMENT, config.rope_theta, device)
         variants["quack"] = lambda x: apply_rotary_emb(x, cos, sin, interleaved=True, cu_seqlens=cu_seqlens,
                                                        max_seqlen=DOCUMENT)
     for rotate in variants.values():  # warm-up: kernels compiled, allocator primed

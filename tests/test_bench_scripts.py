@@ -1,0 +1,54 @@
+"""The A/B scripts a GPU lease runs (scripts/bench, run_checks.sh's steps `norms`, `mlp`, `rope`): each runs on CPU
+at a small size and prints every variant there with its errors against float32 (a script broken here would cost a
+lease's minutes), and the rotary tables QuACK's candidate gets turn q and k as the model does."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+
+from neobert.model import NeoBERTConfig
+from neobert.model.attention import RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables
+
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
+
+
+def bench(name: str) -> dict:
+    return runpy.run_path(str(BENCH / f"{name}.py"), run_name="bench")
+
+
+@pytest.mark.parametrize("script, size, variants", [
+    ("norm_ab", 512, ["F.rms_norm", "rms_norm_in_dtype"]),
+    ("mlp_ab", 256, ["eager", "compiled"]),
+    ("rope_ab", 1024, ["eager", "compiled"]),
+])
+def test_each_bench_runs_on_cpu_and_prints_every_variant_with_its_errors(capsys, script, size, variants):
+    torch._dynamo.reset()
+    bench(script)["main"](size, 1)
+    lines = capsys.readouterr().out.splitlines()
+    assert "CPU" in lines[0] and "median of 1" in lines[0]
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert list(rows) == variants
+    for row in rows.values():
+        errors = [float(word.rstrip(",")) for word in row.split("float32:")[1].split() if word[0].isdigit()]
+        assert errors and all(0 < error < 0.05 for error in errors)  # bf16 against float32, never a wrong layout
+
+
+def test_quacks_interleaved_tables_turn_q_and_k_as_apply_rope_does():
+    """flash-attn's and QuACK's interleaved rotary, written out: pair (2i, 2i+1) of each vector turned by angle
+    [position, i], positions restarting at each document (cu_seqlens); q and k as one vector of 2 x head_dim."""
+    config = NeoBERTConfig.from_preset("neobert")
+    heads, head_dim, document, tokens = config.num_attention_heads, config.head_dim, 64, 192
+    qk = torch.randn(tokens, heads, 2 * head_dim)
+    cu_seqlens = torch.arange(0, tokens + 1, document, dtype=torch.int32)
+    positions = position_ids_from_cu_seqlens(cu_seqlens, tokens)
+    expected = apply_rope(qk, RotaryTables.side_by_side(rope_tables(head_dim, positions, config.rope_theta), 2))
+    cos, sin = bench("rope_ab")["interleaved_tables"](head_dim, document, config.rope_theta, torch.device("cpu"))
+    assert cos.shape == sin.shape == (document, head_dim) and cos.is_contiguous() and sin.is_contiguous()
+    even, odd = qk[..., 0::2], qk[..., 1::2]
+    cos, sin = cos[positions][:, None, :], sin[positions][:, None, :]
+    turned = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+    torch.testing.assert_close(turned, expected, rtol=0, atol=1e-6)

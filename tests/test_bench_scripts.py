@@ -1,6 +1,7 @@
-"""The A/B scripts a GPU lease runs (scripts/bench, run_checks.sh's steps `norms`, `mlp`, `rope`): each runs on CPU
-at a small size and prints every variant there with its errors against float32 (a script broken here would cost a
-lease's minutes), and the rotary tables QuACK's candidate gets turn q and k as the model does."""
+"""The A/B scripts a GPU lease runs (scripts/bench, run_checks.sh's steps `norms`, `mlp`, `rope`): their timer
+(neobert.eval.ab.alternate) warms up, alternates, keeps medians and leaves out a candidate that fails; each script
+runs on CPU at a small size and prints every variant there with its errors against float32 (a script broken here
+would cost a lease's minutes); and the rotary tables QuACK's candidate gets turn q and k as the model does."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from neobert.eval.ab import alternate
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables
 
@@ -20,8 +22,25 @@ def bench(name: str) -> dict:
     return runpy.run_path(str(BENCH / f"{name}.py"), run_name="bench")
 
 
+def test_alternate_warms_up_then_alternates_keeps_medians_and_leaves_out_a_failing_candidate():
+    calls = []
+
+    def variant(name, seconds, fails=False):
+        def run():
+            calls.append(name)
+            if fails:
+                raise RuntimeError("no kernel for this GPU")
+            return seconds.pop(0) if len(seconds) > 1 else seconds[0]
+        return run
+
+    medians, failed = alternate({"a": variant("a", [9.0, 9.0, 3.0, 1.0, 2.0]), "b": variant("b", [5.0]),
+                                 "c": variant("c", [1.0], fails=True)}, repeats=3)
+    assert calls == ["a", "a", "b", "b", "c"] + ["a", "b"] * 3  # two warm-ups each, a failure stops at its first
+    assert medians == {"a": 2.0, "b": 5.0} and failed == {"c": "RuntimeError: no kernel for this GPU"}
+
+
 @pytest.mark.parametrize("script, size, variants", [
-    ("norm_ab", 512, ["F.rms_norm", "rms_norm_in_dtype"]),
+    ("norm_ab", 512, ["rms_norm_in_dtype", "F.rms_norm"]),
     ("mlp_ab", 256, ["eager", "compiled"]),
     ("rope_ab", 1024, ["eager", "compiled"]),
 ])

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
+from neobert.eval.ab import alternate
 from neobert.eval.throughput import synchronize
 from neobert.model.kernels import liger_missing_reason, liger_rms_norm
 from neobert.model.layers import rms_norm_in_dtype
@@ -63,24 +64,32 @@ def main(rows: int = 32768, repeats: int = 20) -> None:
                 "rms_norm_in_dtype": lambda x, w: rms_norm_in_dtype(x, w, EPS)}
     if device.type == "cuda" and liger_missing_reason() is None:
         variants["liger"] = lambda x, w: liger_rms_norm(x, w, EPS)
-    if device.type == "cuda" and importlib.util.find_spec("quack") is not None:
-        quack_rmsnorm = importlib.import_module("quack").rmsnorm
-        variants["quack"] = lambda x, w: quack_rmsnorm(x, w, eps=EPS)
-    for norm in variants.values():  # warm-up: kernels loaded, allocator primed
-        timed(norm, x, weight, grad)
-    times = {name: [] for name in variants}
-    for _ in range(repeats):  # alternated, so that a change of clock or load falls on every variant
-        for name, norm in variants.items():
-            times[name].append(timed(norm, x, weight, grad))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"RMSNorm forward + backward, {rows:,} x {HIDDEN} bf16, {name}, torch {torch.__version__}, "
           f"median of {repeats}")
-    reference = statistics.median(times["rms_norm_in_dtype"])
-    for variant, samples in times.items():
-        median = statistics.median(samples)
-        output_error, gradient_error = errors(variants[variant], x, weight, grad)
-        print(f"  {variant:18s} {median * 1e3:8.3f} ms  {reference / median:5.2f}x rms_norm_in_dtype  "
-              f"max error vs float32: output {output_error:.2e}, input gradient {gradient_error:.2e}")
+
+    def measure(norms: dict) -> None:
+        """Times `norms` in alternation with the reference and prints each: time, ratio, errors."""
+        norms = {"rms_norm_in_dtype": variants["rms_norm_in_dtype"], **norms}
+        medians, failed = alternate({variant: partial(timed, norm, x, weight, grad)
+                                     for variant, norm in norms.items()}, repeats)
+        for variant, why in failed.items():
+            print(f"  {variant:18s} not measured: {why}")
+        for variant, median in medians.items():
+            output_error, gradient_error = errors(norms[variant], x, weight, grad)
+            print(f"  {variant:18s} {median * 1e3:8.3f} ms  {medians['rms_norm_in_dtype'] / median:5.2f}x "
+                  f"rms_norm_in_dtype  max error vs float32: output {output_error:.2e}, input gradient "
+                  f"{gradient_error:.2e}")
+
+    measure(variants)
+    if device.type == "cuda" and importlib.util.find_spec("quack") is not None:
+        # a candidate in an alternation of its own after the others: failing or stalling, it costs only its row
+        try:
+            quack_rmsnorm = importlib.import_module("quack").rmsnorm
+        except Exception as err:  # an optional library's import: reported, not fatal
+            print(f"  {'quack':18s} not measured: {type(err).__name__}: {err}")
+        else:
+            measure({"quack": lambda x, w: quack_rmsnorm(x, w, eps=EPS)})
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@
 #                    step and one optimizer step of the DeepSpeed loop side by side (where its extra time goes) ~2.5 min
 #   check_packed     the same rows eager (no static shapes), profiled: check_blocks' reference            ~2.5 min
 #   tests_fa4        the attention kernels' CUDA test alone, FlashAttention 4 included where prepare_fa4.sh's archive
-#                    is unpacked (a call of its own: carry .gpu_fa4, no corpus; FA4 compiles its kernels first) ~1.5 min
+#                    is unpacked (a call of its own: carry .gpu_fa4, no corpus; FA4 compiles its kernels first,
+#                    for head_dim 16 and 64)                                                            ~2.5 min
 #   check_fa4        check_packed with model.overrides.attention_kernel=flash_attn_4 (needs FA4 unpacked by an earlier
 #                    call on the same warm machine, and .gpu's corpus)                                 ~2.5 min
 #   check_blocks_fa4 check_blocks with FlashAttention 4 (the same needs)                                  ~2.5 min
@@ -105,7 +106,7 @@ for step in $STEPS; do
         tests_fa4) python3 -c "from neobert.model import attention as a; assert a._HAS_FLASH_ATTN_4, 'not found'
 import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass', cutlass.__version__)" \
                        > "$RESULTS"/tests_fa4.txt 2>&1
-                   timeout 150 python3 -m pytest -q -p no:cacheprovider -rA --tb=short -k on_cuda \
+                   timeout 300 python3 -m pytest -q -p no:cacheprovider -rA --tb=short -k on_cuda \
                        tests/test_attention_kernels.py >> "$RESULTS"/tests_fa4.txt 2>&1
                    grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|flash_attn_4 found|Error" \
                        "$RESULTS"/tests_fa4.txt | tee -a "$LOG" ;;
@@ -115,10 +116,11 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$RESULTS"/tests.txt | tee -a "$LOG" ;;
         norms) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 60 python3 scripts/bench/norm_ab.py 32768 20 2>&1 \
                    | tee -a "$LOG" ;;
-        mlp) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 150 python3 scripts/bench/mlp_ab.py 32768 20 2>&1 \
+        # QuACK's candidates run last in their own alternation: a failure or a stall costs only their rows
+        mlp) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 180 python3 scripts/bench/mlp_ab.py 32768 20 2>&1 \
                  | tail -8 | tee -a "$LOG" ;;
-        rope) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 90 python3 scripts/bench/rope_ab.py 32768 20 2>&1 \
-                  | tail -6 | tee -a "$LOG" ;;
+        rope) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 120 python3 scripts/bench/rope_ab.py 32768 20 2>&1 \
+                  | tail -8 | tee -a "$LOG" ;;
         check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \
                                model.overrides.fused_mlm_loss=true ;;
@@ -150,7 +152,7 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         infer) throughput throughput_inference 90 mode=inference 'lengths=[512,1024,4096]' \
                    'models=[neobert,neobert-liger,bert-base,modernbert-base]' 'batch_sizes=[16,32,64]' search_top=2 \
                    repeats=3 ;;
-        infer_flex) throughput throughput_inference_flex 200 mode=inference 'lengths=[1024,2048,4096]' \
+        infer_flex) throughput throughput_inference_flex 280 mode=inference 'lengths=[1024,2048,4096]' \
                         'models=[neobert,neobert-liger,modernbert-base,modernbert-base-flex,modernbert-base-fa4]' \
                         'batch_sizes=[16]' \
                         search_top=1 repeats=3 ;;

@@ -383,7 +383,8 @@ def test_flash_attn_4_compiles_into_one_graph_with_the_model(monkeypatch):
 
 
 FLASH_ATTN_2 = ["flash_attn/__init__.py", "flash_attn/cute/__init__.py", "flash_attn/cute/interface.py"]  # 2.8.3's
-FLASH_ATTN_4 = ["flash_attn/cute/__init__.py", "flash_attn/cute/interface.py", "flash_attn_4-4.0.0b36.dist-info/METADATA"]
+FLASH_ATTN_4 = ["flash_attn/cute/__init__.py", "flash_attn/cute/interface.py",
+                "flash_attn_4-4.0.0b36.dist-info/METADATA"]
 
 
 @pytest.mark.parametrize("folders, expected", [

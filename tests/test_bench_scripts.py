@@ -6,12 +6,13 @@ would cost a lease's minutes); and the rotary tables QuACK's candidate gets turn
 from __future__ import annotations
 
 import runpy
+import statistics
 from pathlib import Path
 
 import pytest
 import torch
 
-from neobert.eval.ab import alternate
+from neobert.eval.ab import alternate, compare, optional_attribute
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables
 
@@ -37,6 +38,26 @@ def test_alternate_warms_up_then_alternates_keeps_medians_and_leaves_out_a_faili
                                  "c": variant("c", [1.0], fails=True)}, repeats=3)
     assert calls == ["a", "a", "b", "b", "c"] + ["a", "b"] * 3  # two warm-ups each, a failure stops at its first
     assert medians == {"a": 2.0, "b": 5.0} and failed == {"c": "RuntimeError: no kernel for this GPU"}
+
+
+def test_compare_describes_each_variant_against_the_first_and_refuses_a_failed_reference():
+    def fails(seconds):
+        raise ValueError("tile does not fit")
+
+    lines = compare({"eager": 2.0, "fast": 1.0, "broken": None}, lambda s: fails(s) if s is None else s,
+                    lambda seconds, median, reference: f"{median:.1f} s, {reference / median:.1f}x", 3, width=6)
+    assert lines == ["  broken not measured: ValueError: tile does not fit", "  eager  2.0 s, 1.0x",
+                     "  fast   1.0 s, 2.0x"]
+    with pytest.raises(RuntimeError, match="the reference 'broken' failed: ValueError"):
+        compare({"broken": None, "eager": 2.0}, lambda s: fails(s) if s is None else s, lambda *a: "", 1, width=6)
+
+
+def test_optional_attribute_says_why_a_candidate_library_is_missing_or_fails(monkeypatch, tmp_path):
+    (tmp_path / "broken_kernels.py").write_text("raise ImportError('needs sm90')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert optional_attribute("no_such_kernels.mlp", "mlp_func") == (None, "no_such_kernels is not installed")
+    assert optional_attribute("broken_kernels", "rmsnorm") == (None, "ImportError: needs sm90")
+    assert optional_attribute("statistics", "median") == (statistics.median, None)
 
 
 @pytest.mark.parametrize("script, size, variants", [

@@ -3,14 +3,20 @@
 Each variant is a callable that runs one iteration and returns its seconds. All are warmed up (twice: a compiled
 variant can compile again at its second call, when a guard sees what the first call changed, such as a cache the
 compiled code filled), then timed in alternation (A, B, C, A, B, C, ...), so that a change of clock or load falls on
-every variant alike, and the median is kept. A variant whose warm-up raises (an optional kernel library on a GPU it does not support, a compile error)
-is left out with the reason, and the others are still measured: a candidate cannot cost a lease its baseline.
+every variant alike, and the median is kept. A variant whose warm-up raises (an optional kernel library on a GPU it
+does not support, a compile error) is left out with the reason, and the others are still measured: a candidate
+cannot cost a lease its baseline.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import statistics
-from typing import Callable
+from functools import partial
+from typing import Any, Callable
+
+import torch
 
 
 def alternate(variants: dict[str, Callable[[], float]], repeats: int,
@@ -29,3 +35,33 @@ def alternate(variants: dict[str, Callable[[], float]], repeats: int,
         for name, run in kept.items():
             times[name].append(run())
     return {name: statistics.median(samples) for name, samples in times.items()}, failed
+
+
+def compare(variants: dict[str, Any], time_one: Callable[[Any], float], describe: Callable[[Any, float, float], str],
+            repeats: int, width: int) -> list[str]:
+    """One line per variant (the first is the reference): its name padded to `width`, then `describe(variant, its
+    median seconds, the reference's)`, or why it was not measured. Raises when the reference itself fails."""
+    medians, failed = alternate({name: partial(time_one, variant) for name, variant in variants.items()}, repeats)
+    reference = next(iter(variants))
+    if reference in failed:
+        raise RuntimeError(f"the reference {reference!r} failed: {failed[reference]}")
+    lines = [f"  {name:{width}s} not measured: {why}" for name, why in failed.items()]
+    return lines + [f"  {name:{width}s} {describe(variants[name], median, medians[reference])}"
+                    for name, median in medians.items()]
+
+
+def optional_attribute(module: str, attribute: str) -> tuple[Any | None, str | None]:
+    """`module.attribute` of an optional library, a candidate of an A/B script: (it, None), or (None, why) where the
+    library is not installed or its import fails (e.g. a GPU library on a machine it does not support)."""
+    package = module.split(".")[0]
+    if importlib.util.find_spec(package) is None:
+        return None, f"{package} is not installed"
+    try:
+        return getattr(importlib.import_module(module), attribute), None
+    except Exception as err:  # any failure of an optional library's import: reported, never fatal to the script
+        return None, f"{type(err).__name__}: {err}"
+
+
+def device_label(device: torch.device) -> str:
+    """The machine an A/B script timed, in its header: the GPU's name, or the CPU and its threads."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"

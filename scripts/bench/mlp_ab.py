@@ -19,15 +19,12 @@ would show here as an error near 1).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 import time
-from functools import partial
 
 import torch
 
-from neobert.eval.ab import alternate
+from neobert.eval.ab import compare, device_label, optional_attribute
 from neobert.eval.throughput import synchronize
 from neobert.model import NeoBERTConfig
 from neobert.model.kernels import liger_missing_reason
@@ -63,46 +60,44 @@ def main(rows: int = 32768, repeats: int = 20) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = NeoBERTConfig.from_preset("neobert")
     torch.manual_seed(0)
-    reference = SwiGLU(config.hidden_size, config.ffn_hidden_size).to(device)  # float32
+    reference_mlp = SwiGLU(config.hidden_size, config.ffn_hidden_size).to(device)  # float32
     x = torch.randn(rows, config.hidden_size, device=device).to(torch.bfloat16)
     grad = torch.randn(rows, config.hidden_size, device=device).to(torch.bfloat16)
 
     def module(kernels: str = "eager") -> SwiGLU:
         copy = SwiGLU(config.hidden_size, config.ffn_hidden_size, kernels=kernels).to(device)
-        copy.load_state_dict(reference.state_dict())
+        copy.load_state_dict(reference_mlp.state_dict())
         return copy.to(torch.bfloat16)
 
     variants = {"eager": (module(), lambda m, x: m(x))}
     variants["compiled"] = (torch.compile(module()), lambda m, x: m(x))
     if device.type == "cuda" and liger_missing_reason() is None:
         variants["liger"] = (module("liger"), lambda m, x: m(x))
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"SwiGLU MLP forward + backward, {rows:,} x {config.hidden_size} -> 2 x {config.ffn_hidden_size} bf16, "
-          f"{name}, torch {torch.__version__}, median of {repeats}")
+          f"{device_label(device)}, torch {torch.__version__}, median of {repeats}")
     # the two matmuls' FLOPs, forward (2 per multiply-add) and backward (twice the forward)
     flops = 3 * 2 * rows * config.hidden_size * 3 * config.ffn_hidden_size
 
     def measure(mlps: dict) -> None:
         """Times `mlps` in alternation with eager and prints each: time, TFLOP/s, ratio, errors."""
-        mlps = {"eager": variants["eager"], **mlps}
-        medians, failed = alternate({variant: partial(timed, run, mlp, x, grad)
-                                     for variant, (mlp, run) in mlps.items()}, repeats)
-        for variant, why in failed.items():
-            print(f"  {variant:9s} not measured: {why}")
-        for variant, median in medians.items():
-            mlp, run = mlps[variant]
-            output, input_grad, w12_grad = errors(run, mlp, reference, x, grad)
-            print(f"  {variant:9s} {median * 1e3:8.3f} ms  {flops / median / 1e12:6.1f} TFLOP/s  "
-                  f"{medians['eager'] / median:5.2f}x eager  max error vs float32: output {output:.2e}, "
-                  f"x gradient {input_grad:.2e}, w12 gradient {w12_grad:.2e}")
+        def describe(variant, median: float, eager: float) -> str:
+            mlp, run = variant
+            output, input_grad, w12_grad = errors(run, mlp, reference_mlp, x, grad)
+            return (f"{median * 1e3:8.3f} ms  {flops / median / 1e12:6.1f} TFLOP/s  {eager / median:5.2f}x eager  "
+                    f"max error vs float32: output {output:.2e}, x gradient {input_grad:.2e}, w12 gradient "
+                    f"{w12_grad:.2e}")
+
+        def time_one(variant) -> float:
+            mlp, run = variant
+            return timed(run, mlp, x, grad)
+
+        print("\n".join(compare({"eager": variants["eager"], **mlps}, time_one, describe, repeats, width=9)))
 
     measure(variants)
-    if device.type == "cuda" and importlib.util.find_spec("quack") is not None:
-        # a candidate in an alternation of its own after the others: failing or stalling, it costs only its row
-        try:
-            mlp_func = importlib.import_module("quack.mlp").mlp_func
-        except Exception as err:  # an optional library's import: reported, not fatal
-            print(f"  {'quack':9s} not measured: {type(err).__name__}: {err}")
+    if device.type == "cuda":  # QuACK, a candidate in an alternation of its own: failing or stalling costs its row
+        mlp_func, why = optional_attribute("quack.mlp", "mlp_func")
+        if mlp_func is None:
+            print(f"  {'quack':9s} not measured: {why}")
         else:
             measure({"quack": (module(), lambda m, x: mlp_func(x, m.w12.weight, m.w3.weight, "swiglu", tuned=False,
                                                                concat_layout=True))})

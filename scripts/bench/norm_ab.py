@@ -15,16 +15,13 @@ against float32 on the same bf16 input.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 import time
-from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-from neobert.eval.ab import alternate
+from neobert.eval.ab import compare, device_label, optional_attribute
 from neobert.eval.throughput import synchronize
 from neobert.model.kernels import liger_missing_reason, liger_rms_norm
 from neobert.model.layers import rms_norm_in_dtype
@@ -64,30 +61,24 @@ def main(rows: int = 32768, repeats: int = 20) -> None:
                 "rms_norm_in_dtype": lambda x, w: rms_norm_in_dtype(x, w, EPS)}
     if device.type == "cuda" and liger_missing_reason() is None:
         variants["liger"] = lambda x, w: liger_rms_norm(x, w, EPS)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"RMSNorm forward + backward, {rows:,} x {HIDDEN} bf16, {name}, torch {torch.__version__}, "
-          f"median of {repeats}")
+    print(f"RMSNorm forward + backward, {rows:,} x {HIDDEN} bf16, {device_label(device)}, "
+          f"torch {torch.__version__}, median of {repeats}")
 
     def measure(norms: dict) -> None:
         """Times `norms` in alternation with the reference and prints each: time, ratio, errors."""
-        norms = {"rms_norm_in_dtype": variants["rms_norm_in_dtype"], **norms}
-        medians, failed = alternate({variant: partial(timed, norm, x, weight, grad)
-                                     for variant, norm in norms.items()}, repeats)
-        for variant, why in failed.items():
-            print(f"  {variant:18s} not measured: {why}")
-        for variant, median in medians.items():
-            output_error, gradient_error = errors(norms[variant], x, weight, grad)
-            print(f"  {variant:18s} {median * 1e3:8.3f} ms  {medians['rms_norm_in_dtype'] / median:5.2f}x "
-                  f"rms_norm_in_dtype  max error vs float32: output {output_error:.2e}, input gradient "
-                  f"{gradient_error:.2e}")
+        def describe(norm, median: float, reference: float) -> str:
+            output_error, gradient_error = errors(norm, x, weight, grad)
+            return (f"{median * 1e3:8.3f} ms  {reference / median:5.2f}x rms_norm_in_dtype  max error vs float32: "
+                    f"output {output_error:.2e}, input gradient {gradient_error:.2e}")
+
+        print("\n".join(compare({"rms_norm_in_dtype": variants["rms_norm_in_dtype"], **norms},
+                                lambda norm: timed(norm, x, weight, grad), describe, repeats, width=18)))
 
     measure(variants)
-    if device.type == "cuda" and importlib.util.find_spec("quack") is not None:
-        # a candidate in an alternation of its own after the others: failing or stalling, it costs only its row
-        try:
-            quack_rmsnorm = importlib.import_module("quack").rmsnorm
-        except Exception as err:  # an optional library's import: reported, not fatal
-            print(f"  {'quack':18s} not measured: {type(err).__name__}: {err}")
+    if device.type == "cuda":  # QuACK, a candidate in an alternation of its own: failing or stalling costs its row
+        quack_rmsnorm, why = optional_attribute("quack", "rmsnorm")
+        if quack_rmsnorm is None:
+            print(f"  {'quack':18s} not measured: {why}")
         else:
             measure({"quack": lambda x, w: quack_rmsnorm(x, w, eps=EPS)})
 

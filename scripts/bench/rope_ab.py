@@ -17,15 +17,12 @@ gradient's largest error against the float32 rotation, over its largest value.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 import time
-from functools import partial
 
 import torch
 
-from neobert.eval.ab import alternate
+from neobert.eval.ab import compare, device_label, optional_attribute
 from neobert.eval.throughput import synchronize
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables
@@ -56,7 +53,8 @@ def errors(rotate, reference, qk, grad) -> tuple[float, float]:
     return tuple(((g - e).abs().max() / e.abs().max()).item() for g, e in zip(got, expected))
 
 
-def interleaved_tables(head_dim: int, length: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def interleaved_tables(head_dim: int, length: int, theta: float,
+                       device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin), float32 [length, head_dim]: by position, the table of flash-attn's and QuACK's interleaved rotary
     (pair i of a vector turned by angle [position, i]) for q and k side by side as one 2 x head_dim vector, k's half
     repeating q's frequencies (tests/test_bench_scripts.py checks it against `apply_rope`)."""
@@ -82,29 +80,24 @@ def main(tokens: int = 32768, repeats: int = 20) -> None:
         return apply_rope(x, tables)
 
     variants = {"eager": reference, "compiled": torch.compile(reference)}
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"RoPE forward + backward of q and k, {tokens:,} tokens in documents of {DOCUMENT} x {heads} heads x "
-          f"{head_dim}, bf16, {name}, torch {torch.__version__}, median of {repeats}")
+          f"{head_dim}, bf16, {device_label(device)}, torch {torch.__version__}, median of {repeats}")
 
     def measure(rotations: dict) -> None:
         """Times `rotations` in alternation with eager and prints each: time, ratio, errors."""
-        rotations = {"eager": reference, **rotations}
-        medians, failed = alternate({variant: partial(timed, rotate, qk, grad)
-                                     for variant, rotate in rotations.items()}, repeats)
-        for variant, why in failed.items():
-            print(f"  {variant:9s} not measured: {why}")
-        for variant, median in medians.items():
-            output, gradient = errors(rotations[variant], reference, qk, grad)
-            print(f"  {variant:9s} {median * 1e3:8.3f} ms  {medians['eager'] / median:5.2f}x eager  max error vs "
-                  f"float32: output {output:.2e}, gradient {gradient:.2e}")
+        def describe(rotate, median: float, eager: float) -> str:
+            output, gradient = errors(rotate, reference, qk, grad)
+            return (f"{median * 1e3:8.3f} ms  {eager / median:5.2f}x eager  max error vs float32: output "
+                    f"{output:.2e}, gradient {gradient:.2e}")
+
+        print("\n".join(compare({"eager": reference, **rotations}, lambda rotate: timed(rotate, qk, grad), describe,
+                                repeats, width=9)))
 
     measure(variants)
-    if device.type == "cuda" and importlib.util.find_spec("quack") is not None:
-        # a candidate in an alternation of its own after the others: failing or stalling, it costs only its row
-        try:
-            apply_rotary_emb = importlib.import_module("quack.rotary").apply_rotary_emb
-        except Exception as err:  # an optional library's import: reported, not fatal
-            print(f"  {'quack':9s} not measured: {type(err).__name__}: {err}")
+    if device.type == "cuda":  # QuACK, a candidate in an alternation of its own: failing or stalling costs its row
+        apply_rotary_emb, why = optional_attribute("quack.rotary", "apply_rotary_emb")
+        if apply_rotary_emb is None:
+            print(f"  {'quack':9s} not measured: {why}")
         else:
             cos, sin = interleaved_tables(head_dim, DOCUMENT, config.rope_theta, device)
             measure({"quack": lambda x: apply_rotary_emb(x, cos, sin, interleaved=True, cu_seqlens=cu_seqlens,

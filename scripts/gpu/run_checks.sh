@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # On a GPU machine: the checks of docs/benchmarks.md's GPU sections, each with its own time limit, so a short lease
 # still returns what finished. Reads what scripts/gpu/prepare_offline.sh wrote (wheels are installed into /tmp/site
-# when present), or scripts/gpu/prepare_fa4.sh's archive (unpacked there: PREPARED=.gpu_fa4). RESULTS (default: $OUT, else runs/gpu_checks) gets three files, so that a device call brings all
-# back (it returns at most 8): log.txt (every step's summary and report), tests.txt (the CUDA tests' whole output)
-# and checks.tgz (each gpu_check's report, JSON and profile tables, each throughput CSV), packed again after every
-# step so that a call cut short still returns what finished.
+# when present), or scripts/gpu/prepare_fa4.sh's archive (unpacked there: PREPARED=.gpu_fa4). RESULTS (default:
+# $OUT, else runs/gpu_checks) gets these files, so that a device call brings all back (it returns at most 8):
+# log.txt (every step's summary and report), tests.txt and tests_fa4.txt (the CUDA tests' whole output) and
+# checks.tgz (each gpu_check's report, JSON and profile tables, each throughput CSV), packed again after every step
+# so that a call cut short still returns what finished.
 #   bash scripts/gpu/run_checks.sh [PREPARED=.gpu] [RESULTS] [STEP ...]
 # STEPs, most wanted first (the default: all of them in this order; a device call runs 10 minutes at most, so name
 # the ones that fit):
@@ -80,6 +81,11 @@ throughput() {
     timeout "$seconds" python3 -m experiments.throughput "$@" output_dir=/tmp/"$name" 2>&1 | tail -16 | tee -a "$LOG"
     cp /tmp/"$name"/throughput.csv "$STAGE"/"$name".csv
 }
+# bench NAME SECONDS: an A/B script of scripts/bench over 32,768 rows, 20 alternations, its table logged
+bench() {
+    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$2" python3 scripts/bench/"$1".py 32768 20 2>&1 \
+        | tail -12 | tee -a "$LOG"
+}
 # gpu_check NAME SECONDS key=value...: experiments.gpu_check --config neobert on the prepared corpus and tokenizer,
 # 16 steps (4 warm-up steps left out of tokens/s; with profile=true, profile_steps=1 and the step the profiler stops
 # in too); its report, JSON, profile tables and the ceiling's trace kept in checks.tgz as NAME/ (the loop's trace,
@@ -114,13 +120,10 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                    tests/test_attention_kernels.py tests/test_compile_mode.py tests/test_bf16_path.py \
                    > "$RESULTS"/tests.txt 2>&1
                grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$RESULTS"/tests.txt | tee -a "$LOG" ;;
-        norms) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 60 python3 scripts/bench/norm_ab.py 32768 20 2>&1 \
-                   | tee -a "$LOG" ;;
         # QuACK's candidates run last in their own alternation: a failure or a stall costs only their rows
-        mlp) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 180 python3 scripts/bench/mlp_ab.py 32768 20 2>&1 \
-                 | tail -8 | tee -a "$LOG" ;;
-        rope) PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout 120 python3 scripts/bench/rope_ab.py 32768 20 2>&1 \
-                  | tail -8 | tee -a "$LOG" ;;
+        norms) bench norm_ab 60 ;;
+        mlp) bench mlp_ab 180 ;;
+        rope) bench rope_ab 120 ;;
         check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \
                                model.overrides.fused_mlm_loss=true ;;
@@ -131,7 +134,8 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         check_fa4) gpu_check check_fa4 220 speed_only=true profile=true data.packing=best_fit \
                        model.overrides.attention_kernel=flash_attn_4 ;;
         check_blocks_fa4) gpu_check check_blocks_fa4 260 speed_only=true profile=true data.packing=best_fit \
-                              model.compile=true model.compile_scope=blocks model.overrides.attention_kernel=flash_attn_4 ;;
+                              model.compile=true model.compile_scope=blocks \
+                              model.overrides.attention_kernel=flash_attn_4 ;;
         check_blocks_fused) gpu_check check_blocks_fused 200 speed_only=true data.packing=best_fit model.compile=true \
                                 model.compile_scope=blocks model.overrides.fused_mlm_loss=true ;;
         check_compiled) gpu_check check_compiled 300 speed_only=true data.packing=best_fit model.compile=true ;;
@@ -154,8 +158,7 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                    repeats=3 ;;
         infer_flex) throughput throughput_inference_flex 280 mode=inference 'lengths=[1024,2048,4096]' \
                         'models=[neobert,neobert-liger,modernbert-base,modernbert-base-flex,modernbert-base-fa4]' \
-                        'batch_sizes=[16]' \
-                        search_top=1 repeats=3 ;;
+                        'batch_sizes=[16]' search_top=1 repeats=3 ;;
         compiled) throughput throughput_compiled 100 mode=training 'lengths=[512]' 'models=[neobert,bert-base]' \
                       'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
         infer_compiled) throughput throughput_inference_compiled 120 mode=inference 'lengths=[512]' \

@@ -101,21 +101,29 @@ def test_the_choice_is_the_machines_not_written_to_config_json(tmp_path, install
 
 
 # ---------------------------------------------------------------------------------------------- resolution
-@pytest.mark.parametrize("hopper, fa3, fa2, xformers, dtype, dropout, expected", [
-    (True, True, True, True, torch.bfloat16, 0.0, "flash_attn_3"),
-    (True, True, True, True, torch.float16, 0.0, "flash_attn_3"),
-    (False, True, True, True, torch.bfloat16, 0.0, "flash_attn"),  # FA3 on Hopper (sm90) only
-    (True, True, True, True, torch.bfloat16, 0.1, "flash_attn"),  # FA3 has no dropout
-    (True, True, False, False, torch.bfloat16, 0.0, "flash_attn_3"),
-    (True, False, False, False, torch.bfloat16, 0.0, "varlen_attn"),
-    (True, True, False, False, torch.bfloat16, 0.1, "padded_sdpa"),
-    (False, False, False, True, torch.bfloat16, 0.1, "xformers"),
-    (True, True, True, True, torch.float32, 0.0, "padded_sdpa"),  # FlashAttention takes half precision only
+HOPPER, BLACKWELL, AMPERE = (9, 0), (10, 0), (8, 0)
+
+
+@pytest.mark.parametrize("capability, fa3, fa4, fa2, xformers, dtype, dropout, expected", [
+    (HOPPER, True, True, True, True, torch.bfloat16, 0.0, "flash_attn_3"),
+    (HOPPER, True, True, True, True, torch.float16, 0.0, "flash_attn_3"),
+    (HOPPER, False, True, True, True, torch.bfloat16, 0.0, "flash_attn_4"),  # measured faster than FlashAttention 2
+    (BLACKWELL, True, True, True, True, torch.bfloat16, 0.0, "flash_attn_4"),  # FA3 on Hopper (sm90) only
+    (BLACKWELL, True, False, True, True, torch.bfloat16, 0.0, "flash_attn"),
+    (AMPERE, True, True, True, True, torch.bfloat16, 0.0, "flash_attn"),  # FA4 on sm90/sm100 only
+    (AMPERE, False, True, False, False, torch.bfloat16, 0.0, "varlen_attn"),
+    ((12, 0), False, True, False, False, torch.bfloat16, 0.0, "varlen_attn"),  # consumer Blackwell is not sm100
+    (HOPPER, True, True, True, True, torch.bfloat16, 0.1, "flash_attn"),  # FA3 and FA4 have no dropout
+    (HOPPER, True, False, False, False, torch.bfloat16, 0.0, "flash_attn_3"),
+    (HOPPER, False, False, False, False, torch.bfloat16, 0.0, "varlen_attn"),
+    (HOPPER, True, True, False, False, torch.bfloat16, 0.1, "padded_sdpa"),
+    (AMPERE, False, False, False, True, torch.bfloat16, 0.1, "xformers"),
+    (HOPPER, True, True, True, True, torch.float32, 0.0, "padded_sdpa"),  # FlashAttention takes half precision only
 ])
-def test_auto_takes_the_fastest_kernel_that_runs_the_step(monkeypatch, hopper, fa3, fa2, xformers, dtype, dropout,
-                                                          expected):
-    monkeypatch.setattr(attention, "_on_hopper", lambda: hopper)
-    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)  # explicit only: auto never takes it (not yet measured)
+def test_auto_takes_the_fastest_kernel_that_runs_the_step(monkeypatch, capability, fa3, fa4, fa2, xformers, dtype,
+                                                          dropout, expected):
+    monkeypatch.setattr(attention, "_cuda_capability", lambda: capability)
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", fa4)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", fa3)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN", fa2)
     monkeypatch.setattr(attention, "_HAS_XFORMERS", xformers)
@@ -124,9 +132,25 @@ def test_auto_takes_the_fastest_kernel_that_runs_the_step(monkeypatch, hopper, f
     assert chosen_packed_kernel("auto", "cpu", dtype, dropout) == "padded_sdpa"
 
 
+def test_auto_reads_the_gpu_generation_without_a_graph_break(monkeypatch):
+    """`auto` runs inside every compiled layer: the capability is a constant to Dynamo, not a break per layer. The
+    device query here is one Dynamo cannot trace (as a real one may not be): tracing into it would break the graph."""
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)  # so that the choice reads the capability
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", torch.compiler.disable(lambda: HOPPER))
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: None)  # Dynamo keeps a "GPU's" random state
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state: None)
+    torch._dynamo.reset()
+    step = torch.compile(lambda x: x + 1 if packed_kernel("cuda", torch.bfloat16, 0.0) == "flash_attn_4" else x * 2,
+                         fullgraph=True, backend="eager")
+    assert step(torch.full((2,), 3.0)).tolist() == [4.0, 4.0]
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("kernel", EXPLICIT)
 def test_an_explicit_kernel_runs_as_asked_on_cuda_and_padded_sdpa_elsewhere(monkeypatch, kernel):
-    monkeypatch.setattr(attention, "_on_hopper", lambda: False)  # no check of the GPU's generation when asked for
+    monkeypatch.setattr(attention, "_cuda_capability", lambda: AMPERE)  # no check of the GPU's generation when asked for
     assert chosen_packed_kernel(kernel, "cuda", torch.bfloat16, 0.0) == kernel
     for device_type in ("cpu", "meta"):  # as Liger's kernels fall back to eager on CPU tensors
         assert chosen_packed_kernel(kernel, device_type, torch.float32, 0.1) == "padded_sdpa"
@@ -160,12 +184,21 @@ def test_the_preflight_words_follow_the_choice_and_refuse_what_cannot_run(monkey
     with pytest.raises(ValueError, match="attention_kernel='varlen_attn' has no attention dropout"):
         training_attention_kernel("best_fit", "varlen", "cuda", dropout=0.1, kernel="varlen_attn")
     # auto looks at the GPU it runs on: a preflight without one says what a Hopper GPU would run
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)
+    monkeypatch.setattr(attention, "_cuda_capability", lambda: (0, 0))
+    assert "FlashAttention 4's instead on a Hopper or Blackwell GPU" in training_attention_kernel("best_fit", "varlen",
+                                                                                                   "cuda")
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", True)
-    monkeypatch.setattr(attention, "_on_hopper", lambda: False)
     assert "FlashAttention 3's instead on a Hopper GPU" in training_attention_kernel("best_fit", "varlen", "cuda")
-    monkeypatch.setattr(attention, "_on_hopper", lambda: True)
+    monkeypatch.setattr(attention, "_cuda_capability", lambda: BLACKWELL)
+    words = training_attention_kernel("best_fit", "varlen", "cuda")
+    assert "FlashAttention 4's flash_attn_varlen_func" in words and "FlashAttention 3's instead" in words
+    monkeypatch.setattr(attention, "_cuda_capability", lambda: HOPPER)
     assert training_attention_kernel("best_fit", "varlen", "cuda").endswith(
         "FlashAttention 3's flash_attn_varlen_func (flash_attn_interface, Hopper)")
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)
+    assert training_attention_kernel("best_fit", "varlen", "cuda").endswith(
+        "FlashAttention 4's flash_attn_varlen_func (flash-attn-4, CuTe DSL; Hopper and Blackwell)")
 
 
 def test_the_preflight_refuses_a_kernel_the_run_cannot_use_naming_the_override():
@@ -272,7 +305,7 @@ class StandInKernels:
         install_flash_attn_4(monkeypatch, calls, self.fa4_backward_calls)
         for flag in ("_HAS_FLASH_ATTN_4", "_HAS_FLASH_ATTN_3", "_HAS_FLASH_ATTN"):
             monkeypatch.setattr(attention, flag, True)
-        monkeypatch.setattr(attention, "_on_hopper", lambda: True)
+        monkeypatch.setattr(attention, "_cuda_capability", lambda: HOPPER)
         resolve = attention.chosen_packed_kernel
         monkeypatch.setattr(attention, "chosen_packed_kernel",
                             lambda choice, device_type, dtype, dropout_p: resolve(choice, "cuda", torch.bfloat16,

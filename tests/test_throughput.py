@@ -298,6 +298,32 @@ def test_compile_times_one_static_graph_per_shape_and_never_falls_back_to_eager(
     assert len(rows) == 2 and all(r.tokens_per_s > 0 for r in rows)
 
 
+def test_variants_of_one_model_compile_each_shape_without_falling_back_to_eager(monkeypatch):
+    """neobert and its neobert-<kernel> rows run the same forward code, whose compiled graphs dynamo counts against one
+    recompile limit: 2 variants x 2 lengths x 4 sizes are 16 graphs of that code, past a limit sized per model (8),
+    where the later rows would have run eager and been reported as compiled."""
+    graphs = []
+    real_compile = torch.compile
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(tuple(tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)))
+        return graph_module.forward
+
+    monkeypatch.setattr(torch, "compile",
+                        lambda module, **kwargs: real_compile(module, backend=counting_backend, **kwargs))
+    torch._dynamo.reset()
+    sizes = [1, 2, 3, 4]
+    config = ThroughputConfig(models=["neobert", "neobert-padded_sdpa"], neobert_preset="tiny",
+                              lengths=[8, 16], batch_sizes=sizes, search_top=len(sizes), max_tokens=0, repeats=1,
+                              warmup=1, compile=True, device="cpu", matmul_calls=1)
+    rows = job.run_throughput(config)
+    assert len(rows) == 4 and all(r.tokens_per_s > 0 for r in rows)
+    # neobert's graphs take [size, length] ids; neobert-padded_sdpa's the rows as documents, [size x length] ids
+    assert {(size, length) for size in sizes for length in (8, 16)} <= {shapes[0] for shapes in graphs}
+    assert len(set(graphs)) >= 16, graphs
+    torch._dynamo.reset()
+
+
 def test_encoders_without_a_packed_forward_skip_the_unpadded_layout_saying_why():
     from neobert.eval.throughput import build_model
 

@@ -102,8 +102,10 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
             # the graph dynamic at the search's second batch size (automatic dynamic shapes), so the timed graph
             # depended on how many sizes the search had tried.
             models[name].module = torch.compile(models[name].module, dynamic=False)
-    # Each model compiles once per shape it runs (the searched sizes of every layout and length): past dynamo's
-    # recompile limit (8) it would fall back to eager without a word, and time that. A FlexAttention row
+    # Each model compiles once per shape it runs (the searched sizes of every layout and length), and dynamo counts
+    # the graphs of one code object together: neobert and its neobert-<kernel> rows run the same forward. Past its
+    # recompile limit (8) it would fall back to eager without a word, and time that: the limit covers every model's
+    # shapes, and a miscount stops the run instead (fail_on_recompile_limit_hit). A FlexAttention row
     # (FLEX_MODELS) compiles inside transformers even without compile=true: its block mask and its kernel, each
     # twice a shape (the full and the sliding-window mask), and again for grad mode. Automatic dynamic shapes off:
     # every shape gets its own static graph, as compile=true's dynamic=False gives, not the dynamic graph dynamo
@@ -111,8 +113,9 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     flex = any(name in FLEX_MODELS for name in models)
     sizes = len(set(candidates)) if config.compile or flex else 1
     shapes = len(config.layouts) * len(lengths) * sizes * (2 if flex else 1) + (4 if flex else 0)
-    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, shapes),
-                                    automatic_dynamic_shapes=False):
+    graphs = shapes * len(models)
+    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, graphs),
+                                    fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False):
         for layout in config.layouts:
             for length in lengths:
                 chosen: dict[str, tuple[int, Batch]] = {}

@@ -290,7 +290,7 @@ def test_compile_times_one_static_graph_per_shape_and_never_falls_back_to_eager(
                               search_top=len(sizes), max_tokens=0, repeats=1, warmup=1, compile=True, device="cpu",
                               matmul_calls=1)
     rows = job.run_throughput(config)
-    assert calls == [{"dynamic": False}]
+    assert calls == [{"dynamic": False, "mode": "default"}]
     assert all(isinstance(n, int) for shapes in graphs for shape in shapes for n in shape)  # no symbolic size
     # 12 shapes (6 sizes x 2 lengths), more than dynamo's default recompile limit of 8: every one compiled
     input_shapes = {shapes[0] for shapes in graphs}
@@ -322,6 +322,29 @@ def test_variants_of_one_model_compile_each_shape_without_falling_back_to_eager(
     assert {(size, length) for size in sizes for length in (8, 16)} <= {shapes[0] for shapes in graphs}
     assert len(set(graphs)) >= 16, graphs
     torch._dynamo.reset()
+
+
+def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_start_a_step_per_call(monkeypatch):
+    """compile_mode=reduce-overhead compiles with that mode, and each timed call begins a new step of the CUDA graphs
+    (on CPU Inductor records none, so this runs here); a mode without compile=true, or an unknown one, is refused."""
+    calls, steps = [], []
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: calls.append(kwargs) or real_compile(
+        module, backend="eager", dynamic=kwargs["dynamic"]))
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
+    timed, real_time_step = [], tp.time_step
+    monkeypatch.setattr(job, "time_step", lambda *args, **kwargs: timed.append(1) or real_time_step(*args, **kwargs))
+    torch._dynamo.reset()
+    config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], batch_sizes=[2], repeats=2,
+                              warmup=1, compile=True, compile_mode="reduce-overhead", device="cpu", matmul_calls=1)
+    [row] = job.run_throughput(config)
+    assert row.tokens_per_s > 0 and calls == [{"dynamic": False, "mode": "reduce-overhead"}]
+    assert len(steps) == len(timed) >= 2  # every call, the two timed repetitions among them
+    torch._dynamo.reset()
+    with pytest.raises(ConfigError, match="compile_mode.*set compile=true too"):
+        ThroughputConfig(compile_mode="max-autotune").validate()
+    with pytest.raises(ConfigError, match="compile_mode.*must be one of"):
+        ThroughputConfig(compile=True, compile_mode="fast").validate()
 
 
 def test_encoders_without_a_packed_forward_skip_the_unpadded_layout_saying_why():

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from neobert.config.loader import require
+from neobert.config.pretrain import COMPILE_MODES
 
 # neobert-liger: our encoder with NeoBERTConfig.kernels="liger" (CUDA with liger-kernel installed; else a row saying why)
 DEFAULT_MODELS = ("neobert", "neobert-liger", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
@@ -58,6 +59,9 @@ class ThroughputConfig:
     peak_flops: Optional[float] = None
     matmul_calls: int = 20  # timed matmuls of that reference after every repetition of the models (the median of all)
     compile: bool = False  # torch.compile every model first (compilation is not timed)
+    # torch.compile's mode (model.compile_mode's choices): reduce-overhead replays each shape's CUDA graphs (no launch
+    # per kernel); max-autotune-no-cudagraphs searches matmul tiles (minutes per shape); both compilation, not timed
+    compile_mode: str = "default"
     threads: int = 0  # torch CPU threads; 0 = leave as is
     seed: int = 0
     output_dir: str = "runs/throughput"
@@ -76,3 +80,7 @@ class ThroughputConfig:
         require(self.repeats >= 1, "repeats", "must be at least 1")
         require(self.search_top >= 1, "search_top", "must be at least 1")
         require(self.matmul_calls >= 1, "matmul_calls", "must be at least 1")
+        require(self.compile_mode in COMPILE_MODES, "compile_mode", f"must be one of {COMPILE_MODES}, got "
+                f"{self.compile_mode!r}")
+        require(self.compile or self.compile_mode == "default", "compile_mode",
+                f"{self.compile_mode!r} is a mode of torch.compile: set compile=true too")

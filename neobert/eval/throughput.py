@@ -54,6 +54,7 @@ class BenchModel:
     forward: Callable[[nn.Module, "Batch"], Tensor]
     attention: dict[str, str] = field(default_factory=dict)  # layout -> the attention kernel it runs (a note)
     skipped_layouts: dict[str, str] = field(default_factory=dict)  # layout -> why it is not timed for this model
+    cuda_graphs: bool = False  # compiled into CUDA graphs (reduce-overhead): each call a new step of them
 
     @property
     def matmul_weights(self) -> int:
@@ -286,6 +287,8 @@ def time_step(model: BenchModel, batch: Batch, training: bool, device: torch.dev
     autocast to `autocast_dtype` when one is given: mixed precision)."""
     synchronize(device)
     start = time.perf_counter()
+    if model.cuda_graphs:  # the graphs may reuse the last call's output memory: that step is over
+        torch.compiler.cudagraph_mark_step_begin()
     if training:
         model.module.train()
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):

@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from neobert.config.pretrain import CUDA_GRAPH_MODES
 from neobert.config.throughput import FLEX_MODELS, ThroughputConfig
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
 from neobert.eval.plots import plot_throughput
@@ -101,7 +102,8 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
             # One static graph per batch shape, what a deployment of fixed shapes runs. Left to itself, dynamo makes
             # the graph dynamic at the search's second batch size (automatic dynamic shapes), so the timed graph
             # depended on how many sizes the search had tried.
-            models[name].module = torch.compile(models[name].module, dynamic=False)
+            models[name].module = torch.compile(models[name].module, dynamic=False, mode=config.compile_mode)
+            models[name].cuda_graphs = config.compile_mode in CUDA_GRAPH_MODES
     # Each model compiles once per shape it runs (the searched sizes of every layout and length), and dynamo counts
     # the graphs of one code object together: neobert and its neobert-<kernel> rows run the same forward. Past its
     # recompile limit (8) it would fall back to eager without a word, and time that: the limit covers every model's

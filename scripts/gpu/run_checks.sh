@@ -51,12 +51,13 @@
 #   compiled         throughput training compiled: neobert, bert-base                                    ~2 min
 #   infer_compiled   throughput inference compiled at 512: neobert, with FA4 where unpacked, bert-base (the
 #                    per-FLOP target)                                                                    ~2 min
+#   infer_graphs     the same with compile_mode=reduce-overhead (CUDA graphs: no launch per kernel)       ~2 min
 set -u
 cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests tests_fa4 norms mlp rope check_blocks check_packed check_fa4 check_blocks_fa4 check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled train infer infer_flex compiled infer_compiled}
+STEPS=${*:-tests tests_fa4 norms mlp rope check_blocks check_packed check_fa4 check_blocks_fa4 check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled train infer infer_flex compiled infer_compiled infer_graphs}
 STAGE=$(mktemp -d)
 # Named site-packages on purpose: QuACK tells library code from user code by '/site-packages/' in a function's file
 # (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
@@ -172,6 +173,9 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         infer_compiled) throughput throughput_inference_compiled 120 mode=inference 'lengths=[512]' \
                             'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
                             compile=true ;;
+        infer_graphs) throughput throughput_inference_graphs 150 mode=inference 'lengths=[512]' \
+                          'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
+                          compile=true compile_mode=reduce-overhead ;;
         *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;
     esac
     # written aside, then renamed: a call cut short during the packing still returns the last whole archive

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -124,6 +126,7 @@ def test_auto_takes_the_fastest_kernel_that_runs_the_step(monkeypatch, capabilit
                                                           dropout, expected):
     monkeypatch.setattr(attention, "_cuda_capability", lambda: capability)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", fa4)
+    monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: True)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", fa3)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN", fa2)
     monkeypatch.setattr(attention, "_HAS_XFORMERS", xformers)
@@ -132,11 +135,85 @@ def test_auto_takes_the_fastest_kernel_that_runs_the_step(monkeypatch, capabilit
     assert chosen_packed_kernel("auto", "cpu", dtype, dropout) == "padded_sdpa"
 
 
+@pytest.mark.parametrize("capability, head_dim, training, usable, expected", [
+    (HOPPER, 64, True, True, "flash_attn_4"),
+    (HOPPER, 64, False, True, "varlen_attn"),  # in training only: its forward alone is not measured against varlen_attn
+    (HOPPER, 64, True, False, "varlen_attn"),  # installed but not importable: the next kernel
+    (HOPPER, 192, True, True, "flash_attn_4"),  # Hopper takes 8-256
+    (BLACKWELL, 192, True, True, "varlen_attn"),  # Blackwell 8-128 or 256
+    (BLACKWELL, 256, True, True, "flash_attn_4"),
+    (HOPPER, 20, True, True, "varlen_attn"),  # multiples of 8 only
+    (HOPPER, 88, True, True, "flash_attn_4"),
+    (HOPPER, None, True, True, "flash_attn_4"),  # the preflight, which knows no head size
+])
+def test_auto_takes_flash_attention_4_only_where_it_runs_the_step(monkeypatch, capability, head_dim, training,
+                                                                  usable, expected):
+    monkeypatch.setattr(attention, "_cuda_capability", lambda: capability)
+    monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: usable)
+    for flag, value in (("_HAS_FLASH_ATTN_4", True), ("_HAS_FLASH_ATTN_3", False), ("_HAS_FLASH_ATTN", False)):
+        monkeypatch.setattr(attention, flag, value)
+    assert packed_kernel("cuda", torch.bfloat16, 0.0, head_dim, training) == expected
+    assert chosen_packed_kernel("auto", "cuda", torch.bfloat16, 0.0, head_dim, training) == expected
+
+
+def test_auto_runs_flash_attention_4_in_training_and_varlen_attn_under_no_grad(monkeypatch):
+    """The model passes its head size and the grad mode: a training forward takes FA4, an evaluation one does not."""
+    calls: list = []
+    install_flash_attn_4(monkeypatch, calls, [])
+    monkeypatch.setattr(attention, "varlen_attn", lambda q, *args: calls.append(("varlen_attn", q.shape[-1])) or q)
+    monkeypatch.setattr(attention, "_cuda_capability", lambda: HOPPER)
+    monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: True)
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)
+    resolve = attention.chosen_packed_kernel
+    monkeypatch.setattr(attention, "chosen_packed_kernel", lambda choice, device_type, dtype, dropout_p, head_dim, training:
+                        calls.append(("head_dim", head_dim)) or resolve(choice, "cuda", torch.bfloat16, dropout_p,
+                                                                         head_dim, training))
+    model = NeoBERT(NeoBERTConfig.from_preset("tiny", attention_backend="varlen"))
+    ids, cu_seqlens = torch.randint(5, 1000, (24,)), torch.tensor(CU_SEQLENS)
+    model(ids, cu_seqlens=cu_seqlens, max_seqlen=12)
+    assert ("head_dim", model.config.head_dim) in calls and {c[0] for c in calls} == {"head_dim", "flash_attn_4"}
+    calls.clear()
+    with torch.no_grad():
+        model(ids, cu_seqlens=cu_seqlens, max_seqlen=12)
+    assert {c[0] for c in calls} == {"head_dim", "varlen_attn"}
+
+
+@pytest.mark.parametrize("layout, warning", [
+    ("real", None),
+    ("renamed", r"lack \['_flash_attn_bwd\(cu_seqlens_q=\)'"),
+    ("broken", r"does not import \(OSError: libcute_dsl_runtime.so"),
+])
+def test_flash_attention_4_is_usable_only_where_it_imports_with_our_keywords(monkeypatch, layout, warning):
+    """Found is not enough for auto: FA4 must import (CuTe DSL's libraries load then) and its functions take the
+    keywords our ops pass; else one warning, once per process, and auto takes the next kernel."""
+    install_flash_attn_4(monkeypatch, [], [])
+    if layout == "renamed":  # a later version renaming the private backward's keywords
+        sys.modules["flash_attn.cute.interface"]._flash_attn_bwd = lambda q, k, v, out, dout, lse, *, cu_q=None: None
+    if layout == "broken":  # CuTe DSL's libraries failing to load at import
+        def load_failure(name):
+            raise OSError("libcute_dsl_runtime.so: cannot open shared object file")
+
+        sys.modules["flash_attn.cute"].__getattr__ = load_failure
+        del sys.modules["flash_attn.cute"].flash_attn_varlen_func
+    monkeypatch.setattr(attention, "_flash_attn_4_usable_cache", [])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, second = attention._flash_attn_4_usable(), attention._flash_attn_4_usable()
+    assert first is second is (warning is None)
+    messages = [str(w.message) for w in caught if "FlashAttention 4" in str(w.message)]
+    if warning is None:
+        assert messages == []
+    else:
+        assert len(messages) == 1 and re.search(warning, messages[0]) and "running the next kernel" in messages[0]
+
+
 def test_auto_reads_the_gpu_generation_without_a_graph_break(monkeypatch):
     """`auto` runs inside every compiled layer: the capability is a constant to Dynamo, not a break per layer. The
     device query here is one Dynamo cannot trace (as a real one may not be): tracing into it would break the graph."""
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)  # so that the choice reads the capability
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN", False)
+    install_flash_attn_4(monkeypatch, [], [])  # imported, and its signatures read, by the check Dynamo must not trace
+    monkeypatch.setattr(attention, "_flash_attn_4_usable_cache", [])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", torch.compiler.disable(lambda: HOPPER))
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: None)  # Dynamo keeps a "GPU's" random state
@@ -176,6 +253,7 @@ def test_kernels_with_dropout_or_float32_take_them():
 
 def test_the_preflight_words_follow_the_choice_and_refuse_what_cannot_run(monkeypatch):
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN", False)
+    monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: True)
     assert "PyTorch's varlen_attn" in training_attention_kernel("best_fit", "varlen", "cuda")
     words = training_attention_kernel("best_fit", "varlen", "cuda", kernel="flash_attn_3")
     assert "FlashAttention 3" in words and "(attention_kernel=flash_attn_3)" in words
@@ -189,7 +267,8 @@ def test_the_preflight_words_follow_the_choice_and_refuse_what_cannot_run(monkey
     assert "FlashAttention 4's instead on a Hopper or Blackwell GPU" in training_attention_kernel("best_fit", "varlen",
                                                                                                    "cuda")
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", True)
-    assert "FlashAttention 3's instead on a Hopper GPU" in training_attention_kernel("best_fit", "varlen", "cuda")
+    words = training_attention_kernel("best_fit", "varlen", "cuda")
+    assert "FlashAttention 3's instead on a Hopper GPU" in words and "FlashAttention 4's on a Blackwell GPU" in words
     monkeypatch.setattr(attention, "_cuda_capability", lambda: BLACKWELL)
     words = training_attention_kernel("best_fit", "varlen", "cuda")
     assert "FlashAttention 4's flash_attn_varlen_func" in words and "FlashAttention 3's instead" in words
@@ -308,8 +387,8 @@ class StandInKernels:
         monkeypatch.setattr(attention, "_cuda_capability", lambda: HOPPER)
         resolve = attention.chosen_packed_kernel
         monkeypatch.setattr(attention, "chosen_packed_kernel",
-                            lambda choice, device_type, dtype, dropout_p: resolve(choice, "cuda", torch.bfloat16,
-                                                                                  dropout_p))
+                            lambda choice, device_type, dtype, dropout_p, *head_dim_and_training: resolve(
+                                choice, "cuda", torch.bfloat16, dropout_p, *head_dim_and_training))
 
 
 def _packed_outputs(config: NeoBERTConfig, reference: NeoBERT, train: bool = False):

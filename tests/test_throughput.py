@@ -316,12 +316,33 @@ def test_variants_of_one_model_compile_each_shape_without_falling_back_to_eager(
     config = ThroughputConfig(models=["neobert", "neobert-padded_sdpa"], neobert_preset="tiny",
                               lengths=[8, 16], batch_sizes=sizes, search_top=len(sizes), max_tokens=0, repeats=1,
                               warmup=1, compile=True, device="cpu", matmul_calls=1)
-    rows = job.run_throughput(config)
+    # dynamo's cap on one code object's graphs all told (256) is raised too: here, as if it were below the run's 16
+    with torch._dynamo.config.patch(accumulated_recompile_limit=4):
+        rows = job.run_throughput(config)
     assert len(rows) == 4 and all(r.tokens_per_s > 0 for r in rows)
     # neobert's graphs take [size, length] ids; neobert-padded_sdpa's the rows as documents, [size x length] ids
     assert {(size, length) for size in sizes for length in (8, 16)} <= {shapes[0] for shapes in graphs}
     assert len(set(graphs)) >= 16, graphs
     torch._dynamo.reset()
+
+
+def test_a_miscounted_recompile_limit_stops_the_run_instead_of_timing_eager(monkeypatch):
+    count = job.compiled_graphs
+    monkeypatch.setattr(job, "compiled_graphs", lambda *args: 1)  # dynamo's own limit, 8, for the run's 16 graphs
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: real_compile(module, backend="eager", **kwargs))
+    torch._dynamo.reset()
+    config = ThroughputConfig(models=["neobert", "neobert-padded_sdpa"], neobert_preset="tiny", lengths=[8, 16],
+                              batch_sizes=[1, 2, 3, 4], search_top=4, max_tokens=0, repeats=1, warmup=1, compile=True,
+                              device="cpu", matmul_calls=1)
+    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+        job.run_throughput(config)
+    torch._dynamo.reset()
+    # the count: every model's shapes, the FlexAttention row's mask and kernel graphs beside
+    config = ThroughputConfig(layouts=["full", "unpadded"], compile=True)
+    assert count(config, ["neobert"] * 5, [128, 256, 512, 1024, 2048, 4096], list(range(11))) == 660
+    config = ThroughputConfig(layouts=["full"])
+    assert count(config, ["neobert", "modernbert-base-flex"], [512], [1, 2]) == 2 * (1 * 1 * 2 * 2 + 4)
 
 
 def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_start_a_step_per_call(monkeypatch):

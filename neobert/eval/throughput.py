@@ -165,7 +165,8 @@ def _build_neobert(name: str, device: torch.device, compute_dtype: torch.dtype, 
     config = NeoBERTConfig.from_preset(preset, kernels=kernels, attention_kernel=attention_kernel)
     try:
         packed = chosen_packed_kernel(attention_kernel, device.type, compute_dtype,
-                                      config.dropout if training else 0.0)
+                                      config.dropout if training else 0.0,
+                                      config.head_dim, training)
     except ValueError as err:  # the kernel does not take this dtype or dropout
         raise ModelUnavailable(str(err)) from err
     skipped = {}

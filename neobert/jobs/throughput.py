@@ -56,6 +56,23 @@ def default_lengths(device: torch.device) -> list[int]:
     return [128, 256, 512, 1024, 2048, 4096] if device.type == "cuda" else [128, 512]
 
 
+def compiled_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Sequence[int],
+                    candidates: Sequence[int]) -> int:
+    """How many graphs dynamo may compile of one code object in this run: the limit it is given (past its own, 8, and
+    256 for a code object all told, it would fall back to eager without a word, and time that; with
+    fail_on_recompile_limit_hit a miscount stops the run instead). Each model compiles once per shape it runs (the
+    searched sizes of every layout and length), and dynamo counts the graphs of one code object together: neobert
+    and its neobert-<kernel> rows run the same forward. A FlexAttention row (FLEX_MODELS) compiles inside
+    transformers even without compile=true: its block mask and its kernel, each twice a shape (the full and the
+    sliding-window mask), and again for grad mode. Automatic dynamic shapes are off: every shape gets its own static
+    graph, as compile=true's dynamic=False gives, not the dynamic graph dynamo would switch to at the second shape
+    (which row timed which depended on the search's order)."""
+    flex = any(name in FLEX_MODELS for name in models)
+    sizes = len(set(candidates)) if config.compile or flex else 1
+    shapes = len(config.layouts) * len(lengths) * sizes * (2 if flex else 1) + (4 if flex else 0)
+    return shapes * len(models)
+
+
 def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = log.info) -> list[ThroughputRow]:
     config.validate()
     if config.threads:
@@ -104,19 +121,10 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
             # depended on how many sizes the search had tried.
             models[name].module = torch.compile(models[name].module, dynamic=False, mode=config.compile_mode)
             models[name].cuda_graphs = config.compile_mode in CUDA_GRAPH_MODES
-    # Each model compiles once per shape it runs (the searched sizes of every layout and length), and dynamo counts
-    # the graphs of one code object together: neobert and its neobert-<kernel> rows run the same forward. Past its
-    # recompile limit (8) it would fall back to eager without a word, and time that: the limit covers every model's
-    # shapes, and a miscount stops the run instead (fail_on_recompile_limit_hit). A FlexAttention row
-    # (FLEX_MODELS) compiles inside transformers even without compile=true: its block mask and its kernel, each
-    # twice a shape (the full and the sliding-window mask), and again for grad mode. Automatic dynamic shapes off:
-    # every shape gets its own static graph, as compile=true's dynamic=False gives, not the dynamic graph dynamo
-    # would switch to at the second shape (which row timed which depended on the search's order).
-    flex = any(name in FLEX_MODELS for name in models)
-    sizes = len(set(candidates)) if config.compile or flex else 1
-    shapes = len(config.layouts) * len(lengths) * sizes * (2 if flex else 1) + (4 if flex else 0)
-    graphs = shapes * len(models)
+    graphs = compiled_graphs(config, list(models), lengths, candidates)
     with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, graphs),
+                                    accumulated_recompile_limit=max(torch._dynamo.config.accumulated_recompile_limit,
+                                                                    graphs),
                                     fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False):
         for layout in config.layouts:
             for length in lengths:

@@ -13,8 +13,9 @@ layer rebuilds a mask), and every layer calls :func:`attend` with it.
 The packed kernel is `NeoBERTConfig.attention_kernel` (a choice of the machine, never written to config.json):
 
 * ``auto``, fastest first: FlashAttention 3 (``flash_attn_3`` installed, a Hopper GPU, sm90; no dropout),
-  FlashAttention 4 (``flash-attn-4`` installed, a Hopper or Blackwell GPU, sm90/sm100; no dropout: on an H200 it
-  trained 1.09x faster than ``varlen_attn`` eager and 1.13x compiled, docs/benchmarks.md), flash-attn's varlen kernel
+  FlashAttention 4 (``flash-attn-4`` installed and importable, a Hopper or Blackwell GPU, sm90/sm100, a head size
+  it takes; in training, no dropout: on an H200 it trained 1.09x faster than ``varlen_attn`` eager and 1.13x
+  compiled, docs/benchmarks.md; its forward alone is not measured against it yet), flash-attn's varlen kernel
   (``flash_attn`` installed), PyTorch's ``varlen_attn`` (FlashAttention 2 inside PyTorch; no dropout), xFormers'
   block-diagonal attention (installed, for dropout), else ``padded_sdpa``: all but the last on CUDA tensors in
   bf16/fp16 only;
@@ -33,8 +34,11 @@ Padded batches run SDPA under every choice: with padding it needs a mask, which 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
+import inspect
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,13 +176,58 @@ def _cuda_capability() -> tuple[int, int]:
     return torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
 
 
-def packed_kernel(device_type: str, dtype: torch.dtype, dropout_p: float) -> str:
+# FlashAttention 4's head sizes by GPU generation (4.0.0b36's _validate_head_dims, q's and v's alike): multiples of 8,
+# 8-256 on Hopper; 8-128 or 256 on Blackwell
+_FLASH_ATTN_4_HEAD_DIMS = {9: lambda d: d % 8 == 0 and 8 <= d <= 256,
+                           10: lambda d: d % 8 == 0 and (8 <= d <= 128 or d == 256)}
+# The keywords our two ops pass FA4's functions (its backward `_flash_attn_bwd` is not public API)
+_FLASH_ATTN_4_KEYWORDS = {"flash_attn_varlen_func": ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+                                                     "return_lse"),
+                          "_flash_attn_bwd": ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")}
+_flash_attn_4_usable_cache: list[bool] = []
+
+
+@torch.compiler.assume_constant_result  # once per process, outside any graph (an import is no op of one)
+def _flash_attn_4_usable() -> bool:
+    """Whether FlashAttention 4 imports and its two functions take the keywords our ops pass: a package found is not
+    enough for `auto` (CuTe DSL's compiler loads at import; another flash-attn-4 version may rename its private
+    backward). Where not, `auto` takes the next kernel, with one warning that says why."""
+    if not _flash_attn_4_usable_cache:
+        try:
+            from flash_attn.cute import flash_attn_varlen_func  # optional GPU kernel package (FlashAttention 4)
+            from flash_attn.cute.interface import _flash_attn_bwd  # optional GPU kernel package (FlashAttention 4)
+
+            functions = {"flash_attn_varlen_func": flash_attn_varlen_func, "_flash_attn_bwd": _flash_attn_bwd}
+            missing = [f"{name}({keyword}=)" for name, keywords in _FLASH_ATTN_4_KEYWORDS.items()
+                       for keyword in keywords if keyword not in inspect.signature(functions[name]).parameters]
+            problem = f"its functions lack {missing} (written against 4.0.0b36)" if missing else None
+        except Exception as err:  # any failure to load it (a partial install, CuTe DSL's libraries) leaves it out
+            problem = f"it does not import ({type(err).__name__}: {err})"
+        if problem:
+            warnings.warn(f"attention_kernel=auto: FlashAttention 4 (flash-attn-4) is installed but {problem}; "
+                          f"running the next kernel", stacklevel=2)
+        _flash_attn_4_usable_cache.append(problem is None)
+    return _flash_attn_4_usable_cache[0]
+
+
+def _flash_attn_4_runs(head_dim: int | None) -> bool:
+    """Whether `auto` takes FlashAttention 4 here: installed and usable, on Hopper or Blackwell, at this head size
+    (None: not known, as in the preflight)."""
+    takes_head_dim = _FLASH_ATTN_4_HEAD_DIMS.get(_cuda_capability()[0])
+    return (_HAS_FLASH_ATTN_4 and takes_head_dim is not None and (head_dim is None or takes_head_dim(head_dim))
+            and _flash_attn_4_usable())
+
+
+def packed_kernel(device_type: str, dtype: torch.dtype, dropout_p: float, head_dim: int | None = None,
+                  training: bool = True) -> str:
     """The kernel `attention_kernel="auto"` runs a packed (cu_seqlens) batch on: "flash_attn_3", "flash_attn_4",
-    "flash_attn", "varlen_attn", "xformers" or "padded_sdpa" (the fallback, `_attend_packed_by_padding`)."""
+    "flash_attn", "varlen_attn", "xformers" or "padded_sdpa" (the fallback, `_attend_packed_by_padding`).
+    FlashAttention 4 in training only (gradients on), where it measured faster than varlen_attn; its forward alone
+    against varlen_attn is not measured yet."""
     if device_type == "cuda" and dtype in _HALF:
         if _HAS_FLASH_ATTN_3 and dropout_p == 0.0 and _cuda_capability() == (9, 0):
             return "flash_attn_3"
-        if _HAS_FLASH_ATTN_4 and dropout_p == 0.0 and _cuda_capability()[0] in (9, 10):
+        if dropout_p == 0.0 and training and _flash_attn_4_runs(head_dim):
             return "flash_attn_4"
         if _HAS_FLASH_ATTN:
             return "flash_attn"
@@ -189,12 +238,13 @@ def packed_kernel(device_type: str, dtype: torch.dtype, dropout_p: float) -> str
     return "padded_sdpa"
 
 
-def chosen_packed_kernel(choice: str, device_type: str, dtype: torch.dtype, dropout_p: float) -> str:
+def chosen_packed_kernel(choice: str, device_type: str, dtype: torch.dtype, dropout_p: float,
+                         head_dim: int | None = None, training: bool = True) -> str:
     """The kernel a packed batch runs on under `NeoBERTConfig.attention_kernel=choice`: `packed_kernel`'s for
     "auto"; an explicit kernel on CUDA tensors, or a ValueError naming the field where it cannot take the dtype or
     the dropout; "padded_sdpa" on any other device, whatever the choice (as Liger's kernels fall back on CPU)."""
     if choice == "auto":
-        return packed_kernel(device_type, dtype, dropout_p)
+        return packed_kernel(device_type, dtype, dropout_p, head_dim, training)
     if device_type != "cuda":
         return "padded_sdpa"
     if choice in _HALF_ONLY and dtype not in _HALF:
@@ -211,7 +261,7 @@ def chosen_packed_kernel(choice: str, device_type: str, dtype: torch.dtype, drop
 def _attend_packed(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float,
                    choice: str) -> Tensor:
     cu, max_len = layout.cu_seqlens, layout.max_seqlen
-    kernel = chosen_packed_kernel(choice, q.device.type, q.dtype, dropout_p)
+    kernel = chosen_packed_kernel(choice, q.device.type, q.dtype, dropout_p, q.shape[-1], torch.is_grad_enabled())
     if kernel == "flash_attn_4":
         return flash_attn_4_varlen(q, k, v, cu, max_len)[0]
     if kernel == "flash_attn_3":
@@ -240,14 +290,21 @@ def _attend_packed(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dro
 # break in every layer of a compiled model); an op is opaque to the compiler, described by its fake (output shapes)
 # and its backward. The forward is FA4's public varlen function; the backward is `_flash_attn_bwd`, the function FA4's
 # own backward calls, with the arguments it passes (PyTorch's own FA4 integration calls it by that name too).
+def _on_device_of(tensor: Tensor) -> contextlib.AbstractContextManager:
+    """The tensor's GPU as the current one while FA4 runs: it reads the current device's architecture, and launches
+    there (a model on cuda:1 of a process whose current device is cuda:0)."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
+
+
 @torch.library.custom_op("neobert::flash_attn_4_varlen", mutates_args=())
 def flash_attn_4_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> tuple[Tensor, Tensor]:
     """FlashAttention 4 over packed documents: (out [T, heads, head_dim], logsumexp float32 [heads, T])."""
     from flash_attn.cute import flash_attn_varlen_func  # optional GPU kernel package (FlashAttention 4)
 
     # An op's body runs below autograd: FA4's autograd.Function records nothing here; the backward is registered below
-    return flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
-                                  max_seqlen_k=max_seqlen, return_lse=True)
+    with _on_device_of(q):
+        return flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
+                                      max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen, return_lse=True)
 
 
 @flash_attn_4_varlen.register_fake
@@ -261,8 +318,9 @@ def flash_attn_4_varlen_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tens
     """(dq, dk, dv) of `flash_attn_4_varlen`."""
     from flash_attn.cute.interface import _flash_attn_bwd  # optional GPU kernel package (FlashAttention 4)
 
-    dq, dk, dv = _flash_attn_bwd(q, k, v, out, grad_out, lse, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
-                                 max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)
+    with _on_device_of(q):
+        dq, dk, dv = _flash_attn_bwd(q, k, v, out, grad_out, lse, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
+                                     max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)
     return dq, dk, dv
 
 
@@ -314,7 +372,9 @@ def training_attention_kernel(packing: str, attention_backend: str, device_type:
     if kernel == "auto" and device_type == "cuda" and dtype in _HALF and dropout == 0.0:
         # auto looks at the GPU it runs on: a preflight on a machine without one cannot
         if _HAS_FLASH_ATTN_3 and picked != "flash_attn_3":
-            chosen = " (FlashAttention 3's instead on a Hopper GPU, sm90: flash_attn_3 is installed)"
+            chosen = " (FlashAttention 3's instead on a Hopper GPU, sm90: flash_attn_3 is installed"
+            chosen += ("; FlashAttention 4's on a Blackwell GPU, sm100: flash-attn-4 is installed)"
+                       if _HAS_FLASH_ATTN_4 and picked != "flash_attn_4" else ")")
         elif _HAS_FLASH_ATTN_4 and picked not in ("flash_attn_3", "flash_attn_4"):
             chosen = (" (FlashAttention 4's instead on a Hopper or Blackwell GPU, sm90/sm100: flash-attn-4 is "
                       "installed)")

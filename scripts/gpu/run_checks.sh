@@ -30,6 +30,9 @@
 #                    in their epilogues (where prepare_fa4.sh's archive brought quack; scripts/bench/mlp_ab.py) ~1 min
 #   rope             RoPE of q and k fwd + bwd in bf16 over packed documents: eager vs compiled vs QuACK's
 #                    interleaved varlen kernel where there (scripts/bench/rope_ab.py)                    ~0.5 min
+#   decoder          the MLM head (decoder + float32 cross-entropy over 6,989 masked rows) fwd + bwd in bf16: as is
+#                    vs its decoder padded to 30,528 rows for the GEMMs only, eager and compiled
+#                    (scripts/bench/decoder_ab.py)                                                       ~0.5 min
 #   check_liger      gpu_check speed_only, kernels=liger (Liger's norms and SwiGLU), profile               ~2 min
 #   check_liger_fused   the same + fused_mlm_loss=true (Liger's fused linear cross-entropy head), profile ~2 min
 #   check_compiled   as check_blocks, the whole forward compiled (model.compile=true)                     ~4 min
@@ -61,7 +64,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests tests_fa4 norms mlp rope check_blocks check_packed check_fa4 check_blocks_fa4 check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex compiled infer_compiled infer_graphs}
+STEPS=${*:-tests tests_fa4 norms mlp rope decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex compiled infer_compiled infer_graphs}
 STAGE=$(mktemp -d)
 # Named site-packages on purpose: QuACK tells library code from user code by '/site-packages/' in a function's file
 # (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
@@ -93,9 +96,9 @@ throughput() {
     timeout "$seconds" python3 -m experiments.throughput "$@" output_dir=/tmp/"$name" 2>&1 | tail -16 | tee -a "$LOG"
     cp /tmp/"$name"/throughput.csv "$STAGE"/"$name".csv
 }
-# bench NAME SECONDS: an A/B script of scripts/bench over 32,768 rows, 20 alternations, its table logged
+# bench NAME SECONDS [ROWS=32768]: an A/B script of scripts/bench over ROWS rows, 20 alternations, its table logged
 bench() {
-    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$2" python3 scripts/bench/"$1".py 32768 20 2>&1 \
+    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$2" python3 scripts/bench/"$1".py "${3:-32768}" 20 2>&1 \
         | tail -12 | tee -a "$LOG"
 }
 # gpu_check NAME SECONDS key=value...: experiments.gpu_check --config neobert on the prepared corpus and tokenizer
@@ -137,6 +140,7 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         norms) bench norm_ab 60 ;;
         mlp) bench mlp_ab 180 ;;
         rope) bench rope_ab 120 ;;
+        decoder) bench decoder_ab 150 6989 ;;  # the masked rows of 32 x 1,024 tokens in the H200's profile
         check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \
                                model.overrides.fused_mlm_loss=true ;;

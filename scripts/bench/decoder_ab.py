@@ -1,0 +1,93 @@
+"""The MLM head over the masked rows (issue 34): NeoBERT's decoder (768 -> 30,522) and its float32 cross-entropy, in
+bf16, forward + backward, as the pretraining step runs them, and with the decoder padded for the matmuls only:
+
+* as_is: `nn.Linear(768, 30522)` and `F.cross_entropy(logits.float())`, what `NeoBERTForMaskedLM` runs. On the H200
+  its three GEMMs ran Ampere-generation CUTLASS kernels with 2-element alignment (`cutlass_80_..._align2`, 4.2 ms a
+  step of 6,989 masked rows, 226-240 TFLOP/s; docs/benchmarks.md): 30,522 is not a multiple of 8, so the logits'
+  rows are not 16-byte aligned;
+* padded: the same weight and bias with zero rows up to a multiple of 64 (30,528) for the matmul, the logits sliced
+  back to 30,522: what padding in the computation only (the checkpoint keeps its shape) would cost (the padded copy of
+  the weight, the zero-filled gradient of the slice) and give (aligned GEMMs);
+* compiled, padded_compiled: both under `torch.compile` (Inductor may pad or fuse on its own).
+
+A candidate, not a path of the model. Each on the same rows, alternated, the median of `repeats`; and the loss's,
+the rows' gradient's and the weight gradient's largest error against float32 on the same bf16 input, over the
+float32 value's largest.
+
+    python scripts/bench/decoder_ab.py [ROWS=6989] [REPEATS=20]     # CUDA when there is a GPU, else the CPU
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from neobert.eval.ab import compare, device_label
+from neobert.eval.throughput import synchronize
+from neobert.model import NeoBERTConfig
+
+PAD_TO = 64  # rows of the padded decoder: a multiple of this (16-byte aligned bf16 rows, and whole GEMM tiles)
+
+
+def as_is(decoder: nn.Linear, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(decoder(rows).float(), targets)
+
+
+def padded(decoder: nn.Linear, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    vocab = decoder.out_features
+    extra = -vocab % PAD_TO
+    logits = F.linear(rows, F.pad(decoder.weight, (0, 0, 0, extra)), F.pad(decoder.bias, (0, extra)))
+    return F.cross_entropy(logits[:, :vocab].float(), targets)
+
+
+def forward_backward(run, decoder: nn.Linear, rows: torch.Tensor, targets: torch.Tensor):
+    """(loss, the rows' gradient, the weight's gradient) of one forward + backward."""
+    rows = rows.detach().requires_grad_()
+    decoder.zero_grad(set_to_none=True)
+    loss = run(decoder, rows, targets)
+    loss.backward()
+    return loss, rows.grad, decoder.weight.grad
+
+
+def main(rows: int = 6989, repeats: int = 20) -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    config = NeoBERTConfig.from_preset("neobert")
+    torch.manual_seed(0)
+    reference = nn.Linear(config.hidden_size, config.vocab_size).to(device)  # float32
+    decoder = nn.Linear(config.hidden_size, config.vocab_size).to(device)
+    decoder.load_state_dict(reference.state_dict())
+    decoder.to(torch.bfloat16)
+    hidden = torch.randn(rows, config.hidden_size, device=device).to(torch.bfloat16)
+    targets = torch.randint(0, config.vocab_size, (rows,), device=device)
+    variants = {"as_is": as_is, "padded": padded, "compiled": torch.compile(as_is),
+                "padded_compiled": torch.compile(padded)}
+    print(f"MLM decoder + cross-entropy forward + backward, {rows:,} rows x {config.hidden_size} -> "
+          f"{config.vocab_size:,} (padded: {config.vocab_size + -config.vocab_size % PAD_TO:,}) bf16, "
+          f"{device_label(device)}, torch {torch.__version__}, median of {repeats}")
+    flops = 3 * 2 * rows * config.hidden_size * config.vocab_size  # the three GEMMs at the real vocabulary
+    expected = [value.float() for value in forward_backward(as_is, reference, hidden.float(), targets)]
+
+    def time_one(run) -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        forward_backward(run, decoder, hidden, targets)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    def describe(run, median: float, reference_median: float) -> str:
+        got = forward_backward(run, decoder, hidden, targets)
+        loss, rows_grad, weight_grad = (((g.float() - e).abs().max() / e.abs().max()).item()
+                                        for g, e in zip(got, expected))
+        return (f"{median * 1e3:8.3f} ms  {flops / median / 1e12:6.1f} TFLOP/s  {reference_median / median:5.2f}x "
+                f"as_is  max error vs float32: loss {loss:.2e}, rows gradient {rows_grad:.2e}, weight gradient "
+                f"{weight_grad:.2e}")
+
+    print("\n".join(compare(variants, time_one, describe, repeats, width=15)))
+
+
+if __name__ == "__main__":
+    main(*(int(arg) for arg in sys.argv[1:]))

@@ -55,6 +55,8 @@
 #                    FlashAttention 4 (their sliding windows skip blocks; no flash-attn wheel) against SDPA and
 #                    neobert-liger and neobert-flash_attn_4: Figure 3 at best kernels (runs from .gpu_fa4 alone
 #                    too)                                                                                ~3.5 min
+#   infer_flex_compiled  infer_flex's lengths compiled: neobert (SDPA), with FA4, and ModernBERT with FA4's window
+#                    (Figure 3 with both compiled; needs FA4 unpacked)                                  ~3.5 min
 #   compiled         throughput training compiled: neobert, bert-base                                    ~2 min
 #   infer_compiled   throughput inference compiled at 512: neobert, with FA4 where unpacked, bert-base (the
 #                    per-FLOP target)                                                                    ~2 min
@@ -64,7 +66,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests tests_fa4 norms mlp rope decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex compiled infer_compiled infer_graphs}
+STEPS=${*:-tests tests_fa4 norms mlp rope decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled compiled infer_compiled infer_graphs}
 STAGE=$(mktemp -d)
 # Named site-packages on purpose: QuACK tells library code from user code by '/site-packages/' in a function's file
 # (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
@@ -179,6 +181,9 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         infer_flex) throughput throughput_inference_flex 280 mode=inference 'lengths=[1024,2048,4096]' \
                         'models=[neobert,neobert-liger,neobert-flash_attn_4,modernbert-base,modernbert-base-flex,modernbert-base-fa4]' \
                         'batch_sizes=[16]' search_top=1 repeats=3 ;;
+        infer_flex_compiled) throughput throughput_inference_flex_compiled 280 mode=inference \
+                                 'lengths=[1024,2048,4096]' 'models=[neobert,neobert-flash_attn_4,modernbert-base-fa4]' \
+                                 'batch_sizes=[16]' search_top=1 repeats=3 compile=true ;;
         compiled) throughput throughput_compiled 100 mode=training 'lengths=[512]' 'models=[neobert,bert-base]' \
                       'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
         infer_compiled) throughput throughput_inference_compiled 120 mode=inference 'lengths=[512]' \

@@ -174,7 +174,8 @@ def stand_in_xformers(monkeypatch):
     package.ops = ops
     monkeypatch.setitem(sys.modules, "xformers", package)
     monkeypatch.setitem(sys.modules, "xformers.ops", ops)
-    monkeypatch.setattr(attention, "packed_kernel", lambda device_type, dtype, dropout_p, head_dim=None, training=True: "xformers")
+    monkeypatch.setattr(attention, "packed_kernel",
+                        lambda device_type, dtype, dropout_p, head_dim=None, training=True: "xformers")
     return built
 
 

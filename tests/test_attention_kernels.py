@@ -165,9 +165,10 @@ def test_auto_runs_flash_attention_4_in_training_and_varlen_attn_under_no_grad(m
     monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: True)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)
     resolve = attention.chosen_packed_kernel
-    monkeypatch.setattr(attention, "chosen_packed_kernel", lambda choice, device_type, dtype, dropout_p, head_dim, training:
-                        calls.append(("head_dim", head_dim)) or resolve(choice, "cuda", torch.bfloat16, dropout_p,
-                                                                         head_dim, training))
+    monkeypatch.setattr(attention, "chosen_packed_kernel",
+                        lambda choice, device_type, dtype, dropout_p, head_dim, training: calls.append(
+                            ("head_dim", head_dim)) or resolve(choice, "cuda", torch.bfloat16, dropout_p, head_dim,
+                                                               training))
     model = NeoBERT(NeoBERTConfig.from_preset("tiny", attention_backend="varlen"))
     ids, cu_seqlens = torch.randint(5, 1000, (24,)), torch.tensor(CU_SEQLENS)
     model(ids, cu_seqlens=cu_seqlens, max_seqlen=12)
@@ -227,7 +228,7 @@ def test_auto_reads_the_gpu_generation_without_a_graph_break(monkeypatch):
 
 @pytest.mark.parametrize("kernel", EXPLICIT)
 def test_an_explicit_kernel_runs_as_asked_on_cuda_and_padded_sdpa_elsewhere(monkeypatch, kernel):
-    monkeypatch.setattr(attention, "_cuda_capability", lambda: AMPERE)  # no check of the GPU's generation when asked for
+    monkeypatch.setattr(attention, "_cuda_capability", lambda: AMPERE)  # no GPU generation check when asked for
     assert chosen_packed_kernel(kernel, "cuda", torch.bfloat16, 0.0) == kernel
     for device_type in ("cpu", "meta"):  # as Liger's kernels fall back to eager on CPU tensors
         assert chosen_packed_kernel(kernel, device_type, torch.float32, 0.1) == "padded_sdpa"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU machine: the checks of docs/benchmarks.md's GPU sections, each with its own time limit, so a short lease
-# still returns what finished. Reads what scripts/gpu/prepare_offline.sh wrote (wheels are installed into /tmp/site-packages
-# when present), or scripts/gpu/prepare_fa4.sh's archive (unpacked there: PREPARED=.gpu_fa4). RESULTS (default:
-# $OUT, else runs/gpu_checks) gets these files, so that a device call brings all back (it returns at most 8):
+# still returns what finished. Reads what scripts/gpu/prepare_offline.sh wrote (wheels are installed into
+# /tmp/site-packages when present), or scripts/gpu/prepare_fa4.sh's archive (unpacked there: PREPARED=.gpu_fa4).
+# RESULTS (default: $OUT, else runs/gpu_checks) gets these files, so that a device call brings all back (it returns
+# at most 8):
 # log.txt (every step's summary and report), tests.txt and tests_fa4.txt (the CUDA tests' whole output) and
 # checks.tgz (each gpu_check's report, JSON and profile tables, each throughput CSV), packed again after every step
 # so that a call cut short still returns what finished.

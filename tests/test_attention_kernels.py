@@ -279,6 +279,13 @@ def test_the_preflight_words_follow_the_choice_and_refuse_what_cannot_run(monkey
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)
     assert training_attention_kernel("best_fit", "varlen", "cuda").endswith(
         "FlashAttention 4's flash_attn_varlen_func (flash-attn-4, CuTe DSL; Hopper and Blackwell)")
+    # on a Hopper or Blackwell GPU without it, the preflight says how to get it; not elsewhere
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", False)
+    assert "FlashAttention 4 would run it faster: pip install -e '.[fa4]'" in training_attention_kernel(
+        "best_fit", "varlen", "cuda")
+    monkeypatch.setattr(attention, "_cuda_capability", lambda: AMPERE)
+    assert training_attention_kernel("best_fit", "varlen", "cuda").endswith(
+        "PyTorch's varlen_attn (FlashAttention varlen)")
 
 
 def test_the_preflight_refuses_a_kernel_the_run_cannot_use_naming_the_override():

@@ -378,6 +378,9 @@ def training_attention_kernel(packing: str, attention_backend: str, device_type:
         elif _HAS_FLASH_ATTN_4 and picked not in ("flash_attn_3", "flash_attn_4"):
             chosen = (" (FlashAttention 4's instead on a Hopper or Blackwell GPU, sm90/sm100: flash-attn-4 is "
                       "installed)")
+        elif not _HAS_FLASH_ATTN_4 and picked != "flash_attn_3" and _cuda_capability()[0] in _FLASH_ATTN_4_HEAD_DIMS:
+            chosen = (" (on this GPU FlashAttention 4 would run it faster: pip install -e '.[fa4]'; "
+                      "docs/pretraining.md, \"Attention kernels\")")
     return f"{layout} with cu_seqlens: {_KERNEL_WORDS[picked]}{chosen}"
 
 

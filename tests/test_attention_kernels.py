@@ -286,6 +286,12 @@ def test_the_preflight_words_follow_the_choice_and_refuse_what_cannot_run(monkey
     monkeypatch.setattr(attention, "_cuda_capability", lambda: AMPERE)
     assert training_attention_kernel("best_fit", "varlen", "cuda").endswith(
         "PyTorch's varlen_attn (FlashAttention varlen)")
+    # installed but unusable on a GPU it would run on: no "instead" (auto's own warning says why it was left out)
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)
+    monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: False)
+    monkeypatch.setattr(attention, "_cuda_capability", lambda: HOPPER)
+    assert training_attention_kernel("best_fit", "varlen", "cuda").endswith(
+        "PyTorch's varlen_attn (FlashAttention varlen)")
 
 
 def test_the_preflight_refuses_a_kernel_the_run_cannot_use_naming_the_override():

@@ -184,6 +184,8 @@ _FLASH_ATTN_4_HEAD_DIMS = {9: lambda d: d % 8 == 0 and 8 <= d <= 256,
 _FLASH_ATTN_4_KEYWORDS = {"flash_attn_varlen_func": ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
                                                      "return_lse"),
                           "_flash_attn_bwd": ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k")}
+# Its answer, once per process (one warning). Not functools.cache: Dynamo traces through a cache wrapper, past
+# assume_constant_result, into the import (a UserWarning at every compile, tried)
 _flash_attn_4_usable_cache: list[bool] = []
 
 
@@ -370,15 +372,17 @@ def training_attention_kernel(packing: str, attention_backend: str, device_type:
     layout = f"packed rows ({packing})" if packing != "none" else "unpadded documents (data.unpad)"
     picked = chosen_packed_kernel(kernel, device_type, dtype, dropout)
     if kernel == "auto" and device_type == "cuda" and dtype in _HALF and dropout == 0.0:
-        # auto looks at the GPU it runs on: a preflight on a machine without one cannot
+        # auto looks at the GPU it runs on: a preflight on a machine without one cannot (on one where FA4 runs but was
+        # left out, its warning said why)
+        on_fa4_gpu = _cuda_capability()[0] in _FLASH_ATTN_4_HEAD_DIMS
         if _HAS_FLASH_ATTN_3 and picked != "flash_attn_3":
             chosen = " (FlashAttention 3's instead on a Hopper GPU, sm90: flash_attn_3 is installed"
             chosen += ("; FlashAttention 4's on a Blackwell GPU, sm100: flash-attn-4 is installed)"
                        if _HAS_FLASH_ATTN_4 and picked != "flash_attn_4" else ")")
-        elif _HAS_FLASH_ATTN_4 and picked not in ("flash_attn_3", "flash_attn_4"):
+        elif _HAS_FLASH_ATTN_4 and picked not in ("flash_attn_3", "flash_attn_4") and not on_fa4_gpu:
             chosen = (" (FlashAttention 4's instead on a Hopper or Blackwell GPU, sm90/sm100: flash-attn-4 is "
                       "installed)")
-        elif not _HAS_FLASH_ATTN_4 and picked != "flash_attn_3" and _cuda_capability()[0] in _FLASH_ATTN_4_HEAD_DIMS:
+        elif not _HAS_FLASH_ATTN_4 and picked != "flash_attn_3" and on_fa4_gpu:
             chosen = (" (on this GPU FlashAttention 4 would run it faster: pip install -e '.[fa4]'; "
                       "docs/pretraining.md, \"Attention kernels\")")
     return f"{layout} with cu_seqlens: {_KERNEL_WORDS[picked]}{chosen}"

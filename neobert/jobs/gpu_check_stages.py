@@ -107,13 +107,15 @@ class Plan:
         """(weights, autocast) of the recipe's loop as it runs here (`dtypes_of`), for the ceilings."""
         return self.dtypes_of(self.recipe.trainer.strategy)
 
+    def runs_here(self, strategy: str) -> str:
+        """The strategy a loop under `strategy` runs with here: itself, or the plain loop standing in for a DeepSpeed
+        that cannot run on this machine."""
+        return "auto" if is_deepspeed(strategy) and unavailable(strategy, self.device) is not None else strategy
+
     def dtypes_of(self, strategy: str) -> tuple[torch.dtype, torch.dtype | None]:
-        """(weights, autocast) a loop under `strategy` computes with here (`loop_dtypes`; where DeepSpeed cannot
-        run, the plain loop that stands in for it). The ceilings take the recipe's loop's, so that no weight is cast
-        in their step that the loop does not cast."""
-        if is_deepspeed(strategy) and unavailable(strategy, self.device) is not None:
-            strategy = "auto"
-        return loop_dtypes(strategy, self.precision)
+        """(weights, autocast) a loop under `strategy` computes with here (`loop_dtypes` of `runs_here`). The
+        ceilings take the recipe's loop's, so that no weight is cast in their step that the loop does not cast."""
+        return loop_dtypes(self.runs_here(strategy), self.precision)
 
     @property
     def arithmetic(self) -> str:
@@ -121,9 +123,7 @@ class Plan:
         weights, autocast = self.ceiling_dtypes
         words = {torch.float32: "float32", torch.bfloat16: "bf16", torch.float16: "fp16"}
         if autocast is None:
-            strategy = self.recipe.trainer.strategy
-            deepspeed_half = (is_deepspeed(strategy) and unavailable(strategy, self.device) is None
-                              and weights != torch.float32)
+            deepspeed_half = is_deepspeed(self.runs_here(self.recipe.trainer.strategy)) and weights != torch.float32
             how = " (as DeepSpeed runs it)" if deepspeed_half else ""
             return f"{self.precision}: {words[weights]} weights, no autocast{how}"
         return f"{self.precision}: {words[weights]} weights under {words[autocast]} autocast"

@@ -269,22 +269,31 @@ def test_the_matmul_reference_reports_the_median_of_all_calls(monkeypatch):
     assert len(rates) == 10 and statistics.median(rates) == reference.flops / 3.0
 
 
-def test_compile_times_one_static_graph_per_shape_and_never_falls_back_to_eager(monkeypatch):
-    """The batch-size search runs several shapes: dynamo would make the graph dynamic at the second (slower, and not
-    what a fixed-shape deployment runs) and, past its recompile limit, run eager without a word (issue 27)."""
+@pytest.fixture
+def compiled(monkeypatch):
+    """torch.compile as the job calls it, with a cheap backend that records each graph's input shapes: (those shapes,
+    the job's keyword arguments of each call); dynamo's caches fresh before and after."""
     graphs, calls = [], []
     real_compile = torch.compile
 
-    def counting_backend(graph_module, example_inputs):
+    def recording_backend(graph_module, example_inputs):
         graphs.append(tuple(tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)))
         return graph_module.forward
 
     def compile_spy(module, **kwargs):
         calls.append(kwargs)
-        return real_compile(module, backend=counting_backend, **kwargs)  # the job's options, a cheap backend
+        return real_compile(module, backend=recording_backend, dynamic=kwargs["dynamic"])
 
     monkeypatch.setattr(torch, "compile", compile_spy)
     torch._dynamo.reset()
+    yield graphs, calls
+    torch._dynamo.reset()
+
+
+def test_compile_times_one_static_graph_per_shape_and_never_falls_back_to_eager(compiled):
+    """The batch-size search runs several shapes: dynamo would make the graph dynamic at the second (slower, and not
+    what a fixed-shape deployment runs) and, past its recompile limit, run eager without a word (issue 27)."""
+    graphs, calls = compiled
     sizes = [1, 2, 3, 4, 5, 6]
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[8, 16], batch_sizes=sizes,
                               search_top=len(sizes), max_tokens=0, repeats=1, warmup=1, compile=True, device="cpu",
@@ -298,20 +307,11 @@ def test_compile_times_one_static_graph_per_shape_and_never_falls_back_to_eager(
     assert len(rows) == 2 and all(r.tokens_per_s > 0 for r in rows)
 
 
-def test_variants_of_one_model_compile_each_shape_without_falling_back_to_eager(monkeypatch):
+def test_variants_of_one_model_compile_each_shape_without_falling_back_to_eager(compiled):
     """neobert and its neobert-<kernel> rows run the same forward code, whose compiled graphs dynamo counts against one
     recompile limit: 2 variants x 2 lengths x 4 sizes are 16 graphs of that code, past a limit sized per model (8),
     where the later rows would have run eager and been reported as compiled."""
-    graphs = []
-    real_compile = torch.compile
-
-    def counting_backend(graph_module, example_inputs):
-        graphs.append(tuple(tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)))
-        return graph_module.forward
-
-    monkeypatch.setattr(torch, "compile",
-                        lambda module, **kwargs: real_compile(module, backend=counting_backend, **kwargs))
-    torch._dynamo.reset()
+    graphs, _ = compiled
     sizes = [1, 2, 3, 4]
     config = ThroughputConfig(models=["neobert", "neobert-padded_sdpa"], neobert_preset="tiny",
                               lengths=[8, 16], batch_sizes=sizes, search_top=len(sizes), max_tokens=0, repeats=1,
@@ -323,21 +323,16 @@ def test_variants_of_one_model_compile_each_shape_without_falling_back_to_eager(
     # neobert's graphs take [size, length] ids; neobert-padded_sdpa's the rows as documents, [size x length] ids
     assert {(size, length) for size in sizes for length in (8, 16)} <= {shapes[0] for shapes in graphs}
     assert len(set(graphs)) >= 16, graphs
-    torch._dynamo.reset()
 
 
-def test_a_miscounted_recompile_limit_stops_the_run_instead_of_timing_eager(monkeypatch):
+def test_a_miscounted_recompile_limit_stops_the_run_instead_of_timing_eager(monkeypatch, compiled):
     count = job.compiled_graphs
     monkeypatch.setattr(job, "compiled_graphs", lambda *args: 1)  # dynamo's own limit, 8, for the run's 16 graphs
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: real_compile(module, backend="eager", **kwargs))
-    torch._dynamo.reset()
     config = ThroughputConfig(models=["neobert", "neobert-padded_sdpa"], neobert_preset="tiny", lengths=[8, 16],
                               batch_sizes=[1, 2, 3, 4], search_top=4, max_tokens=0, repeats=1, warmup=1, compile=True,
                               device="cpu", matmul_calls=1)
     with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
         job.run_throughput(config)
-    torch._dynamo.reset()
     # the count: every model's shapes, the FlexAttention row's mask and kernel graphs beside
     config = ThroughputConfig(layouts=["full", "unpadded"], compile=True)
     assert count(config, ["neobert"] * 5, [128, 256, 512, 1024, 2048, 4096], list(range(11))) == 660
@@ -345,23 +340,19 @@ def test_a_miscounted_recompile_limit_stops_the_run_instead_of_timing_eager(monk
     assert count(config, ["neobert", "modernbert-base-flex"], [512], [1, 2]) == 2 * (1 * 1 * 2 * 2 + 4)
 
 
-def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_start_a_step_per_call(monkeypatch):
+def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_start_a_step_per_call(monkeypatch, compiled):
     """compile_mode=reduce-overhead compiles with that mode, and each timed call begins a new step of the CUDA graphs
     (on CPU Inductor records none, so this runs here); a mode without compile=true, or an unknown one, is refused."""
-    calls, steps = [], []
-    real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: calls.append(kwargs) or real_compile(
-        module, backend="eager", dynamic=kwargs["dynamic"]))
+    _, calls = compiled
+    steps = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
     timed, real_time_step = [], tp.time_step
     monkeypatch.setattr(job, "time_step", lambda *args, **kwargs: timed.append(1) or real_time_step(*args, **kwargs))
-    torch._dynamo.reset()
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], batch_sizes=[2], repeats=2,
                               warmup=1, compile=True, compile_mode="reduce-overhead", device="cpu", matmul_calls=1)
     [row] = job.run_throughput(config)
     assert row.tokens_per_s > 0 and calls == [{"dynamic": False, "mode": "reduce-overhead"}]
     assert len(steps) == len(timed) >= 2  # every call, the two timed repetitions among them
-    torch._dynamo.reset()
     with pytest.raises(ConfigError, match="compile_mode.*set compile=true too"):
         ThroughputConfig(compile_mode="max-autotune").validate()
     with pytest.raises(ConfigError, match="compile_mode.*must be one of"):

@@ -49,6 +49,8 @@ BEIR_CORPUS, BEIR_QUERIES, BEIR_QRELS_DIR = "corpus.jsonl", "queries.jsonl", "qr
 LONG_CONTEXT_JSON, LONG_CONTEXT_MD, LONG_CONTEXT_PLOT = "long_context.json", "long_context.md", "long_context.png"
 LONG_CONTEXT_DATA_DIR = "data"  # experiments.long_context: the generated tasks, <task>.jsonl per task
 THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT = "throughput.csv", "throughput.md", "throughput.png"
+# experiments.throughput profile=true: each timed row's step, its self time per category and per kernel/op name
+THROUGHPUT_PROFILE_CSV, THROUGHPUT_PROFILE_NAMES_CSV = "throughput_profile.csv", "throughput_profile_names.csv"
 # experiments.gpu_check: the report, and the run directories of its training loops inside its output_dir
 GPU_CHECK_MD, GPU_CHECK_JSON = "gpu_check.md", "gpu_check.json"
 # profile=true: the Chrome trace of the profiled step, its self time per category and per kernel/op name

@@ -12,6 +12,8 @@ from neobert.config import ConfigError
 from neobert.config.throughput import ThroughputConfig
 from neobert.eval import throughput as tp
 from neobert.eval.flops import flops_per_token
+from neobert.eval.kernel_profile import CATEGORIES, MATMUL, summarise
+from neobert.eval.throughput_report import profile_markdown, read_csv
 from neobert.jobs import throughput as job
 
 
@@ -126,6 +128,90 @@ def test_tiny_end_to_end_writes_csv_png_markdown(tmp_path):
     assert "| neobert / bert-base |" in table and "neobert-official: not available" in table
     assert "% of the matmul rate measured in this run" in table and "Matmul reference (measured" in table
     assert "standalone before the models" in table
+    assert "profile" not in paths and not (out / "throughput_profile.csv").exists()  # profile=false: none
+    assert "where the time goes" not in table
+
+
+def test_profile_true_reports_where_each_rows_step_went_per_tflop_of_its_model(tmp_path):
+    from experiments.throughput import main
+
+    out = tmp_path / "bench"
+    paths = main(["--models", "neobert,bert-base", "--lengths", "16", "--output-dir", str(out), "neobert_preset=tiny",
+                  "batch_sizes=[2]", "repeats=1", "matmul_calls=2", "device=cpu", "profile=true"])
+    timed = {r["model"]: r for r in csv.DictReader(open(paths["csv"]))}
+    assert "profile" not in next(iter(timed.values()))  # the profile has its own tables
+    assert [row.profile for row in read_csv(paths["csv"])] == [None, None]
+    lines = list(csv.DictReader(open(paths["profile"])))
+    for model in ("neobert", "bert-base"):
+        mine = [line for line in lines if line["model"] == model]
+        assert [line["category"] for line in mine] == list(CATEGORIES)  # every category, zeros included
+        assert {(line["mode"], line["layout"], line["seq_len"], line["batch_size"]) for line in mine} == {
+            ("inference", "full", "16", "2")}
+        assert sum(float(line["share"]) for line in mine) == pytest.approx(1, abs=1e-4)
+        matmul = next(line for line in mine if line["category"] == MATMUL)
+        assert float(matmul["self_ms"]) > 0 and mine[0]["source"] == "CPU operators" and not mine[0]["device_busy_ms"]
+        work_tflop = 2 * 16 * float(timed[model]["flops_per_token"]) / 1e12  # the step's real tokens x FLOPs/token
+        for line in mine:
+            assert float(line["us_per_tflop"]) == pytest.approx(float(line["self_ms"]) * 1e3 / work_tflop, rel=1e-3)
+            assert float(line["us_per_1k_tokens"]) == pytest.approx(float(line["self_ms"]) * 1e6 / 32, rel=1e-3)
+    names = list(csv.DictReader(open(paths["profile_names"])))
+    assert {(n["model"], n["name"]) for n in names if n["category"] == MATMUL} >= {("bert-base", "aten::addmm")}
+    assert any(n["model"] == "neobert" and n["category"] == MATMUL and n["name"].startswith("aten::") for n in names)
+    table = paths["markdown"].read_text()
+    assert "### where the time goes: inference, full batches, 16 tokens (CPU operators, one step)" in table
+    assert "| neobert (2) |" in table and "| bert-base (2) |" in table and "operators / wall" in table
+
+
+def test_the_profiled_step_runs_after_a_groups_timed_steps(monkeypatch):
+    calls = []
+    real_time_step, real_profile_step = job.time_step, job.profile_step
+    monkeypatch.setattr(job, "time_step", lambda model, *a, **k: calls.append(("time", model.name)) or
+                        real_time_step(model, *a, **k))
+    monkeypatch.setattr(job, "profile_step", lambda model, *a, **k: calls.append(("profile", model.name)) or
+                        real_profile_step(model, *a, **k))
+    config = ThroughputConfig(models=["neobert", "bert-base"], neobert_preset="tiny", lengths=[8, 16],
+                              batch_sizes=[2], repeats=2, warmup=0, device="cpu", matmul_calls=1, profile=True)
+    rows = job.run_throughput(config)
+    assert all(row.profile is not None and row.profile.tokens == 2 * row.seq_len for row in rows)
+    group = [("time", "neobert"), ("time", "bert-base")] * 2 + [("profile", "neobert"), ("profile", "bert-base")]
+    assert calls == group * 2  # per length: the interleaved timed steps, then one profiled step per model
+
+
+def test_a_profile_that_fails_costs_its_row_nothing_but_the_profile(monkeypatch, caplog):
+    real_profile_step = job.profile_step
+
+    def profile_step(model, *args):
+        if model.name == "bert-base":
+            raise RuntimeError("CUPTI is not available")
+        return real_profile_step(model, *args)
+
+    monkeypatch.setattr(job, "profile_step", profile_step)
+    config = ThroughputConfig(models=["neobert", "bert-base"], neobert_preset="tiny", lengths=[16], batch_sizes=[2],
+                              repeats=1, device="cpu", matmul_calls=1, profile=True)
+    neobert, bert = job.run_throughput(config)
+    assert neobert.profile is not None and "profile failed" not in neobert.note
+    assert bert.tokens_per_s > 0 and bert.profile is None
+    assert bert.note.endswith("profile failed: RuntimeError: CUPTI is not available")
+    assert "bert-base: profile failed: RuntimeError: CUPTI is not available" in caplog.text
+
+
+def test_a_gpu_profile_table_takes_a_unit_that_fits_and_says_how_busy_the_device_was():
+    rows = []
+    for model, flops, kernels in (("neobert", 6e8, {"sm90_xmma_gemm_bf16": 500.0, "flash_fwd_kernel": 200.0,
+                                                     "triton_poi_fused_mul_silu_0": 100.0}),
+                                  ("bert-base", 2e8, {"sm90_xmma_gemm_bf16": 250.0, "flash_fwd_kernel": 50.0})):
+        tokens = 512 * 64
+        profile = summarise(list(kernels.items()), "CUDA kernels", steps=1, wall_us=1000.0, busy_us=900.0,
+                            tokens=tokens)
+        rows.append(tp.ThroughputRow(model, "inference", "full", 512, 64, tokens / 1e-3, 1e-3, flops, None, None, None,
+                                     "cuda", "bfloat16", profile=profile))
+    table = profile_markdown(rows)
+    assert "### where the time goes: inference, full batches, 512 tokens (CUDA kernels, one step)" in table
+    assert "µs per TFLOP of each model's work" in table and "device busy / wall" in table
+    # neobert: 500 µs of matmul over 32,768 tokens x 6e8 FLOPs (19.66 TFLOP) = 25.43 µs per TFLOP, 62.5% of 800 µs
+    assert "| neobert (64) | 25.431 (62%) | 10.173 (25%) | 5.086 (12%) | 40.690 | 90% |" in table
+    assert "| bert-base (64) | 38.147 (83%) | 7.629 (17%) | 0.000 (0%) | 45.776 | 90% |" in table
+    assert "norm" not in table.split("\n")[4]  # a category no model spent time in has no column
 
 
 def test_compiled_models_are_timed_and_an_emulated_bf16_run_has_no_matmul_reference(monkeypatch):

@@ -1,7 +1,8 @@
 """Where a training step's time goes, by kind of work: the self time of each kernel (on a GPU) or operator (on a
 CPU) of a `torch.profiler` recording, put into categories by name (`category_of`, the explicit patterns of
-`RULES`) and summed (`summarise`). The GPU check's profile of the model with its MLM head uses it
-(`neobert.jobs.gpu_check_stages`, `profile=true`).
+`RULES`) and summed (`summarise`, `summarise_events`). The GPU check's profiles of the model with its MLM head and of
+the training loop use it (`neobert.jobs.gpu_check_stages`, `profile=true`), and so does the throughput job's profile
+of each timed row (`neobert.eval.throughput.profile_step`, `profile=true`).
 
 Categories by name only: a pointwise kernel of the eager RMSNorm (a multiply, an rsqrt) is "elementwise", not
 "norm"; a fused Inductor kernel is "norm" when it computes an rsqrt, else "elementwise". Names no rule knows are
@@ -14,7 +15,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
+import torch
 from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity
 
 MATMUL, ATTENTION, MLM_LOSS, NORM, ELEMENTWISE, COPY, OPTIMIZER, COMMUNICATION, OTHER = (
     "matmul (GEMM)", "attention", "MLM loss", "norm", "elementwise", "copy/cast", "optimizer", "communication",
@@ -141,6 +144,18 @@ def summarise(times: Iterable[tuple[str, float]], source: str, steps: int, wall_
     for entry in names:
         by_category[entry.category] += entry.self_us
     return KernelProfile(source, steps, wall_us, sum(by_category.values()), by_category, names, busy_us, tokens)
+
+
+def profiler_activities(device: torch.device) -> list[ProfilerActivity]:
+    """What torch.profiler records here: the CPU's operators, and on a GPU its kernels and copies."""
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+
+
+def summarise_events(events, on_gpu: bool, steps: int, wall_us: float, tokens: int | None = None) -> KernelProfile:
+    """A finished recording's events (`prof.events()`) of `steps` steps that took `wall_us` -> their self time by
+    category: a GPU's kernels (and the device's busy time), else the CPU's operators."""
+    return summarise(self_times(events, on_gpu), "CUDA kernels" if on_gpu else "CPU operators", steps, wall_us,
+                     device_busy_us(events) if on_gpu else None, tokens)
 
 
 def self_times(events, on_gpu: bool) -> list[tuple[str, float]]:

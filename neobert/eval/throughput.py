@@ -32,6 +32,7 @@ from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, Ro
 
 from neobert.config.throughput import ATTENTION_KERNEL_MODELS, LAYOUTS, WINDOWED_MODELS
 from neobert.eval.flops import flops_per_token, matmul_params
+from neobert.eval.kernel_profile import KernelProfile, profiler_activities, summarise_events
 from neobert.model import NeoBERT, NeoBERTConfig
 from neobert.model.attention import attention_kernel_missing_reason, chosen_packed_kernel, flash_attn_packages
 from neobert.model.kernels import liger_missing_reason
@@ -304,6 +305,16 @@ def time_step(model: BenchModel, batch: Batch, training: bool, device: torch.dev
     return time.perf_counter() - start
 
 
+def profile_step(model: BenchModel, batch: Batch, training: bool, device: torch.device,
+                 autocast_dtype: torch.dtype | None = None) -> KernelProfile:
+    """One more `time_step` under torch.profiler: where its time went, by kind of kernel (on a GPU; the CPU's
+    operators otherwise), and on a GPU how much of the step's wall time the device was busy (the rest it waited for
+    the host: launches, Python). Called after a row's timed steps: the profiler's overhead is in no timing."""
+    with profile(activities=profiler_activities(device)) as recording:
+        wall = time_step(model, batch, training, device, autocast_dtype)
+    return summarise_events(recording.events(), device.type == "cuda", 1, wall * 1e6, batch.real_tokens)
+
+
 # The reference matmul of a CPU's rate: the shape of a 768-wide encoder's FFN input projection on 4,096 tokens.
 MATMUL_REFERENCE_SHAPE = (4096, 768, 3072)
 
@@ -399,6 +410,9 @@ class ThroughputRow:
     peak_flops: float | None = None  # MFU's denominator: a GPU's published peak, or the CPU matmul rate measured
     peak_source: str = ""  # "published" | "measured matmul MxKxN" | ""
     reference_standalone: float | None = None  # the measured matmul rate alone, before the models (its check)
+    # profile=true: one more step of the row under torch.profiler (`profile_step`); reported in its own tables, not
+    # in throughput.csv
+    profile: KernelProfile | None = field(default=None, repr=False, compare=False)
 
 
 def resolve_device(name: str) -> torch.device:

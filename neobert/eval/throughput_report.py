@@ -1,5 +1,6 @@
 """The throughput measurement's reports: its rows as CSV (written and read back) and as Markdown tables in the
-layout of paper Table 9 (tokens/s per model and length, achieved FLOP/s or MFU, and speed ratios)."""
+layout of paper Table 9 (tokens/s per model and length, achieved FLOP/s or MFU, and speed ratios); with
+profile=true, where each row's step spent its time, by kind of kernel (`write_profile_csvs`, `profile_markdown`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from neobert.config.throughput import LAYOUTS, MODEL_NAMES, MODES, WINDOWED_MODELS
+from neobert.eval.kernel_profile import CATEGORIES
 from neobert.eval.throughput import ThroughputRow
 
-CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow)]
+CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow) if f.name != "profile"]  # the profile has its own
+PROFILE_KEYS = ["model", "mode", "layout", "seq_len", "batch_size"]  # which row a profile line belongs to
 
 
 def write_csv(rows: Sequence[ThroughputRow], path: str | Path) -> Path:
@@ -22,8 +25,78 @@ def write_csv(rows: Sequence[ThroughputRow], path: str | Path) -> Path:
         writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
         writer.writeheader()
         for row in rows:
-            writer.writerow(dataclasses.asdict(row))
+            writer.writerow({name: getattr(row, name) for name in CSV_FIELDS})
     return path
+
+
+def profiled(rows: Sequence[ThroughputRow]) -> list[ThroughputRow]:
+    return [row for row in rows if row.profile is not None]
+
+
+def seconds_per_tflop(row: ThroughputRow, self_us: float) -> float:
+    """`self_us` of the row's profiled step per TFLOP of the model's work in it (its real tokens x FLOPs per token):
+    a category's cost per unit of work, comparable between models of different sizes (a GPU at 100% of a 989 TFLOP/s
+    peak spends 1.01 µs per TFLOP in all)."""
+    return self_us / 1e6 / (row.profile.tokens * row.flops_per_token / 1e12)
+
+
+# a profile table's unit of time per TFLOP: the largest that its largest total reaches
+TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
+
+
+def write_profile_csvs(rows: Sequence[ThroughputRow], categories_path: str | Path, names_path: str | Path) -> None:
+    """Every profiled row's self time per category (every category, shares summing to 1; per step, per 1,000 real
+    tokens and per PFLOP) and per kernel or operator name with its category (what a new rule of
+    neobert.eval.kernel_profile would be written from)."""
+    with Path(categories_path).open("w", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(PROFILE_KEYS + ["source", "category", "self_ms", "share", "us_per_1k_tokens", "us_per_tflop",
+                                        "wall_ms", "device_busy_ms"])
+        for row in profiled(rows):
+            result = row.profile
+            busy = "" if result.busy_us is None else f"{result.busy_us / 1e3:.4f}"
+            for total in result.category_totals():
+                writer.writerow([getattr(row, key) for key in PROFILE_KEYS] + [
+                    result.source, total.category, f"{total.self_us / 1e3:.4f}", f"{total.share:.6f}",
+                    f"{total.self_us / result.tokens * 1e3:.4f}", f"{seconds_per_tflop(row, total.self_us) * 1e6:.6g}",
+                    f"{result.wall_us / 1e3:.4f}", busy])
+    with Path(names_path).open("w", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(PROFILE_KEYS + ["category", "self_ms", "calls", "name"])
+        for row in profiled(rows):
+            for entry in row.profile.names:
+                writer.writerow([getattr(row, key) for key in PROFILE_KEYS] + [
+                    entry.category, f"{entry.self_us / 1e3:.4f}", entry.calls, entry.name])
+
+
+def profile_markdown(rows: Sequence[ThroughputRow]) -> str:
+    """Per (mode, layout, length), the profiled models as rows: each category's self time per TFLOP of the model's
+    work (its share of the step's kernel time), the total, and how busy the device was during the step's
+    wall time. The per-FLOP view makes a category of two models compare directly: a ratio per FLOP between them is
+    the ratio of their totals, wherever the device was kept busy."""
+    out = []
+    keys = sorted({(r.mode, r.layout, r.seq_len) for r in profiled(rows)},
+                  key=lambda k: (MODES.index(k[0]), LAYOUTS.index(k[1]), k[2]))
+    for mode, layout, length in keys:
+        group = [r for r in profiled(rows) if (r.mode, r.layout, r.seq_len) == (mode, layout, length)]
+        group.sort(key=lambda r: MODEL_NAMES.index(r.model))
+        shown = [c for c in CATEGORIES if any(r.profile.self_us[c] for r in group)]
+        source = group[0].profile.source
+        busy = "device busy / wall" if group[0].profile.busy_us is not None else "operators / wall"
+        largest = max(seconds_per_tflop(r, r.profile.total_us) for r in group)
+        scale, unit = next((scale, unit) for scale, unit in TIME_UNITS if largest >= scale or unit == "ns")
+        out += [f"### where the time goes: {mode}, {layout} batches, {length} tokens ({source}, one step)\n",
+                f"{unit} per TFLOP of each model's work (share of its kernel time); windowed rows count dense FLOPs\n",
+                "| model (batch) | " + " | ".join(shown) + f" | total | {busy} |",
+                "|---|" + "---:|" * (len(shown) + 2)]
+        for row in group:
+            result = row.profile
+            cells = [f"{seconds_per_tflop(row, result.self_us[c]) / scale:.3f} ({result.share(c):.0%})" for c in shown]
+            covered = (result.busy_us if result.busy_us is not None else result.total_us) / result.wall_us
+            out.append(f"| {row.model} ({row.batch_size}) | " + " | ".join(cells)
+                       + f" | {seconds_per_tflop(row, result.total_us) / scale:.3f} | {covered:.0%} |")
+        out.append("")
+    return "\n".join(out)
 
 
 def read_csv(path: str | Path) -> list[ThroughputRow]:

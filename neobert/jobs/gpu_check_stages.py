@@ -27,7 +27,7 @@ from typing import Callable
 
 import lightning as L
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import profile
 from transformers import AutoModelForMaskedLM
 
 from neobert.config.gpu_check import GpuCheckConfig
@@ -38,7 +38,7 @@ from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import CheckpointError
 from neobert.eval.flops import mfu, peak_flops
-from neobert.eval.kernel_profile import KernelProfile, device_busy_us, self_times, summarise
+from neobert.eval.kernel_profile import KernelProfile, profiler_activities, summarise_events
 from neobert.eval.plots import read_curves
 from neobert.eval.throughput import (Batch, BenchModel, make_batch, neobert_forward, rows_as_documents,
                                      synchronize, time_step)
@@ -331,21 +331,13 @@ def profile_stage(plan: Plan, step: HeadStep | None) -> tuple[StageRow, KernelPr
     return row, (found[0] if found else None)
 
 
-def profiler_activities(device: torch.device) -> list[ProfilerActivity]:
-    """What torch.profiler records here: the CPU's operators, and on a GPU its kernels and copies."""
-    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-
-
 def summarise_recording(recording: profile, device: torch.device, steps: int, wall_s: float, output_dir: Path,
                         files: ProfileFiles, tokens: int) -> KernelProfile:
     """A finished torch.profiler recording of `steps` steps that took `wall_s` and trained on `tokens`: its trace and
     tables written to output_dir, its self time by category (and, on a GPU, the device's busy time) returned."""
-    on_gpu = device.type == "cuda"
     output_dir.mkdir(parents=True, exist_ok=True)
     recording.export_chrome_trace(str(output_dir / files.trace))
-    events = recording.events()
-    result = summarise(self_times(events, on_gpu), "CUDA kernels" if on_gpu else "CPU operators", steps,
-                       wall_s * 1e6, device_busy_us(events) if on_gpu else None, tokens)
+    result = summarise_events(recording.events(), device.type == "cuda", steps, wall_s * 1e6, tokens)
     write_profile_tables(result, output_dir, files)
     return result
 

@@ -10,7 +10,9 @@ The run (`run_throughput`), with the measurement's pieces from `neobert.eval.thr
   throttling machine slows every model alike and the ratios stay fair; on a CPU without a published peak, the
   matmul reference is measured between them (MFU's denominator);
 * a model that cannot be built or run at a (layout, length) is a row with its reason in `note`; a measured NeoBERT
-  row's note names the attention kernel that ran (`neobert` with the auto choice, `neobert-<kernel>` with that one).
+  row's note names the attention kernel that ran (`neobert` with the auto choice, `neobert-<kernel>` with that one);
+* with `profile`, every timed row runs one more step under torch.profiler after the timed ones: where its time goes
+  by kind of kernel, in throughput_profile.csv, throughput_profile_names.csv and throughput.md.
 """
 
 from __future__ import annotations
@@ -27,26 +29,34 @@ from neobert.config.throughput import FLEX_MODELS, ThroughputConfig
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
 from neobert.eval.plots import plot_throughput
 from neobert.eval.throughput import (MATMUL_REFERENCE_SHAPE, Batch, BenchModel, MatmulReference, ModelUnavailable,
-                                     ThroughputRow, build_model, is_out_of_memory, make_batch, resolve_device,
-                                     resolve_dtype, search_batch_size, time_step)
-from neobert.eval.throughput_report import markdown_table, write_csv
-from neobert.layout import THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT
+                                     ThroughputRow, build_model, is_out_of_memory, make_batch, profile_step,
+                                     resolve_device, resolve_dtype, search_batch_size, time_step)
+from neobert.eval.throughput_report import markdown_table, profile_markdown, profiled, write_csv, write_profile_csvs
+from neobert.layout import (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
+                            THROUGHPUT_PROFILE_NAMES_CSV)
 
 log = logging.getLogger(__name__)
 
 
 def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
-    """Measures, writes the reports and returns their paths ({"csv", "markdown", "plot"})."""
+    """Measures, writes the reports and returns their paths ({"csv", "markdown", "plot"}, and with profile=true
+    "profile", "profile_names")."""
     return write_reports(run_throughput(config), config.output_dir)
 
 
 def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path) -> dict[str, Path]:
-    """CSV, Markdown table and the Figure 3 plot under `output_dir`."""
+    """CSV, Markdown table and the Figure 3 plot under `output_dir`; the profiled rows' tables where there are any."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = {"csv": write_csv(rows, output_dir / THROUGHPUT_CSV)}
     paths["markdown"] = output_dir / THROUGHPUT_MD
-    paths["markdown"].write_text(markdown_table(rows) + "\n")
+    text = markdown_table(rows)
+    if profiled(rows):
+        paths["profile"], paths["profile_names"] = (output_dir / THROUGHPUT_PROFILE_CSV,
+                                                    output_dir / THROUGHPUT_PROFILE_NAMES_CSV)
+        write_profile_csvs(rows, paths["profile"], paths["profile_names"])
+        text += "\n" + profile_markdown(rows)
+    paths["markdown"].write_text(text + "\n")
     paths["plot"] = plot_throughput(rows, output_dir / THROUGHPUT_PLOT)
     return paths
 
@@ -151,6 +161,14 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     if reference is not None:
                         reference_rates.extend(reference.measure())
                 group_peak = statistics.median(reference_rates) if reference_rates else peak
+                profiles, profile_failures = {}, {}
+                if config.profile:
+                    for name, (size, batch) in chosen.items():
+                        try:  # a diagnosis: its failure must not cost the row its timing
+                            profiles[name] = profile_step(models[name], batch, training, device, autocast_dtype)
+                        except Exception as err:  # noqa: BLE001 - reported in the row's note and the log
+                            profile_failures[name] = f"profile failed: {type(err).__name__}: {err}"
+                            log.warning("%s L=%d %s: %s", layout, length, name, profile_failures[name])
                 if reference_rates:
                     progress(f"{layout} L={length} matmul reference: {group_peak / 1e9:,.1f} GFLOP/s between the steps "
                              f"(median of {len(reference_rates)} calls), {group_peak / standalone:.2f}x standalone")
@@ -164,8 +182,10 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                         name, config.mode, layout, length, size, tokens_per_s, step, fpt, achieved,
                         None if group_peak is None else achieved / group_peak,
                         sum(p.numel() for p in bench.module.parameters()), device.type,
-                        str(dtype).removeprefix("torch."), note=bench.attention.get(layout, ""),
+                        str(dtype).removeprefix("torch."),
+                        note="; ".join(filter(None, (bench.attention.get(layout, ""), profile_failures.get(name)))),
                         peak_flops=group_peak, peak_source=peak_source, reference_standalone=standalone,
+                        profile=profiles.get(name),
                     ))
                     progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")
     return rows

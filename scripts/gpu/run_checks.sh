@@ -5,7 +5,8 @@
 # RESULTS (default: $OUT, else runs/gpu_checks) gets these files, so that a device call brings all back (it returns
 # at most 8):
 # log.txt (every step's summary and report), tests.txt and tests_fa4.txt (the CUDA tests' whole output) and
-# checks.tgz (each gpu_check's report, JSON and profile tables, each throughput CSV), packed again after every step
+# checks.tgz (each gpu_check's report, JSON and profile tables, each throughput CSV and its profile tables), packed
+# again after every step
 # so that a call cut short still returns what finished.
 #   bash scripts/gpu/run_checks.sh [PREPARED=.gpu] [RESULTS] [STEP ...]
 # STEPs, most wanted first (the default: all of them in this order; a device call runs 10 minutes at most, so name
@@ -92,12 +93,18 @@ fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 LOG=$RESULTS/log.txt
 say() { echo "=== $(date -u +%T) $*" | tee -a "$LOG"; }
-# throughput NAME SECONDS key=value...: one experiments.throughput run, its tables logged, its CSV kept as NAME.csv
+# throughput NAME SECONDS key=value...: one experiments.throughput run, profiled (one more step per row after its
+# timed ones: where its time goes, by kind of kernel), its tables logged, its CSV kept as NAME.csv, its profile tables
+# as NAME_profile.csv and NAME_profile_names.csv
 throughput() {
     local name=$1 seconds=$2
     shift 2
-    timeout "$seconds" python3 -m experiments.throughput "$@" output_dir=/tmp/"$name" 2>&1 | tail -16 | tee -a "$LOG"
+    timeout "$seconds" python3 -m experiments.throughput "$@" profile=true output_dir=/tmp/"$name" 2>&1 | tail -16 \
+        | tee -a "$LOG"
     cp /tmp/"$name"/throughput.csv "$STAGE"/"$name".csv
+    cp /tmp/"$name"/throughput_profile.csv "$STAGE"/"$name"_profile.csv 2>/dev/null
+    cp /tmp/"$name"/throughput_profile_names.csv "$STAGE"/"$name"_profile_names.csv 2>/dev/null
+    sed -n '/^### where the time goes/,$p' /tmp/"$name"/throughput.md 2>/dev/null >> "$LOG"
 }
 # bench NAME SECONDS [ROWS=32768]: an A/B script of scripts/bench over ROWS rows, 20 alternations, its table logged
 bench() {

@@ -37,6 +37,27 @@ def test_auto_classes_load_our_export_without_remote_code(export_dir):
     assert classifier.classifier.weight.abs().sum() > 0
 
 
+def test_the_auto_mlm_class_takes_labels_checks_them_and_takes_the_decoder_padding_at_load(export_dir):
+    """What transformers' Trainer does with an MLM: labels in, the loss out (it once raised AttributeError: the
+    wrapper lacked the label check's helper), out-of-range labels refused; the padded decoder chosen at load gives the
+    same loss and logits."""
+    directory, model = export_dir
+    ids = torch.randint(5, 1000, (2, 10))
+    labels = torch.full_like(ids, -100)
+    labels[0, 2], labels[1, 7] = ids[0, 2], ids[1, 7]
+    with torch.no_grad():
+        ours = model(ids, labels=labels)
+        for hf in (AutoModelForMaskedLM.from_pretrained(directory).eval(),
+                   AutoModelForMaskedLM.from_pretrained(directory, decoder_pad_multiple=64).eval()):
+            out = hf(input_ids=ids, labels=labels)
+            torch.testing.assert_close(out.loss, ours.loss)
+            torch.testing.assert_close(out.logits, ours.logits)
+        assert hf.config.decoder_pad_multiple == 64
+        labels[0, 3] = model.config.vocab_size
+        with pytest.raises(ValueError, match="labels must be -100 or token ids"):
+            hf(input_ids=ids, labels=labels)
+
+
 def test_hf_save_pretrained_round_trips_the_hub_layout(export_dir, tmp_path_factory):
     directory, model = export_dir
     hf = AutoModelForMaskedLM.from_pretrained(directory)

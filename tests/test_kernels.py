@@ -1,5 +1,6 @@
 """NeoBERTConfig.kernels and fused_mlm_loss (neobert.model.kernels): the Liger path is wired where it should be and
-equals the eager path.
+equals the eager path. NeoBERTConfig.decoder_pad_multiple: the MLM decoder's matmul on a padded weight gives the
+decoder's logits, loss and gradients.
 
 On CPU: the choice is validated, never written to config.json, refused with the key's name where Liger-Kernel is
 missing, and, with Liger's three functions replaced by reference arithmetic, the model calls them at every norm and MLP
@@ -65,6 +66,86 @@ def test_pretraining_names_its_override_when_liger_is_missing(monkeypatch):
         config = load_pretrain_config("demo", [f"model.overrides.{key}={value}"])
         with pytest.raises(ConfigError, match=rf"model\.overrides\.{key}.*liger-kernel"):
             build_model_config(config, load_tokenizer(config.data.tokenizer))
+
+
+class LinearShapes(torch.overrides.TorchFunctionMode):
+    """Records the weight shape of every F.linear call."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.linear:
+            self.weights.append(tuple(args[1].shape))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("selection", ["masked_index", "masked_only", "all positions"])
+def test_a_padded_decoder_gives_the_decoders_logits_loss_and_gradients(selection):
+    """decoder_pad_multiple=64: the decoder's matmul runs on 30,528 rows (tiny's vocabulary is bert-base-uncased's
+    30,522), and the logits, the loss, the predictions and every gradient are the unpadded decoder's."""
+    torch.manual_seed(0)
+    as_is = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
+    padded = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", decoder_pad_multiple=64))
+    padded.load_state_dict(as_is.state_dict())
+    assert as_is.config.vocab_size == 30522 and padded.decoder.weight.shape == (30522, 64)  # the checkpoint's shape
+    ids, labels = masked_batch()
+    selected = {"masked_index": {"masked_index": (labels.reshape(-1) != -100).nonzero().squeeze(1)},
+                "masked_only": {"masked_only": True}, "all positions": {}}[selection]
+    outputs = []
+    for model in (as_is, padded):
+        with LinearShapes() as shapes:
+            out = model(ids, labels=labels, **selected)
+        out.loss.backward()
+        outputs.append(out)
+        assert shapes.weights[-1] == (30528 if model is padded else 30522, 64)  # the decoder's matmul
+    (eager, ours) = outputs
+    assert ours.logits.shape == eager.logits.shape and ours.logits.shape[-1] == 30522
+    torch.testing.assert_close(ours.logits, eager.logits, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours.loss, eager.loss, rtol=1e-5, atol=1e-6)
+    assert torch.equal(ours.predicted_ids(), eager.predicted_ids())
+    for (name, p_padded), p_as_is in zip(padded.named_parameters(), as_is.parameters()):
+        assert p_padded.grad.shape == p_as_is.grad.shape
+        torch.testing.assert_close(p_padded.grad, p_as_is.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_padded_linear_in_bf16_compiles_into_one_graph_and_equals_the_linear():
+    torch.manual_seed(0)
+    x = torch.randn(6, 16, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(13, 16, dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(13, dtype=torch.bfloat16, requires_grad=True)
+    expected = F.linear(x, weight, bias)
+    grads = torch.autograd.grad(expected.float().square().sum(), (x, weight, bias))
+    for run in (modeling.padded_linear, torch.compile(modeling.padded_linear, fullgraph=True, backend="aot_eager")):
+        out = run(x, weight, bias, 8)
+        assert out.shape == (6, 13)
+        torch.testing.assert_close(out, expected, rtol=1e-2, atol=1e-2)
+        for got, want in zip(torch.autograd.grad(out.float().square().sum(), (x, weight, bias)), grads):
+            torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    assert modeling.padded_linear(x, weight, None, 13).shape == (6, 13)  # a multiple already, and no bias
+
+
+@pytest.mark.parametrize("value", [0, -64, True, 2.5, "64"])
+def test_decoder_pad_multiple_is_validated(value):
+    with pytest.raises(ModelFieldError, match="decoder_pad_multiple.*positive integer") as err:
+        NeoBERTConfig.from_preset("tiny", decoder_pad_multiple=value)
+    assert err.value.field == "decoder_pad_multiple"
+
+
+def test_decoder_padding_is_the_machines_choice_named_as_an_override_and_not_written_to_config_json(tmp_path):
+    from neobert.data.tokenizer import load_tokenizer
+    from neobert.errors import ConfigError
+    from neobert.jobs.pretrain import build_model_config, load_pretrain_config
+
+    NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", decoder_pad_multiple=64)).save_pretrained(tmp_path)
+    assert "decoder_pad_multiple" not in json.loads((tmp_path / "config.json").read_text())
+    assert NeoBERTForMaskedLM.from_pretrained(tmp_path).config.decoder_pad_multiple == 1
+    config = load_pretrain_config("demo", ["model.overrides.decoder_pad_multiple=64"])
+    assert build_model_config(config, load_tokenizer(config.data.tokenizer)).decoder_pad_multiple == 64
+    config = load_pretrain_config("demo", ["model.overrides.decoder_pad_multiple=0"])
+    with pytest.raises(ConfigError, match=r"model\.overrides\.decoder_pad_multiple.*positive integer"):
+        build_model_config(config, load_tokenizer(config.data.tokenizer))
 
 
 def test_kernels_are_the_machines_choice_not_written_to_config_json(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ NORMS = ("rmsnorm", "layernorm")
 ATTENTION_BACKENDS = ("sdpa", "varlen")
 KERNELS = ("eager", "liger")  # neobert.model.kernels
 # The fields that are choices of the machine, not of the model: never written to config.json (chosen at load).
-MACHINE_FIELDS = ("kernels", "fused_mlm_loss", "attention_kernel")
+MACHINE_FIELDS = ("kernels", "fused_mlm_loss", "attention_kernel", "decoder_pad_multiple")
 
 
 class ModelFieldError(ValueError):
@@ -57,6 +57,11 @@ class NeoBERTConfig:
     # Which kernel runs attention over packed (cu_seqlens) batches (neobert.model.attention: auto takes the fastest
     # installed; an explicit one is measured against it by experiments.throughput): also the machine's choice.
     attention_kernel: str = "auto"
+    # The MLM decoder's matmuls with the vocabulary padded by zero rows to a multiple of this, in the computation only
+    # (the weight, the checkpoint and the logits keep vocab_size; 1 = as is): the logits' rows of 30,522 bf16 values
+    # are not 16-byte aligned, and on the H200 the decoder's GEMMs ran Ampere-generation kernels with 2-element
+    # alignment (docs/benchmarks.md). The machine's choice too; the eager head's (the fused loss takes the weight).
+    decoder_pad_multiple: int = 1
     embedding_init_range: float = 0.02
     decoder_init_range: float = 0.02
     classifier_init_range: float = 0.02
@@ -98,6 +103,10 @@ class NeoBERTConfig:
             raise ModelFieldError("fused_mlm_loss", f"true {missing}; false runs everywhere")
         if missing := attention_kernel_missing_reason(self.attention_kernel):
             raise ModelFieldError("attention_kernel", f"{self.attention_kernel!r} {missing}; 'auto' runs everywhere")
+        if isinstance(self.decoder_pad_multiple, bool) or not isinstance(self.decoder_pad_multiple, int) \
+                or self.decoder_pad_multiple < 1:
+            raise ModelFieldError("decoder_pad_multiple", f"must be a positive integer (1 = no padding; 64 pads "
+                                                          f"30,522 rows to 30,528), got {self.decoder_pad_multiple!r}")
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_length", "num_labels"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:

@@ -101,6 +101,12 @@ class NeoBERTHFForMaskedLM(NeoBERTHFPreTrainedModel):
     def get_output_embeddings(self) -> nn.Module:
         return self.decoder
 
+    decode = NeoBERTForMaskedLM.decode  # reads self.decoder and self.config.decoder_pad_multiple, both here too
+
+    def _reads_device(self) -> bool:
+        """Whether the forward checks the labels' values: as the encoder checks its inputs (`validate_inputs`)."""
+        return self.model._reads_device()
+
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, labels=None,
                 output_hidden_states=None, return_dict=None, **kwargs):
         # Same attribute names as our module, so its forward runs unchanged on this wrapper.

@@ -339,7 +339,7 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
                 loss, predictions = liger_linear_cross_entropy(rows, self.decoder.weight, self.decoder.bias, targets,
                                                                IGNORE_INDEX)
                 return MaskedLMOutput(None, loss / scored, hidden, masked_index=masked_index, predictions=predictions)
-            logits = self.decoder(rows)
+            logits = self.decode(rows)
             loss = F.cross_entropy(logits.float(), targets, reduction="sum") / scored
             return MaskedLMOutput(logits, loss, hidden, masked_index=masked_index)
         if masked_only:
@@ -351,15 +351,20 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
                 loss, predictions = liger_linear_cross_entropy(rows, self.decoder.weight, self.decoder.bias,
                                                                labels[positions], IGNORE_INDEX)
                 return MaskedLMOutput(None, loss / rows.shape[0], hidden, positions, predictions=predictions)
-            logits = self.decoder(rows)
+            logits = self.decode(rows)
             loss = F.cross_entropy(logits.float(), labels[positions]) if logits.shape[0] else logits.sum() * 0.0
             return MaskedLMOutput(logits, loss, hidden, positions)
-        logits = self.decoder(hidden)
+        logits = self.decode(hidden)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                    ignore_index=IGNORE_INDEX)
         return MaskedLMOutput(logits, loss, hidden)
+
+    def decode(self, hidden: Tensor) -> Tensor:
+        """The decoder's logits over the vocabulary (`config.decoder_pad_multiple`: its matmul on a weight padded
+        with zero rows, the real columns of the result taken)."""
+        return padded_linear(hidden, self.decoder.weight, self.decoder.bias, self.config.decoder_pad_multiple)
 
     def _fuses_loss(self, rows: Tensor) -> bool:
         """Whether the masked rows' decoder and loss run as one fused kernel (neobert.model.kernels): with
@@ -368,6 +373,18 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
         Only the masked-row paths fuse: full logits are asked for to be read."""
         return (rows.shape[0] > 0 and torch.is_grad_enabled() and rows.requires_grad
                 and self.config.fused_mlm_loss and liger_runs_on(rows))
+
+
+def padded_linear(x: Tensor, weight: Tensor, bias: Tensor | None, multiple: int) -> Tensor:
+    """F.linear(x, weight, bias) computed with the weight's rows (the output features) padded with zeros to a multiple
+    of `multiple`, the output's real features returned (a view). Each output feature is its own dot product, so the
+    values are the unpadded ones; the output's rows are aligned for the GEMM, at the cost of a padded copy of the weight
+    per call and, in the backward, of the output gradient's padded copy."""
+    extra = -weight.shape[0] % multiple
+    if not extra:
+        return F.linear(x, weight, bias)
+    padded_bias = None if bias is None else F.pad(bias, (0, extra))
+    return F.linear(x, F.pad(weight, (0, 0, 0, extra)), padded_bias)[..., : weight.shape[0]]
 
 
 class ClassificationHead:

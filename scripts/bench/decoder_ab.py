@@ -6,11 +6,13 @@ bf16, forward + backward, as the pretraining step runs them, and with the decode
   step of 6,989 masked rows, 226-240 TFLOP/s; docs/benchmarks.md): 30,522 is not a multiple of 8, so the logits'
   rows are not 16-byte aligned;
 * padded: the same weight and bias with zero rows up to a multiple of 64 (30,528) for the matmul, the logits sliced
-  back to 30,522: what padding in the computation only (the checkpoint keeps its shape) would cost (the padded copy of
-  the weight, the zero-filled gradient of the slice) and give (aligned GEMMs);
+  back to 30,522 (`neobert.model.modeling.padded_linear`, what `NeoBERTConfig.decoder_pad_multiple=64` runs): what
+  padding in the computation only (the checkpoint keeps its shape) costs (the padded copy of the weight, the
+  zero-filled gradient of the slice) and gives (aligned GEMMs);
 * compiled, padded_compiled: both under `torch.compile` (Inductor may pad or fuse on its own).
 
-A candidate, not a path of the model. Each on the same rows, alternated, the median of `repeats`; and the loss's,
+The head alone; run_checks.sh's step `check_decoder_padded` measures the switch in the pretraining loop. Each on the
+same rows, alternated, the median of `repeats`; and the loss's,
 the rows' gradient's and the weight gradient's largest error against float32 on the same bf16 input, over the
 float32 value's largest.
 
@@ -29,6 +31,7 @@ from torch import nn
 from neobert.eval.ab import compare, device_label
 from neobert.eval.throughput import synchronize
 from neobert.model import NeoBERTConfig
+from neobert.model.modeling import padded_linear
 
 PAD_TO = 64  # rows of the padded decoder: a multiple of this (16-byte aligned bf16 rows, and whole GEMM tiles)
 
@@ -38,10 +41,7 @@ def as_is(decoder: nn.Linear, rows: torch.Tensor, targets: torch.Tensor) -> torc
 
 
 def padded(decoder: nn.Linear, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    vocab = decoder.out_features
-    extra = -vocab % PAD_TO
-    logits = F.linear(rows, F.pad(decoder.weight, (0, 0, 0, extra)), F.pad(decoder.bias, (0, extra)))
-    return F.cross_entropy(logits[:, :vocab].float(), targets)
+    return F.cross_entropy(padded_linear(rows, decoder.weight, decoder.bias, PAD_TO).float(), targets)
 
 
 def forward_backward(run, decoder: nn.Linear, rows: torch.Tensor, targets: torch.Tensor):

@@ -159,10 +159,12 @@ def test_profile_true_reports_where_each_rows_step_went_per_tflop_of_its_model(t
     assert any(n["model"] == "neobert" and n["category"] == MATMUL and n["name"].startswith("aten::") for n in names)
     table = paths["markdown"].read_text()
     assert "### where the time goes: inference, full batches, 16 tokens (CPU operators, one step)" in table
-    assert "| neobert (2) |" in table and "| bert-base (2) |" in table and "operators / wall" in table
+    assert "| neobert (2) |" in table and "| bert-base (2) |" in table and "operators / profiled step" in table
 
 
-def test_the_profiled_step_runs_after_a_groups_timed_steps(monkeypatch):
+def test_every_row_is_profiled_once_every_row_is_timed_on_its_real_tokens(monkeypatch):
+    """The profiler runs after the last timed step (its tracer may stay attached and slow what follows), one step per
+    timed row, on the row's batch: its real tokens, padded and unpadded layouts included."""
     calls = []
     real_time_step, real_profile_step = job.time_step, job.profile_step
     monkeypatch.setattr(job, "time_step", lambda model, *a, **k: calls.append(("time", model.name)) or
@@ -170,14 +172,20 @@ def test_the_profiled_step_runs_after_a_groups_timed_steps(monkeypatch):
     monkeypatch.setattr(job, "profile_step", lambda model, *a, **k: calls.append(("profile", model.name)) or
                         real_profile_step(model, *a, **k))
     config = ThroughputConfig(models=["neobert", "bert-base"], neobert_preset="tiny", lengths=[8, 16],
-                              batch_sizes=[2], repeats=2, warmup=0, device="cpu", matmul_calls=1, profile=True)
+                              layouts=["full", "padded"], batch_sizes=[4], repeats=2, warmup=0, device="cpu",
+                              matmul_calls=1, profile=True)
     rows = job.run_throughput(config)
-    assert all(row.profile is not None and row.profile.tokens == 2 * row.seq_len for row in rows)
-    group = [("time", "neobert"), ("time", "bert-base")] * 2 + [("profile", "neobert"), ("profile", "bert-base")]
-    assert calls == group * 2  # per length: the interleaved timed steps, then one profiled step per model
+    timed = [("time", "neobert"), ("time", "bert-base")] * 2
+    assert calls == timed * 4 + [("profile", row.model) for row in rows]  # 2 layouts x 2 lengths, then the profiles
+    assert all(row.profile.tokens == round(row.tokens_per_s * row.step_s) for row in rows)  # the timed step's tokens
+    padded = [row for row in rows if row.layout == "padded"]
+    assert all(row.profile.tokens < 4 * row.seq_len for row in padded)  # real tokens, not the padded slots
+    config.layouts, config.models = ["unpadded"], ["neobert"]
+    [unpadded, _] = job.run_throughput(config)
+    assert unpadded.profile.tokens == round(unpadded.tokens_per_s * unpadded.step_s) < 4 * 8
 
 
-def test_a_profile_that_fails_costs_its_row_nothing_but_the_profile(monkeypatch, caplog):
+def test_a_profile_that_fails_costs_its_row_nothing_but_the_profile(monkeypatch, caplog, tmp_path):
     real_profile_step = job.profile_step
 
     def profile_step(model, *args):
@@ -187,30 +195,59 @@ def test_a_profile_that_fails_costs_its_row_nothing_but_the_profile(monkeypatch,
 
     monkeypatch.setattr(job, "profile_step", profile_step)
     config = ThroughputConfig(models=["neobert", "bert-base"], neobert_preset="tiny", lengths=[16], batch_sizes=[2],
-                              repeats=1, device="cpu", matmul_calls=1, profile=True)
+                              repeats=1, device="cpu", matmul_calls=1, profile=True, output_dir=str(tmp_path))
     neobert, bert = job.run_throughput(config)
     assert neobert.profile is not None and "profile failed" not in neobert.note
     assert bert.tokens_per_s > 0 and bert.profile is None
     assert bert.note.endswith("profile failed: RuntimeError: CUPTI is not available")
     assert "bert-base: profile failed: RuntimeError: CUPTI is not available" in caplog.text
+    table = job.write_reports([neobert, bert], tmp_path)["markdown"].read_text()
+    assert "| neobert (2) |" in table and "- bert-base: profile failed: RuntimeError: CUPTI is not available" in table
+    bert.note = "attention: sdpa; profile failed: RuntimeError: CUPTI is not available"  # every row failed: listed
+    paths = job.write_reports([bert], tmp_path / "all_failed")
+    assert "- bert-base: profile failed" in paths["markdown"].read_text() and paths["profile"].exists()
+
+
+def test_a_gpu_recording_without_a_kernel_is_a_failed_profile_and_a_failed_training_step_leaves_no_gradient(
+        monkeypatch):
+    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
+    batch = tp.make_batch(2, 8, "full", bench.vocab_size, bench.pad_token_id, torch.device("cpu"))
+    row = tp.ThroughputRow("neobert", "training", "full", 8, 2, 1.0, 1.0, 1.0, None, None, None, "cuda", "bfloat16",
+                           note="attention: sdpa (no mask)")
+    monkeypatch.setattr(job, "profile_step", lambda *a: summarise([], "CUDA kernels", 1, 10.0, 0.0, 16))
+    job._profile_row(row, bench, batch, True, torch.device("cuda"), None)
+    assert row.profile is None
+    assert row.note == "attention: sdpa (no mask); profile failed: the recording holds no CUDA kernel"
+
+    def fails_after_the_backward(model, batch, *args):
+        tp.neobert_forward(model.module, batch).sum().backward()
+        raise RuntimeError("the profiler stopped")
+
+    monkeypatch.setattr(job, "profile_step", fails_after_the_backward)
+    job._profile_row(row, bench, batch, True, torch.device("cpu"), None)
+    assert all(p.grad is None for p in bench.module.parameters())  # the next step starts from no gradient
+    assert row.note.endswith("profile failed: RuntimeError: the profiler stopped")
 
 
 def test_a_gpu_profile_table_takes_a_unit_that_fits_and_says_how_busy_the_device_was():
     rows = []
-    for model, flops, kernels in (("neobert", 6e8, {"sm90_xmma_gemm_bf16": 500.0, "flash_fwd_kernel": 200.0,
-                                                     "triton_poi_fused_mul_silu_0": 100.0}),
-                                  ("bert-base", 2e8, {"sm90_xmma_gemm_bf16": 250.0, "flash_fwd_kernel": 50.0})):
-        tokens = 512 * 64
-        profile = summarise(list(kernels.items()), "CUDA kernels", steps=1, wall_us=1000.0, busy_us=900.0,
+    for model, flops, tokens, kernels, step_s, busy_us in (
+            ("neobert", 6e8, 32768, {"sm90_xmma_gemm_bf16": 30000.0, "flash_fwd_kernel": 8000.0,
+                                     "triton_poi_fused_mul_silu_0": 5000.0}, 0.050, 45000.0),
+            ("bert-base", 2e8, 16384, {"sm90_xmma_gemm_bf16": 4000.0, "flash_fwd_kernel": 1000.0}, 0.006, 4800.0)):
+        # the profiled step's wall time is the profiler's, longer than the timed step: not the busy column's base
+        profile = summarise(list(kernels.items()), "CUDA kernels", steps=1, wall_us=step_s * 1.2e6, busy_us=busy_us,
                             tokens=tokens)
-        rows.append(tp.ThroughputRow(model, "inference", "full", 512, 64, tokens / 1e-3, 1e-3, flops, None, None, None,
-                                     "cuda", "bfloat16", profile=profile))
+        rows.append(tp.ThroughputRow(model, "inference", "full", 512, tokens // 512, tokens / step_s, step_s, flops,
+                                     None, None, None, "cuda", "bfloat16", profile=profile))
     table = profile_markdown(rows)
     assert "### where the time goes: inference, full batches, 512 tokens (CUDA kernels, one step)" in table
-    assert "µs per TFLOP of each model's work" in table and "device busy / wall" in table
-    # neobert: 500 µs of matmul over 32,768 tokens x 6e8 FLOPs (19.66 TFLOP) = 25.43 µs per TFLOP, 62.5% of 800 µs
-    assert "| neobert (64) | 25.431 (62%) | 10.173 (25%) | 5.086 (12%) | 40.690 | 90% |" in table
-    assert "| bert-base (64) | 38.147 (83%) | 7.629 (17%) | 0.000 (0%) | 45.776 | 90% |" in table
+    assert "ms per TFLOP of each model's work (share of its kernel time)" in table
+    assert "device busy / timed step" in table
+    # neobert: 30 ms of matmul over 32,768 tokens x 6e8 FLOPs (19.66 TFLOP) = 1.526 ms per TFLOP, 70% of 43 ms;
+    # busy 45 of the timed step's 50 ms
+    assert "| neobert (64) | 1.526 (70%) | 0.407 (19%) | 0.254 (12%) | 2.187 | 90% |" in table
+    assert "| bert-base (32) | 1.221 (80%) | 0.305 (20%) | 0.000 (0%) | 1.526 | 80% |" in table
     assert "norm" not in table.split("\n")[4]  # a category no model spent time in has no column
 
 

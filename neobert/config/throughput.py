@@ -62,8 +62,8 @@ class ThroughputConfig:
     # torch.compile's mode (model.compile_mode's choices): reduce-overhead replays each shape's CUDA graphs (no launch
     # per kernel); max-autotune-no-cudagraphs searches matmul tiles (minutes per shape); both compilation, not timed
     compile_mode: str = "default"
-    # One more step of every timed row under torch.profiler, after its timed ones: its kernels' (GPU) or operators'
-    # (CPU) self time by kind (matmul, attention, norm, elementwise, ...) per PFLOP of the model's work, so that two
+    # One more step of every timed row under torch.profiler, once every row is timed: its kernels' (GPU) or operators'
+    # (CPU) self time by kind (matmul, attention, norm, elementwise, ...) per TFLOP of the model's work, so that two
     # models' categories compare; throughput_profile.csv, throughput_profile_names.csv and throughput.md
     profile: bool = False
     threads: int = 0  # torch CPU threads; 0 = leave as is

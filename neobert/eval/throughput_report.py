@@ -29,14 +29,27 @@ def write_csv(rows: Sequence[ThroughputRow], path: str | Path) -> Path:
     return path
 
 
+PROFILE_FAILED = "profile failed"  # how a row's note says that its profile (profile=true) failed, and why
+
+
 def profiled(rows: Sequence[ThroughputRow]) -> list[ThroughputRow]:
     return [row for row in rows if row.profile is not None]
+
+
+def profile_failure(row: ThroughputRow) -> str | None:
+    """Why the row's profile failed, from its note (None where it did not)."""
+    return row.note[row.note.index(PROFILE_FAILED):] if row.profile is None and PROFILE_FAILED in row.note else None
+
+
+def profile_was_asked(rows: Sequence[ThroughputRow]) -> bool:
+    """Whether any row was profiled or failed to be (profile=true): then the profile tables are written."""
+    return any(row.profile is not None or profile_failure(row) for row in rows)
 
 
 def seconds_per_tflop(row: ThroughputRow, self_us: float) -> float:
     """`self_us` of the row's profiled step per TFLOP of the model's work in it (its real tokens x FLOPs per token):
     a category's cost per unit of work, comparable between models of different sizes (a GPU at 100% of a 989 TFLOP/s
-    peak spends 1.01 µs per TFLOP in all)."""
+    peak spends 1.01 ms per TFLOP in all)."""
     return self_us / 1e6 / (row.profile.tokens * row.flops_per_token / 1e12)
 
 
@@ -46,7 +59,7 @@ TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
 
 def write_profile_csvs(rows: Sequence[ThroughputRow], categories_path: str | Path, names_path: str | Path) -> None:
     """Every profiled row's self time per category (every category, shares summing to 1; per step, per 1,000 real
-    tokens and per PFLOP) and per kernel or operator name with its category (what a new rule of
+    tokens and per TFLOP) and per kernel or operator name with its category (what a new rule of
     neobert.eval.kernel_profile would be written from)."""
     with Path(categories_path).open("w", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
@@ -71,31 +84,40 @@ def write_profile_csvs(rows: Sequence[ThroughputRow], categories_path: str | Pat
 
 def profile_markdown(rows: Sequence[ThroughputRow]) -> str:
     """Per (mode, layout, length), the profiled models as rows: each category's self time per TFLOP of the model's
-    work (its share of the step's kernel time), the total, and how busy the device was during the step's
-    wall time. The per-FLOP view makes a category of two models compare directly: a ratio per FLOP between them is
-    the ratio of their totals, wherever the device was kept busy."""
+    work (its share of the step's kernel time on a GPU, operator time on a CPU), the total, and on a GPU the device's
+    busy time over the row's timed step (unprofiled: the profiler's own cost left out; the rest of the step the device
+    waited for the host), on a CPU the operators' time over the profiled step. Per FLOP, a category of two models
+    compares directly: the ratio of their kernel totals is their per-FLOP ratio where both kept the device busy.
+    A timed row whose profile failed is listed below its table with the reason."""
     out = []
-    keys = sorted({(r.mode, r.layout, r.seq_len) for r in profiled(rows)},
+    keys = sorted({(r.mode, r.layout, r.seq_len) for r in rows if r.profile is not None or profile_failure(r)},
                   key=lambda k: (MODES.index(k[0]), LAYOUTS.index(k[1]), k[2]))
     for mode, layout, length in keys:
-        group = [r for r in profiled(rows) if (r.mode, r.layout, r.seq_len) == (mode, layout, length)]
-        group.sort(key=lambda r: MODEL_NAMES.index(r.model))
+        same = [r for r in rows if (r.mode, r.layout, r.seq_len) == (mode, layout, length)]
+        failures = [f"- {r.model}: {profile_failure(r)}" for r in same if profile_failure(r)]
+        group = sorted(profiled(same), key=lambda r: MODEL_NAMES.index(r.model))
+        if not group:
+            out += [f"### where the time goes: {mode}, {layout} batches, {length} tokens\n", *failures, ""]
+            continue
         shown = [c for c in CATEGORIES if any(r.profile.self_us[c] for r in group)]
-        source = group[0].profile.source
-        busy = "device busy / wall" if group[0].profile.busy_us is not None else "operators / wall"
+        on_gpu = group[0].profile.busy_us is not None
         largest = max(seconds_per_tflop(r, r.profile.total_us) for r in group)
         scale, unit = next((scale, unit) for scale, unit in TIME_UNITS if largest >= scale or unit == "ns")
-        out += [f"### where the time goes: {mode}, {layout} batches, {length} tokens ({source}, one step)\n",
-                f"{unit} per TFLOP of each model's work (share of its kernel time); windowed rows count dense FLOPs\n",
-                "| model (batch) | " + " | ".join(shown) + f" | total | {busy} |",
+        time_of = "kernel" if on_gpu else "operator"
+        out += [f"### where the time goes: {mode}, {layout} batches, {length} tokens ({group[0].profile.source}, one "
+                f"step)\n",
+                f"{unit} per TFLOP of each model's work (share of its {time_of} time); windowed rows count dense "
+                f"FLOPs\n",
+                "| model (batch) | " + " | ".join(shown)
+                + f" | total | {'device busy / timed step' if on_gpu else 'operators / profiled step'} |",
                 "|---|" + "---:|" * (len(shown) + 2)]
         for row in group:
             result = row.profile
             cells = [f"{seconds_per_tflop(row, result.self_us[c]) / scale:.3f} ({result.share(c):.0%})" for c in shown]
-            covered = (result.busy_us if result.busy_us is not None else result.total_us) / result.wall_us
+            covered = result.busy_us / (row.step_s * 1e6) if on_gpu else result.total_us / result.wall_us
             out.append(f"| {row.model} ({row.batch_size}) | " + " | ".join(cells)
                        + f" | {seconds_per_tflop(row, result.total_us) / scale:.3f} | {covered:.0%} |")
-        out.append("")
+        out += [""] + failures + ([""] if failures else [])
     return "\n".join(out)
 
 

@@ -11,8 +11,8 @@ The run (`run_throughput`), with the measurement's pieces from `neobert.eval.thr
   matmul reference is measured between them (MFU's denominator);
 * a model that cannot be built or run at a (layout, length) is a row with its reason in `note`; a measured NeoBERT
   row's note names the attention kernel that ran (`neobert` with the auto choice, `neobert-<kernel>` with that one);
-* with `profile`, every timed row runs one more step under torch.profiler after the timed ones: where its time goes
-  by kind of kernel, in throughput_profile.csv, throughput_profile_names.csv and throughput.md.
+* with `profile`, every timed row runs one more step under torch.profiler once every row is timed: where its time
+  goes by kind of kernel, in throughput_profile.csv, throughput_profile_names.csv and throughput.md.
 """
 
 from __future__ import annotations
@@ -23,15 +23,18 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from torch.profiler import profile
 
 from neobert.config.pretrain import CUDA_GRAPH_MODES
 from neobert.config.throughput import FLEX_MODELS, ThroughputConfig
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
+from neobert.eval.kernel_profile import profiler_activities
 from neobert.eval.plots import plot_throughput
 from neobert.eval.throughput import (MATMUL_REFERENCE_SHAPE, Batch, BenchModel, MatmulReference, ModelUnavailable,
                                      ThroughputRow, build_model, is_out_of_memory, make_batch, profile_step,
                                      resolve_device, resolve_dtype, search_batch_size, time_step)
-from neobert.eval.throughput_report import markdown_table, profile_markdown, profiled, write_csv, write_profile_csvs
+from neobert.eval.throughput_report import (PROFILE_FAILED, markdown_table, profile_markdown, profile_was_asked,
+                                            write_csv, write_profile_csvs)
 from neobert.layout import (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
                             THROUGHPUT_PROFILE_NAMES_CSV)
 
@@ -51,7 +54,7 @@ def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path) -> dict
     paths = {"csv": write_csv(rows, output_dir / THROUGHPUT_CSV)}
     paths["markdown"] = output_dir / THROUGHPUT_MD
     text = markdown_table(rows)
-    if profiled(rows):
+    if profile_was_asked(rows):
         paths["profile"], paths["profile_names"] = (output_dir / THROUGHPUT_PROFILE_CSV,
                                                     output_dir / THROUGHPUT_PROFILE_NAMES_CSV)
         write_profile_csvs(rows, paths["profile"], paths["profile_names"])
@@ -131,7 +134,14 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
             # depended on how many sizes the search had tried.
             models[name].module = torch.compile(models[name].module, dynamic=False, mode=config.compile_mode)
             models[name].cuda_graphs = config.compile_mode in CUDA_GRAPH_MODES
+    if config.profile and device.type == "cuda" and config.compile_mode in CUDA_GRAPH_MODES:
+        # The profiler's tracer set up before any graph is captured: otherwise the kernels a graph replays go
+        # unrecorded (pytorch/pytorch#100441; torch.profiler._utils._init_for_cuda_graphs does the same). A graph
+        # replay is one launch, so the tracer's cost per launch hardly touches the timings.
+        with profile(activities=profiler_activities(device)):
+            pass
     graphs = compiled_graphs(config, list(models), lengths, candidates)
+    to_profile: list[tuple[ThroughputRow, BenchModel, Batch]] = []  # profile=true: what is profiled after the timing
     with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, graphs),
                                     accumulated_recompile_limit=max(torch._dynamo.config.accumulated_recompile_limit,
                                                                     graphs),
@@ -161,14 +171,6 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     if reference is not None:
                         reference_rates.extend(reference.measure())
                 group_peak = statistics.median(reference_rates) if reference_rates else peak
-                profiles, profile_failures = {}, {}
-                if config.profile:
-                    for name, (size, batch) in chosen.items():
-                        try:  # a diagnosis: its failure must not cost the row its timing
-                            profiles[name] = profile_step(models[name], batch, training, device, autocast_dtype)
-                        except Exception as err:  # noqa: BLE001 - reported in the row's note and the log
-                            profile_failures[name] = f"profile failed: {type(err).__name__}: {err}"
-                            log.warning("%s L=%d %s: %s", layout, length, name, profile_failures[name])
                 if reference_rates:
                     progress(f"{layout} L={length} matmul reference: {group_peak / 1e9:,.1f} GFLOP/s between the steps "
                              f"(median of {len(reference_rates)} calls), {group_peak / standalone:.2f}x standalone")
@@ -182,13 +184,32 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                         name, config.mode, layout, length, size, tokens_per_s, step, fpt, achieved,
                         None if group_peak is None else achieved / group_peak,
                         sum(p.numel() for p in bench.module.parameters()), device.type,
-                        str(dtype).removeprefix("torch."),
-                        note="; ".join(filter(None, (bench.attention.get(layout, ""), profile_failures.get(name)))),
+                        str(dtype).removeprefix("torch."), note=bench.attention.get(layout, ""),
                         peak_flops=group_peak, peak_source=peak_source, reference_standalone=standalone,
-                        profile=profiles.get(name),
                     ))
                     progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")
+                    if config.profile:
+                        to_profile.append((rows[-1], bench, batch))
+        # After every timing: a profiler's kernel tracer may stay attached once it has run, and slow what follows
+        for row, bench, batch in to_profile:
+            _profile_row(row, bench, batch, training, device, autocast_dtype)
     return rows
+
+
+def _profile_row(row: ThroughputRow, bench: BenchModel, batch: Batch, training: bool, device: torch.device,
+                 autocast_dtype: torch.dtype | None) -> None:
+    """Sets `row.profile` from one more step of its model; a failure, or a GPU recording without a kernel, is said in
+    its note and the log instead: a diagnosis must not cost the row its timing."""
+    try:
+        row.profile = profile_step(bench, batch, training, device, autocast_dtype)
+        if device.type == "cuda" and not row.profile.total_us:
+            row.profile, failure = None, f"{PROFILE_FAILED}: the recording holds no CUDA kernel"
+    except Exception as err:  # noqa: BLE001 - reported in the row's note and the log
+        bench.module.zero_grad(set_to_none=True)  # a training step cut short may have left gradients
+        failure = f"{PROFILE_FAILED}: {type(err).__name__}: {err}"
+    if row.profile is None:
+        row.note = "; ".join(filter(None, (row.note, failure)))
+        log.warning("%s L=%d %s: %s", row.layout, row.seq_len, row.model, failure)
 
 
 def _search(bench: BenchModel, layout: str, length: int, candidates: Sequence[int], config: ThroughputConfig,

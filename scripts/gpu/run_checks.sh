@@ -5,9 +5,8 @@
 # RESULTS (default: $OUT, else runs/gpu_checks) gets these files, so that a device call brings all back (it returns
 # at most 8):
 # log.txt (every step's summary and report), tests.txt and tests_fa4.txt (the CUDA tests' whole output) and
-# checks.tgz (each gpu_check's report, JSON and profile tables, each throughput CSV and its profile tables), packed
-# again after every step
-# so that a call cut short still returns what finished.
+# checks.tgz (each gpu_check's report, JSON and profile tables, each throughput run's CSV, profile tables and log),
+# packed again after every step so that a call cut short still returns what finished.
 #   bash scripts/gpu/run_checks.sh [PREPARED=.gpu] [RESULTS] [STEP ...]
 # STEPs, most wanted first (the default: all of them in this order; a device call runs 10 minutes at most, so name
 # the ones that fit):
@@ -95,18 +94,27 @@ fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 LOG=$RESULTS/log.txt
 say() { echo "=== $(date -u +%T) $*" | tee -a "$LOG"; }
-# throughput NAME SECONDS key=value...: one experiments.throughput run, profiled (one more step per row after its
-# timed ones: where its time goes, by kind of kernel), its tables logged, its CSV kept as NAME.csv, its profile tables
-# as NAME_profile.csv and NAME_profile_names.csv
+# throughput NAME SECONDS key=value...: one experiments.throughput run, profiled (once every row is timed, one more
+# step per row: where its time goes, by kind of kernel); its report (throughput.md: the tables, then the profile's)
+# logged, or where it did not finish the run's last lines (each row's tokens/s as it was timed); its CSV kept as
+# NAME.csv, its profile tables as NAME_profile.csv and NAME_profile_names.csv. Nothing of an earlier run of the step
+# on this machine is kept or reported.
 throughput() {
     local name=$1 seconds=$2
     shift 2
-    timeout "$seconds" python3 -m experiments.throughput "$@" profile=true output_dir=/tmp/"$name" 2>&1 | tail -16 \
-        | tee -a "$LOG"
-    cp /tmp/"$name"/throughput.csv "$STAGE"/"$name".csv
+    rm -rf /tmp/"$name"
+    timeout "$seconds" python3 -m experiments.throughput "$@" profile=true output_dir=/tmp/"$name" \
+        > /tmp/"$name".log 2>&1
+    echo "$name exit $?" | tee -a "$LOG"
+    if [ -f /tmp/"$name"/throughput.md ]; then
+        tee -a "$LOG" < /tmp/"$name"/throughput.md
+    else
+        tail -30 /tmp/"$name".log | tee -a "$LOG"
+    fi
+    cp /tmp/"$name".log "$STAGE"/"$name".log
+    cp /tmp/"$name"/throughput.csv "$STAGE"/"$name".csv 2>/dev/null
     cp /tmp/"$name"/throughput_profile.csv "$STAGE"/"$name"_profile.csv 2>/dev/null
     cp /tmp/"$name"/throughput_profile_names.csv "$STAGE"/"$name"_profile_names.csv 2>/dev/null
-    sed -n '/^### where the time goes/,$p' /tmp/"$name"/throughput.md 2>/dev/null >> "$LOG"
 }
 # bench NAME SECONDS [ROWS=32768]: an A/B script of scripts/bench over ROWS rows, 20 alternations, its table logged
 bench() {
@@ -177,32 +185,32 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                               trainer.deepspeed.overlap_comm=false trainer.deepspeed.contiguous_gradients=false ;;
         loop_profile) gpu_check loop_profile 180 speed_only=true data.packing=best_fit trainer.profiler=simple ;;
         check) gpu_check check 240 profile=true model.overrides.attention_kernel=auto ;;
-        attention) throughput throughput_attention 180 mode=training 'lengths=[1024]' 'layouts=[full,unpadded]' \
+        attention) throughput throughput_attention 210 mode=training 'lengths=[1024]' 'layouts=[full,unpadded]' \
                        'models=[neobert,neobert-flash_attn_4,neobert-flash_attn_3,neobert-flash_attn,neobert-varlen_attn,neobert-padded_sdpa]' \
                        'batch_sizes=[32]' search_top=1 repeats=5 ;;
-        attention_compiled) throughput throughput_attention_compiled 300 mode=training 'lengths=[1024]' \
+        attention_compiled) throughput throughput_attention_compiled 330 mode=training 'lengths=[1024]' \
                                 'layouts=[full,unpadded]' 'models=[neobert,neobert-varlen_attn,neobert-flash_attn_4]' \
                                 'batch_sizes=[32]' search_top=1 repeats=5 compile=true ;;
-        attention_inference) throughput throughput_attention_inference 150 mode=inference 'lengths=[512,1024]' \
+        attention_inference) throughput throughput_attention_inference 180 mode=inference 'lengths=[512,1024]' \
                                  'layouts=[full,unpadded]' 'models=[neobert,neobert-varlen_attn,neobert-flash_attn_4]' \
                                  'batch_sizes=[32]' search_top=1 repeats=5 ;;
-        train) throughput throughput_training 120 mode=training 'lengths=[512,1024]' \
+        train) throughput throughput_training 150 mode=training 'lengths=[512,1024]' \
                    'models=[neobert,neobert-liger,bert-base]' 'batch_sizes=[32,64]' search_top=2 repeats=5 ;;
-        infer) throughput throughput_inference 90 mode=inference 'lengths=[512,1024,4096]' \
+        infer) throughput throughput_inference 120 mode=inference 'lengths=[512,1024,4096]' \
                    'models=[neobert,neobert-liger,bert-base,modernbert-base]' 'batch_sizes=[16,32,64]' search_top=2 \
                    repeats=3 ;;
-        infer_flex) throughput throughput_inference_flex 280 mode=inference 'lengths=[1024,2048,4096]' \
+        infer_flex) throughput throughput_inference_flex 310 mode=inference 'lengths=[1024,2048,4096]' \
                         'models=[neobert,neobert-liger,neobert-flash_attn_4,modernbert-base,modernbert-base-flex,modernbert-base-fa4]' \
                         'batch_sizes=[16]' search_top=1 repeats=3 ;;
-        infer_flex_compiled) throughput throughput_inference_flex_compiled 280 mode=inference \
+        infer_flex_compiled) throughput throughput_inference_flex_compiled 310 mode=inference \
                                  'lengths=[1024,2048,4096]' 'models=[neobert,neobert-flash_attn_4,modernbert-base-fa4]' \
                                  'batch_sizes=[16]' search_top=1 repeats=3 compile=true ;;
-        compiled) throughput throughput_compiled 100 mode=training 'lengths=[512]' 'models=[neobert,bert-base]' \
+        compiled) throughput throughput_compiled 130 mode=training 'lengths=[512]' 'models=[neobert,bert-base]' \
                       'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
-        infer_compiled) throughput throughput_inference_compiled 120 mode=inference 'lengths=[512]' \
+        infer_compiled) throughput throughput_inference_compiled 150 mode=inference 'lengths=[512]' \
                             'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
                             compile=true ;;
-        infer_graphs) throughput throughput_inference_graphs 150 mode=inference 'lengths=[512]' \
+        infer_graphs) throughput throughput_inference_graphs 180 mode=inference 'lengths=[512]' \
                           'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
                           compile=true compile_mode=reduce-overhead ;;
         *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;

@@ -19,7 +19,7 @@ EXPERIMENTS = PACKAGE.parent / "experiments"
 ARCHITECTURE_DOC = PACKAGE.parent / "docs" / "architecture.md"
 LAYERS = {"errors": 0, "hub": 0, "layout": 0, "outputs": 0, "config": 0, "model": 1, "data": 2, "eval": 3, "lit": 4, "jobs": 5}
 # Heavy or optional dependencies that package code may import inside a function (each with a reason beside it).
-LAZY_ALLOWED = ("flash_attn", "xformers", "liger_kernel", "deepspeed", "mteb", "matplotlib", "sentence_transformers",
+LAZY_ALLOWED = ("flash_attn", "xformers", "liger_kernel", "quack", "deepspeed", "mteb", "matplotlib", "sentence_transformers",
                 "lightning.pytorch.utilities.deepspeed", "neobert.eval.mteb", "neobert.jobs.mteb")
 
 

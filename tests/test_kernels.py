@@ -1,6 +1,8 @@
 """NeoBERTConfig.kernels and fused_mlm_loss (neobert.model.kernels): the Liger path is wired where it should be and
 equals the eager path. NeoBERTConfig.decoder_pad_multiple: the MLM decoder's matmul on a padded weight gives the
-decoder's logits, loss and gradients.
+decoder's logits, loss and gradients. kernels="quack": QuACK's MLP is called where it should be, with the
+arguments that read w12 as it is laid out (a reference in its place on CPU; QuACK's own kernels against eager on a
+CUDA machine with quack-kernels).
 
 On CPU: the choice is validated, never written to config.json, refused with the key's name where Liger-Kernel is
 missing, and, with Liger's three functions replaced by reference arithmetic, the model calls them at every norm and MLP
@@ -352,12 +354,90 @@ def test_pretraining_accuracy_reads_the_fused_losss_predictions(monkeypatch):
     assert int(masked_liger) == int(masked_eager) == index.numel()
 
 
+class ReferenceQuack:
+    """QuACK's `mlp_func` replaced by what it computes, checking the arguments the model passes (SwiGLU, w12's
+    [gate; up] stacking read as it is, untuned), counting calls: the wiring checked on CPU."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        reference = self
+
+        def mlp_func(x, weight1, weight2, activation, tuned=True, concat_layout=False):
+            assert (activation, tuned, concat_layout) == ("swiglu", False, True)
+            assert weight1.shape == (2 * weight2.shape[1], x.shape[-1]) and weight2.shape[0] == x.shape[-1]
+            reference.calls += 1
+            gate, up = F.linear(x, weight1).chunk(2, dim=-1)  # concat_layout: gate rows first, then up
+            return F.linear(F.silu(gate) * up, weight2)
+
+        for name, attributes in (("quack", {}), ("quack.mlp", {"mlp_func": mlp_func})):
+            module = types.ModuleType(name)
+            module.__dict__.update(attributes)
+            monkeypatch.setitem(sys.modules, name, module)
+        monkeypatch.setattr(model_config_module, "quack_missing_reason", lambda: None)
+        monkeypatch.setattr(layers, "use_quack", lambda kernels, x: kernels == "quack")  # as for a CUDA tensor
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_quack_path_calls_its_mlp_in_every_block_and_equals_eager(monkeypatch, packed):
+    reference = ReferenceQuack(monkeypatch)
+    liger = ReferenceLiger(monkeypatch)
+    torch.manual_seed(0)
+    eager = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
+    quack = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", kernels="quack"))
+    quack.load_state_dict(eager.state_dict())
+    ids, labels = masked_batch()
+    kwargs = {"cu_seqlens": torch.tensor([0, 5, 12, 24], dtype=torch.int32), "max_seqlen": 12} if packed else {}
+    outputs = []
+    for model in (eager, quack):
+        out = model(ids, labels=labels, **kwargs)
+        out.loss.backward()
+        outputs.append((out.logits, out.loss, [p.grad for p in model.parameters()]))
+    assert reference.calls == quack.config.num_hidden_layers
+    assert liger.norm_calls == liger.swiglu_calls == 0  # the norms stay PyTorch's
+    (logits_e, loss_e, grads_e), (logits_q, loss_q, grads_q) = outputs
+    torch.testing.assert_close(logits_q, logits_e, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(loss_q, loss_e, rtol=1e-5, atol=1e-5)
+    for grad_q, grad_e in zip(grads_q, grads_e):
+        torch.testing.assert_close(grad_q, grad_e, rtol=1e-4, atol=1e-5)
+
+
+def test_quack_runs_on_cuda_tensors_compiled_or_not_and_is_refused_naming_the_field_without_its_package(
+        monkeypatch, tmp_path):
+    from neobert.data.tokenizer import load_tokenizer
+    from neobert.errors import ConfigError
+    from neobert.jobs.pretrain import build_model_config, load_pretrain_config
+    from neobert.model import kernels
+
+    assert not kernels.use_quack("quack", torch.zeros(2, 4)) and not kernels.use_quack("eager", torch.zeros(2, 4))
+    monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: None)
+    assert "quack-kernels" in kernels.quack_missing_reason()
+    monkeypatch.undo()
+    monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: "0.5.3")
+    assert kernels.quack_missing_reason() == ("needs quack-kernels >= 0.6 (installed: 0.5.3; pip install -U "
+                                              "quack-kernels)")
+    monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: "0.6.5")
+    assert kernels.quack_missing_reason() is None
+    monkeypatch.undo()
+    monkeypatch.setattr(model_config_module, "quack_missing_reason", lambda: "needs the quack-kernels package")
+    with pytest.raises(ModelFieldError, match="'quack' needs the quack-kernels package; 'eager' runs everywhere"):
+        NeoBERTConfig.from_preset("tiny", kernels="quack")
+    config = load_pretrain_config("demo", ["model.overrides.kernels=quack"])
+    with pytest.raises(ConfigError, match=r"model\.overrides\.kernels.*quack-kernels"):
+        build_model_config(config, load_tokenizer(config.data.tokenizer))
+    monkeypatch.setattr(model_config_module, "quack_missing_reason", lambda: None)
+    NeoBERT(NeoBERTConfig.from_preset("tiny", kernels="quack")).save_pretrained(tmp_path)
+    assert "kernels" not in json.loads((tmp_path / "config.json").read_text())
+
+
 def test_the_throughput_job_reports_why_neobert_liger_cannot_run_on_cpu():
     from neobert.eval.throughput import ModelUnavailable, build_model
 
     assert "neobert-liger" in ThroughputConfig().models
     with pytest.raises(ModelUnavailable, match="CUDA|liger"):
         build_model("neobert-liger", torch.device("cpu"), torch.float32, "tiny")
+    with pytest.raises(ModelUnavailable, match="kernels=quack runs on CUDA GPUs only|quack-kernels"):
+        build_model("neobert-quack", torch.device("cpu"), torch.float32, "tiny")
 
 
 def test_a_liger_kernel_older_than_the_fused_losss_argmax_is_refused(monkeypatch):
@@ -519,3 +599,60 @@ def test_the_fused_loss_with_bf16_weights_on_cuda_is_no_further_from_float32_tha
     errors = {name: ((gradients[name] - gradients["float32"]).norm() / gradients["float32"].norm()).item()
               for name in ("eager", "liger")}
     assert errors["liger"] <= 1.5 * errors["eager"] + 1e-3, errors
+
+
+def quack_missing_on_this_machine() -> str | None:
+    """Why QuACK's MLP cannot run here: no CUDA GPU, the package, or an import that fails (its CuTe DSL)."""
+    from neobert.model.kernels import quack_missing_reason
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU"
+    if missing := quack_missing_reason():
+        return missing
+    try:
+        from quack.mlp import mlp_func  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - the skip says why
+        return f"quack.mlp does not import: {type(err).__name__}: {err}"
+    return None
+
+
+@pytest.mark.skipif(quack_missing_on_this_machine() is not None, reason=str(quack_missing_on_this_machine()))
+@pytest.mark.parametrize("compiled", [False, True])
+def test_quacks_mlp_equals_the_eager_path_on_cuda(compiled):
+    """NeoBERT's MLP (768 -> 2 x 2,048 -> 768) and a whole model with kernels="quack", in bf16-mixed training
+    (float32 weights under autocast) and in bf16 inference, eager and with each block compiled: QuACK's output and
+    gradients against the eager path's, both against float32 (QuACK no further from it than eager bf16)."""
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    config = NeoBERTConfig.from_preset("neobert")
+    mlps = {kernels: layers.SwiGLU(config.hidden_size, config.ffn_hidden_size, kernels=kernels).to(device)
+            for kernels in ("eager", "quack")}
+    mlps["quack"].load_state_dict(mlps["eager"].state_dict())
+    x = torch.randn(4096, config.hidden_size, device=device)
+    grad = torch.randn_like(x)
+    with torch.no_grad():
+        expected = mlps["eager"](x)  # float32
+    errors, grads = {}, {}
+    for kernels, mlp in mlps.items():
+        run = torch.compile(mlp) if compiled else mlp
+        inputs = x.detach().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = run(inputs)
+        assert out.dtype == torch.bfloat16 and out.shape == x.shape
+        out.backward(grad)
+        errors[kernels] = ((out.float() - expected).norm() / expected.norm()).item()
+        grads[kernels] = (inputs.grad.float(), mlp.w12.weight.grad, mlp.w3.weight.grad)
+    assert errors["quack"] <= 1.5 * errors["eager"] + 1e-3, errors
+    for got, want in zip(grads["quack"], grads["eager"]):  # bf16 matmuls: relative to each tensor's scale
+        assert got.dtype == want.dtype and (got - want).abs().max() / want.abs().max() < 5e-2
+    torch.manual_seed(0)
+    eager = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", attention_backend="varlen")).to(device)
+    quack = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", attention_backend="varlen", kernels="quack"))
+    quack.load_state_dict(eager.state_dict())
+    quack.to(device)
+    if compiled:
+        quack.compile(scope="blocks")
+    ids = torch.randint(5, 30000, (4, 256), device=device)
+    with torch.inference_mode():
+        hidden = [model.to(torch.bfloat16).model(ids).last_hidden_state.float() for model in (eager, quack)]
+    torch.testing.assert_close(hidden[1], hidden[0], rtol=5e-2, atol=5e-2)

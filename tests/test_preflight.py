@@ -243,11 +243,18 @@ def test_the_activation_widths_are_those_the_strategy_computes_in(strategy, widt
       "kept); fused_mlm_loss does not apply"]),
     (("data.packing=best_fit", "model.compile=true", "model.overrides.fused_mlm_loss=true"),
      ["- the MLM head's loss: compiled with the forward (Inductor); fused_mlm_loss does not apply"]),
+    (("model.overrides.kernels=quack", "model.overrides.decoder_pad_multiple=64"),
+     ["- the MLP: QuACK's GEMMs, SwiGLU in their epilogues; norms and RoPE: PyTorch's eager ops",
+      "then PyTorch's cross-entropy (float32 log-probabilities kept); the decoder's matmul on 30,528 rows "
+      "(model.overrides.decoder_pad_multiple)"]),
+    (("model.overrides.kernels=quack", "data.packing=best_fit", "model.compile=true", "model.compile_scope=blocks"),
+     ["- the MLP: QuACK's GEMMs, SwiGLU in their epilogues; norms and RoPE: Inductor's fused kernels"]),
 ])
 def test_the_report_says_what_runs_the_elementwise_work_and_the_loss(tmp_path, monkeypatch, overrides, expected):
     from neobert.model import config as model_config_module
 
     monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
+    monkeypatch.setattr(model_config_module, "quack_missing_reason", lambda: None)
     text = preflight_report(tiny_config(tmp_path, *overrides)).text()
     assert "## Kernels and compilation" in text
     for line in expected:

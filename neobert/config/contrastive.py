@@ -167,8 +167,8 @@ class ContrastiveLossConfig:
 class ContrastiveConfig:
     model: str = "chandar-lab/NeoBERT"  # our checkpoint dir, any HF encoder dir or hub name, or preset:<name>
     tokenizer: Optional[str] = None
-    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU, neobert.model.kernels); other
-    # encoders run their own code.
+    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU) | quack (QuACK's MLP on a GPU):
+    # neobert.model.kernels; other encoders run their own code.
     kernels: str = "eager"
     data: ContrastiveDataConfig = field(default_factory=ContrastiveDataConfig)
     loss: ContrastiveLossConfig = field(default_factory=ContrastiveLossConfig)

@@ -37,8 +37,8 @@ class GlueConfig:
     model: str = "chandar-lab/NeoBERT"  # our export, a local HF directory, a hub name, or preset:tiny
     tokenizer: Optional[str] = None  # default: the one beside the model
     classifier_dropout: float = 0.1
-    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU, neobert.model.kernels); other
-    # encoders run their own code.
+    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU) | quack (QuACK's MLP on a GPU):
+    # neobert.model.kernels; other encoders run their own code.
     kernels: str = "eager"
     # "mnli": start from the best MNLI model under output_dir (the paper does this for RTE, MRPC, STS-B);
     # or a directory holding a fine-tuned model.safetensors of the same backbone.

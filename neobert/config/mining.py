@@ -20,8 +20,8 @@ class MiningConfig:
     # Our checkpoint dir, any HF encoder dir or hub name, a sentence-transformers dir, or preset:<name>.
     model: str = "chandar-lab/NeoBERT"
     tokenizer: Optional[str] = None  # backbone embedder only; default: beside the weights
-    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU, neobert.model.kernels); the backbone
-    # embedder only; other encoders run their own code.
+    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU) | quack (QuACK's MLP on a GPU):
+    # neobert.model.kernels; the backbone embedder only; other encoders run their own code.
     kernels: str = "eager"
     # The (query, positive) file: any layout of neobert.data.contrastive.read_local_examples.
     input: str = ""

@@ -38,8 +38,8 @@ class NerConfig:
     model: str = "chandar-lab/NeoBERT"  # our export, a local HF directory, a hub name, or preset:tiny
     tokenizer: Optional[str] = None  # default: the one beside the model (a fast tokenizer: word alignment)
     classifier_dropout: float = 0.1
-    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU, neobert.model.kernels); other
-    # encoders run their own code.
+    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU) | quack (QuACK's MLP on a GPU):
+    # neobert.model.kernels; other encoders run their own code.
     kernels: str = "eager"
     output_dir: Optional[str] = None  # default: runs/ner/<model name>
     keep_run_checkpoints: bool = False  # the per-run best checkpoints; the task's best model is always kept

@@ -11,6 +11,8 @@ from neobert.config.pretrain import COMPILE_MODES
 
 # neobert-liger: our encoder with NeoBERTConfig.kernels="liger" (CUDA with liger-kernel installed; else a row saying why)
 DEFAULT_MODELS = ("neobert", "neobert-liger", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
+# neobert-quack: with NeoBERTConfig.kernels="quack" (QuACK's MLP; CUDA with quack-kernels installed)
+KERNEL_MODELS = ("neobert-quack",)
 # neobert-<kernel>: our encoder with NeoBERTConfig.attention_kernel=<kernel> (neobert.model.attention), full rows (one
 # document each) and unpadded documents through that kernel, beside neobert's auto; on CUDA where its package is
 # installed (else a row saying why; padded batches run SDPA whatever the kernel: a row saying so)
@@ -22,7 +24,7 @@ ATTENTION_KERNEL_MODELS = ("neobert-flash_attn_4", "neobert-flash_attn_3", "neob
 # modernbert-base-fa4: FlashAttention 4 (the flash-attn-4 package; Hopper and Blackwell GPUs), with FA4's local window.
 WINDOWED_MODELS = {"modernbert-base-flex": "flex_attention", "modernbert-base-fa4": "flash_attention_4"}
 FLEX_MODELS = tuple(name for name, attention in WINDOWED_MODELS.items() if attention == "flex_attention")
-MODEL_NAMES = DEFAULT_MODELS + ATTENTION_KERNEL_MODELS + tuple(WINDOWED_MODELS)
+MODEL_NAMES = DEFAULT_MODELS + KERNEL_MODELS + ATTENTION_KERNEL_MODELS + tuple(WINDOWED_MODELS)
 LAYOUTS = ("full", "padded", "unpadded")
 MODES = ("inference", "training")
 DTYPES = ("auto", "float32", "bfloat16")

@@ -35,7 +35,7 @@ from neobert.eval.flops import flops_per_token, matmul_params
 from neobert.eval.kernel_profile import KernelProfile, profiler_activities, summarise_events
 from neobert.model import NeoBERT, NeoBERTConfig
 from neobert.model.attention import attention_kernel_missing_reason, chosen_packed_kernel, flash_attn_packages
-from neobert.model.kernels import liger_missing_reason
+from neobert.model.kernels import liger_missing_reason, quack_missing_reason
 
 OFFICIAL_HUB_NAME = "chandar-lab/NeoBERT"
 
@@ -116,7 +116,7 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
     """A randomly initialised encoder (no download), its weights in `dtype`. `compute_dtype` (the autocast dtype of a
     training step; default `dtype`) and `training` (dropout on) decide which attention kernel a NeoBERT runs. Raises
     ModelUnavailable with the reason when it cannot be built or its kernels cannot run here."""
-    if name in ("neobert", "neobert-liger") + ATTENTION_KERNEL_MODELS:
+    if name in ("neobert", "neobert-liger", "neobert-quack") + ATTENTION_KERNEL_MODELS:
         bench = _build_neobert(name, device, compute_dtype or dtype, training, neobert_preset)
     elif name == "neobert-official":
         bench = _build_official(official_code_dir)
@@ -147,12 +147,13 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
 
 def _build_neobert(name: str, device: torch.device, compute_dtype: torch.dtype, training: bool,
                    preset: str) -> BenchModel:
-    """neobert (auto attention kernel, eager norms and MLP), neobert-liger, or neobert-<attention kernel>."""
+    """neobert (auto attention kernel, eager norms and MLP), neobert-liger, neobert-quack or
+    neobert-<attention kernel>."""
     kernels, attention_kernel = "eager", "auto"
-    if name == "neobert-liger":
-        kernels = "liger"
-        unavailable = liger_missing_reason() or (
-            None if device.type == "cuda" else "Liger-Kernel's kernels run on CUDA GPUs only")
+    if name in ("neobert-liger", "neobert-quack"):
+        kernels = name.removeprefix("neobert-")
+        unavailable = (liger_missing_reason() if kernels == "liger" else quack_missing_reason()) or (
+            None if device.type == "cuda" else f"kernels={kernels} runs on CUDA GPUs only")
         if unavailable:
             raise ModelUnavailable(unavailable)
     elif name != "neobert":

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from neobert.model.attention import ATTENTION_KERNELS, attention_kernel_missing_reason
-from neobert.model.kernels import liger_missing_reason
+from neobert.model.kernels import liger_missing_reason, quack_missing_reason
 
 POSITION_ENCODINGS = ("rope", "learned")
 ACTIVATIONS = ("swiglu", "gelu")
 NORMS = ("rmsnorm", "layernorm")
 ATTENTION_BACKENDS = ("sdpa", "varlen")
-KERNELS = ("eager", "liger")  # neobert.model.kernels
+KERNELS = ("eager", "liger", "quack")  # neobert.model.kernels
 # The fields that are choices of the machine, not of the model: never written to config.json (chosen at load).
 MACHINE_FIELDS = ("kernels", "fused_mlm_loss", "attention_kernel", "decoder_pad_multiple")
 
@@ -47,8 +47,8 @@ class NeoBERTConfig:
     dropout: float = 0.0
     classifier_dropout: float = 0.1
     attention_backend: str = "sdpa"
-    # Which kernels run the norms and the MLP's activation (neobert.model.kernels): a choice of the machine, not of
-    # the model, so it is not written to config.json.
+    # Which kernels run the norms and the MLP (neobert.model.kernels: eager, liger's norms and SwiGLU, or quack's MLP
+    # with SwiGLU in its GEMMs): a choice of the machine, not of the model, so it is not written to config.json.
     kernels: str = "eager"
     # The MLM head in training as Liger's fused linear cross-entropy (neobert.model.kernels; needs liger-kernel, runs
     # on a GPU): no logits kept (1.4 GiB less at 32 x 1,024 tokens), but slower: on the H200 the fused head took
@@ -99,6 +99,8 @@ class NeoBERTConfig:
             raise ModelFieldError("fused_mlm_loss", f"must be true or false, got {self.fused_mlm_loss!r}")
         if self.kernels == "liger" and (missing := liger_missing_reason()):
             raise ModelFieldError("kernels", f"'liger' {missing}; 'eager' runs everywhere")
+        if self.kernels == "quack" and (missing := quack_missing_reason()):
+            raise ModelFieldError("kernels", f"'quack' {missing}; 'eager' runs everywhere")
         if self.fused_mlm_loss and (missing := liger_missing_reason()):
             raise ModelFieldError("fused_mlm_loss", f"true {missing}; false runs everywhere")
         if missing := attention_kernel_missing_reason(self.attention_kernel):

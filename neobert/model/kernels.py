@@ -5,6 +5,12 @@
   kernel forward and one backward each, where eager runs a chain of elementwise kernels over the activations
   (issue 34's profile: RMSNorm, SwiGLU, RoPE and casts were 11% of a step's kernel time, `mul` another 13%).
   CPU tensors, LayerNorm and GELU (the ablation presets) and a model being compiled stay eager.
+* ``quack``: QuACK's MLP (Dao-AILab's CuTe DSL GEMMs, `pip install quack-kernels`; flash-attn-4 brings it) on CUDA
+  tensors: SwiGLU computed in the first GEMM's epilogue forward and its gradient in the backward GEMM's, so that the
+  2 x 2,048-wide activation gets no elementwise pass of its own (issue 34's profile on the H200, compiled with
+  FlashAttention 4: SwiGLU's fused elementwise kernels were 10.5 ms of a 111.7 ms step). Compiled graphs included:
+  QuACK's GEMMs are torch.library custom ops that Dynamo traces. The norms stay PyTorch's fused kernel (faster than
+  QuACK's and Liger's on the H200), CPU tensors and GELU stay eager.
 
 `NeoBERTConfig.fused_mlm_loss` (either choice): in training, the MLM head's decoder and cross-entropy run as Liger's
 fused linear cross-entropy: the logits of the masked rows (rows x 30,522) are made chunk by chunk and dropped, never
@@ -43,6 +49,38 @@ def liger_missing_reason() -> str | None:
         return (f"needs liger-kernel >= {'.'.join(map(str, LIGER_MINIMUM))} (installed: {installed}; "
                 "pip install -U liger-kernel)")
     return None
+
+
+QUACK_MINIMUM = (0, 6)  # mlp_func's concat_layout, which reads w12's [gate; up] stacking as it is (0.6.5 tested)
+
+
+def quack_missing_reason() -> str | None:
+    """Why QuACK's MLP cannot be asked for here (None when the package is installed, recent enough)."""
+    if importlib.util.find_spec("quack") is None:
+        return ("needs the quack-kernels package (pip install quack-kernels, or the fa4 extra, which brings it; its "
+                "kernels run on Hopper and Blackwell GPUs)")
+    try:
+        installed = importlib.metadata.version("quack-kernels")
+    except importlib.metadata.PackageNotFoundError:  # importable without its metadata (a source tree on the path)
+        return None
+    if tuple(int(part) for part in installed.split(".")[:2] if part.isdigit()) < QUACK_MINIMUM:
+        return (f"needs quack-kernels >= {'.'.join(map(str, QUACK_MINIMUM))} (installed: {installed}; "
+                "pip install -U quack-kernels)")
+    return None
+
+
+def use_quack(kernels: str, x: Tensor) -> bool:
+    """Whether the MLP runs QuACK's GEMMs on x: asked for (kernels="quack") and x on a CUDA GPU, compiled or not."""
+    return kernels == "quack" and x.is_cuda
+
+
+def quack_swiglu_mlp(x: Tensor, w12: Tensor, w3: Tensor) -> Tensor:
+    """w3(silu(x W1) * x W2) with W1 and W2 stacked in `w12` (gate first) as QuACK's two GEMMs, SwiGLU in their
+    epilogues; under autocast in its dtype. Untuned (tuned=False: the default tile of the GPU's generation): QuACK's
+    autotuner compiles dozens of configurations per GEMM shape, minutes each."""
+    from quack.mlp import mlp_func  # optional, GPU-only (see liger_rms_norm)
+
+    return mlp_func(x, w12, w3, "swiglu", tuned=False, concat_layout=True)
 
 
 def use_liger(kernels: str, x: Tensor) -> bool:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from neobert.model.config import NeoBERTConfig
-from neobert.model.kernels import liger_rms_norm, liger_swiglu, use_liger
+from neobert.model.kernels import liger_rms_norm, liger_swiglu, quack_swiglu_mlp, use_liger, use_quack
 
 
 class SwiGLU(nn.Module):
@@ -21,6 +21,8 @@ class SwiGLU(nn.Module):
         self.kernels = kernels
 
     def forward(self, x: Tensor) -> Tensor:
+        if use_quack(self.kernels, x):
+            return quack_swiglu_mlp(x, self.w12.weight, self.w3.weight)
         gate_up = self.w12(x)
         if use_liger(self.kernels, gate_up):
             return self.w3(liger_swiglu(gate_up))

@@ -4,11 +4,13 @@
   over the 2 x 2,048-wide activation);
 * compiled: the same module under `torch.compile` (Inductor fuses the elementwise work, not into the matmuls);
 * liger: `kernels=liger` (Liger-Kernel's fused SwiGLU between the same matmuls), where liger-kernel and a GPU are;
-* quack: QuACK's `mlp_func` (Dao-AILab's CuTe DSL GEMMs with SwiGLU fused into the first GEMM's epilogue forward
-  and its gradient into the backward GEMM's; `quack-kernels`, which comes with scripts/gpu/prepare_fa4.sh's
-  archive), on the same weights (`concat_layout`: gate then up, as `w12` stacks them), where it and a GPU are: a
-  candidate, not a path of the model. Untuned (`tuned=False`, QuACK's default tile for the GPU's generation): its
-  autotuner compiles dozens of configurations per GEMM, minutes per shape, too long for a lease.
+* quack: `kernels=quack`, QuACK's `mlp_func` (Dao-AILab's CuTe DSL GEMMs with SwiGLU fused into the first GEMM's
+  epilogue forward and its gradient into the backward GEMM's; `quack-kernels`, which comes with
+  scripts/gpu/prepare_fa4.sh's archive) on the same weights (`concat_layout`: gate then up, as `w12` stacks them),
+  where it and a GPU are (`neobert.model.kernels.quack_swiglu_mlp`). Untuned (`tuned=False`, QuACK's default tile
+  for the GPU's generation): its autotuner compiles dozens of configurations per GEMM, minutes per shape.
+* quack_compiled: the same under `torch.compile` (QuACK's GEMMs are custom ops Dynamo traces), as the model's
+  compiled blocks run it.
 
 Each on the same rows, alternated, the median of `repeats`; and each output's, input gradient's and w12 gradient's
 largest error against float32 on the same bf16 input, over the float32 value's largest (a wrong weight layout
@@ -91,16 +93,16 @@ def main(rows: int = 32768, repeats: int = 20) -> None:
             mlp, run = variant
             return timed(run, mlp, x, grad)
 
-        print("\n".join(compare({"eager": variants["eager"], **mlps}, time_one, describe, repeats, width=9)))
+        print("\n".join(compare({"eager": variants["eager"], **mlps}, time_one, describe, repeats, width=14)))
 
     measure(variants)
     if device.type == "cuda":  # QuACK, a candidate in an alternation of its own: failing or stalling costs its row
         mlp_func, why = optional_attribute("quack.mlp", "mlp_func")
         if mlp_func is None:
-            print(f"  {'quack':9s} not measured: {why}")
+            print(f"  {'quack':14s} not measured: {why}")
         else:
-            measure({"quack": (module(), lambda m, x: mlp_func(x, m.w12.weight, m.w3.weight, "swiglu", tuned=False,
-                                                               concat_layout=True))})
+            measure({"quack": (module("quack"), lambda m, x: m(x)),
+                     "quack_compiled": (torch.compile(module("quack")), lambda m, x: m(x))})
 
 
 if __name__ == "__main__":

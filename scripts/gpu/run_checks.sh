@@ -34,6 +34,8 @@
 #   decoder          the MLM head (decoder + float32 cross-entropy over 6,989 masked rows) fwd + bwd in bf16: as is
 #                    vs its decoder padded to 30,528 rows for the GEMMs only, eager and compiled
 #                    (scripts/bench/decoder_ab.py)                                                       ~0.5 min
+#   check_blocks_quack  check_blocks_fa4 with model.overrides.kernels=quack (QuACK's MLP, SwiGLU in its GEMMs'
+#                    epilogues; check_blocks_fa4 in the same call is its reference)                      ~2.5 min
 #   check_decoder_padded  check_blocks_fa4 with model.overrides.decoder_pad_multiple=64 (the MLM decoder's GEMMs on
 #                    30,528 aligned rows; check_blocks_fa4 in the same call is its reference)             ~2.5 min
 #   check_liger      gpu_check speed_only, kernels=liger (Liger's norms and SwiGLU), profile               ~2 min
@@ -60,16 +62,16 @@
 #                    too)                                                                                ~3.5 min
 #   infer_flex_compiled  infer_flex's lengths compiled: neobert (SDPA), with FA4, and ModernBERT with FA4's window
 #                    (Figure 3 with both compiled; needs FA4 unpacked)                                  ~3.5 min
-#   compiled         throughput training compiled: neobert, bert-base                                    ~2 min
-#   infer_compiled   throughput inference compiled at 512: neobert, with FA4 where unpacked, bert-base (the
-#                    per-FLOP target)                                                                    ~2 min
+#   compiled         throughput training compiled: neobert, neobert-quack where unpacked, bert-base      ~2 min
+#   infer_compiled   throughput inference compiled at 512: neobert, with FA4 and with QuACK's MLP where unpacked,
+#                    bert-base (the per-FLOP target)                                                     ~2 min
 #   infer_graphs     the same with compile_mode=reduce-overhead (CUDA graphs: no launch per kernel)       ~2 min
 set -u
 cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests tests_fa4 norms mlp rope decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_decoder_padded check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled compiled infer_compiled infer_graphs}
+STEPS=${*:-tests tests_fa4 norms mlp rope decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_padded check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled compiled infer_compiled infer_graphs}
 STAGE=$(mktemp -d)
 # Named site-packages on purpose: QuACK tells library code from user code by '/site-packages/' in a function's file
 # (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
@@ -173,6 +175,9 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         check_blocks_fa4) gpu_check check_blocks_fa4 260 speed_only=true profile=true data.packing=best_fit \
                               model.compile=true model.compile_scope=blocks \
                               model.overrides.attention_kernel=flash_attn_4 ;;
+        check_blocks_quack) gpu_check check_blocks_quack 260 speed_only=true profile=true data.packing=best_fit \
+                                model.compile=true model.compile_scope=blocks \
+                                model.overrides.attention_kernel=flash_attn_4 model.overrides.kernels=quack ;;
         check_decoder_padded) gpu_check check_decoder_padded 260 speed_only=true profile=true data.packing=best_fit \
                                   model.compile=true model.compile_scope=blocks \
                                   model.overrides.attention_kernel=flash_attn_4 model.overrides.decoder_pad_multiple=64 ;;
@@ -205,11 +210,12 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         infer_flex_compiled) throughput throughput_inference_flex_compiled 310 mode=inference \
                                  'lengths=[1024,2048,4096]' 'models=[neobert,neobert-flash_attn_4,modernbert-base-fa4]' \
                                  'batch_sizes=[16]' search_top=1 repeats=3 compile=true ;;
-        compiled) throughput throughput_compiled 130 mode=training 'lengths=[512]' 'models=[neobert,bert-base]' \
+        compiled) throughput throughput_compiled 130 mode=training 'lengths=[512]' \
+                      'models=[neobert,neobert-quack,bert-base]' \
                       'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
         infer_compiled) throughput throughput_inference_compiled 150 mode=inference 'lengths=[512]' \
-                            'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
-                            compile=true ;;
+                            'models=[neobert,neobert-flash_attn_4,neobert-quack,bert-base]' 'batch_sizes=[64]' \
+                            search_top=1 repeats=5 compile=true ;;
         infer_graphs) throughput throughput_inference_graphs 180 mode=inference 'lengths=[512]' \
                           'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
                           compile=true compile_mode=reduce-overhead ;;

@@ -374,7 +374,7 @@ class ReferenceQuack:
             module.__dict__.update(attributes)
             monkeypatch.setitem(sys.modules, name, module)
         monkeypatch.setattr(model_config_module, "quack_missing_reason", lambda: None)
-        monkeypatch.setattr(layers, "use_quack", lambda kernels, x: kernels == "quack")  # as for a CUDA tensor
+        monkeypatch.setattr(layers, "use_quack", lambda kernels, x, widths: kernels == "quack")  # a CUDA tensor's
 
 
 @pytest.mark.parametrize("packed", [False, True])
@@ -408,7 +408,7 @@ def test_quack_runs_on_cuda_tensors_compiled_or_not_and_is_refused_naming_the_fi
     from neobert.jobs.pretrain import build_model_config, load_pretrain_config
     from neobert.model import kernels
 
-    assert not kernels.use_quack("quack", torch.zeros(2, 4)) and not kernels.use_quack("eager", torch.zeros(2, 4))
+    assert not kernels.use_quack("quack", torch.zeros(2, 8), (8, 16))  # a CPU tensor
     monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: None)
     assert "quack-kernels" in kernels.quack_missing_reason()
     monkeypatch.undo()
@@ -428,6 +428,44 @@ def test_quack_runs_on_cuda_tensors_compiled_or_not_and_is_refused_naming_the_fi
     monkeypatch.setattr(model_config_module, "quack_missing_reason", lambda: None)
     NeoBERT(NeoBERTConfig.from_preset("tiny", kernels="quack")).save_pretrained(tmp_path)
     assert "kernels" not in json.loads((tmp_path / "config.json").read_text())
+
+
+def test_quack_runs_where_its_gemms_do_and_the_eager_mlp_elsewhere(monkeypatch):
+    """bf16 or fp16 computation (the tensor's dtype, or autocast's), a contiguous last dimension, widths multiples of
+    8, a GPU of compute capability 8.0 or later: else the eager MLP (QuACK has no float32 GEMM on Hopper)."""
+    from neobert.model import kernels
+
+    def cuda_tensor(dtype=torch.bfloat16, last_stride=1):  # what use_quack reads of a CUDA tensor
+        return types.SimpleNamespace(is_cuda=True, dtype=dtype, stride=lambda dim: last_stride)
+
+    monkeypatch.setattr(kernels, "_cuda_capability", lambda: (9, 0))
+    assert kernels.use_quack("quack", cuda_tensor(), (768, 2048))
+    assert kernels.use_quack("quack", cuda_tensor(torch.float16), (768, 2048))
+    assert not kernels.use_quack("eager", cuda_tensor(), (768, 2048))
+    assert not kernels.use_quack("quack", cuda_tensor(torch.float32), (768, 2048))  # float32 weights, no autocast
+    assert not kernels.use_quack("quack", cuda_tensor(last_stride=2), (768, 2048))
+    assert not kernels.use_quack("quack", cuda_tensor(), (770, 2048))
+    assert not kernels.use_quack("quack", cuda_tensor(), (768, 2052))
+    # float32 weights under CUDA's bf16 autocast (bf16-mixed training): bf16 GEMMs. Autocast's own switch, as it
+    # reads on a GPU (a CPU-only torch turns CUDA autocast off)
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: device_type == "cuda")
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device_type: torch.bfloat16)
+    assert kernels.use_quack("quack", cuda_tensor(torch.float32), (768, 2048))
+    monkeypatch.setattr(kernels, "_cuda_capability", lambda: (7, 5))
+    assert not kernels.use_quack("quack", cuda_tensor(), (768, 2048))
+
+
+def test_the_padded_decoder_under_autocast_pads_a_16_bit_copy_of_the_weight():
+    """bf16-mixed training: float32 weights under autocast. The weight is cast before it is padded (a padded float32
+    copy, then its cast, would move twice the bytes), and its gradient reaches the float32 weight."""
+    weight = torch.randn(13, 16, requires_grad=True)
+    x = torch.randn(4, 16)
+    with LinearShapes() as shapes, torch.autocast("cpu", dtype=torch.bfloat16):
+        out = modeling.padded_linear(x, weight, None, 8)
+    assert shapes.weights == [(16, 16)] and out.dtype == torch.bfloat16 and out.shape == (4, 13)
+    out.float().sum().backward()
+    assert weight.grad.dtype == torch.float32 and weight.grad.shape == (13, 16)
+    torch.testing.assert_close(weight.grad, x.sum(0).expand(13, 16), rtol=2e-2, atol=2e-2)
 
 
 def test_the_throughput_job_reports_why_neobert_liger_cannot_run_on_cpu():
@@ -618,7 +656,7 @@ def quack_missing_on_this_machine() -> str | None:
 
 @pytest.mark.skipif(quack_missing_on_this_machine() is not None, reason=str(quack_missing_on_this_machine()))
 @pytest.mark.parametrize("compiled", [False, True])
-def test_quacks_mlp_equals_the_eager_path_on_cuda(compiled):
+def test_quacks_mlp_equals_the_eager_path_on_cuda(compiled, monkeypatch):
     """NeoBERT's MLP (768 -> 2 x 2,048 -> 768) and a whole model with kernels="quack", in bf16-mixed training
     (float32 weights under autocast) and in bf16 inference, eager and with each block compiled: QuACK's output and
     gradients against the eager path's, both against float32 (QuACK no further from it than eager bf16)."""
@@ -632,6 +670,9 @@ def test_quacks_mlp_equals_the_eager_path_on_cuda(compiled):
     grad = torch.randn_like(x)
     with torch.no_grad():
         expected = mlps["eager"](x)  # float32
+    calls = []
+    real_quack_mlp = layers.quack_swiglu_mlp
+    monkeypatch.setattr(layers, "quack_swiglu_mlp", lambda *args: calls.append(1) or real_quack_mlp(*args))
     errors, grads = {}, {}
     for kernels, mlp in mlps.items():
         run = torch.compile(mlp) if compiled else mlp
@@ -642,6 +683,7 @@ def test_quacks_mlp_equals_the_eager_path_on_cuda(compiled):
         out.backward(grad)
         errors[kernels] = ((out.float() - expected).norm() / expected.norm()).item()
         grads[kernels] = (inputs.grad.float(), mlp.w12.weight.grad, mlp.w3.weight.grad)
+    assert calls, "QuACK's MLP never ran"  # compiled: called at least where the graph was traced
     assert errors["quack"] <= 1.5 * errors["eager"] + 1e-3, errors
     for got, want in zip(grads["quack"], grads["eager"]):  # bf16 matmuls: relative to each tensor's scale
         assert got.dtype == want.dtype and (got - want).abs().max() / want.abs().max() < 5e-2
@@ -653,6 +695,8 @@ def test_quacks_mlp_equals_the_eager_path_on_cuda(compiled):
     if compiled:
         quack.compile(scope="blocks")
     ids = torch.randint(5, 30000, (4, 256), device=device)
+    calls.clear()
     with torch.inference_mode():
         hidden = [model.to(torch.bfloat16).model(ids).last_hidden_state.float() for model in (eager, quack)]
+    assert calls, "QuACK's MLP never ran in the model"
     torch.testing.assert_close(hidden[1], hidden[0], rtol=5e-2, atol=5e-2)

@@ -399,8 +399,9 @@ def kernels_section(report: Preflight, config: PretrainConfig, model_config) -> 
         report.add(f"- torch.compile, mode {mode}{cuda_graphs}: {covered}")
     blocks = ("Inductor's fused kernels" if compiled else
               "Liger-Kernel's RMSNorm and fused SwiGLU" if liger else "PyTorch's eager ops")
-    if model_config.kernels == "quack":
-        report.add(f"- the MLP: QuACK's GEMMs, SwiGLU in their epilogues; norms and RoPE: {blocks}")
+    if model_config.kernels == "quack" and model_config.activation == "swiglu":  # the GELU MLP stays eager
+        report.add(f"- the MLP: QuACK's GEMMs, SwiGLU in their epilogues (bf16 or fp16 computation); norms and RoPE: "
+                   f"{blocks}")
     else:
         report.add(f"- norms, SwiGLU, RoPE in the blocks: {blocks}" + (" (RoPE: ours)" if liger and not compiled
                                                                         else ""))
@@ -412,12 +413,12 @@ def kernels_section(report: Preflight, config: PretrainConfig, model_config) -> 
     else:
         rows = "the masked rows" if config.model.masked_only_logits else "every position"
         head = f"the decoder at {rows}, then PyTorch's cross-entropy (float32 log-probabilities kept)"
-        if model_config.decoder_pad_multiple > 1:
-            padded = model_config.vocab_size + -model_config.vocab_size % model_config.decoder_pad_multiple
-            head += f"; the decoder's matmul on {padded:,} rows (model.overrides.decoder_pad_multiple)"
     if model_config.fused_mlm_loss and not fused_loss_runs(config, model_config):
         head += ("; fused_mlm_loss does not apply: it fuses masked-only logits (model.masked_only_logits) outside a "
                  "whole-forward compile")
+    if model_config.decoder_pad_multiple > 1 and not fused_loss_runs(config, model_config):  # fused: the weight as is
+        padded = model_config.vocab_size + -model_config.vocab_size % model_config.decoder_pad_multiple
+        head += f"; the decoder's matmul on {padded:,} rows (model.overrides.decoder_pad_multiple)"
     report.add(f"- the MLM head's loss: {head}")
 
 

@@ -10,7 +10,7 @@
   2 x 2,048-wide activation gets no elementwise pass of its own (issue 34's profile on the H200, compiled with
   FlashAttention 4: SwiGLU's fused elementwise kernels were 10.5 ms of a 111.7 ms step). Compiled graphs included:
   QuACK's GEMMs are torch.library custom ops that Dynamo traces. The norms stay PyTorch's fused kernel (faster than
-  QuACK's and Liger's on the H200), CPU tensors and GELU stay eager.
+  QuACK's and Liger's on the H200); CPU tensors, float32 computation and GELU stay eager (`use_quack`).
 
 `NeoBERTConfig.fused_mlm_loss` (either choice): in training, the MLM head's decoder and cross-entropy run as Liger's
 fused linear cross-entropy: the logits of the masked rows (rows x 30,522) are made chunk by chunk and dropped, never
@@ -29,6 +29,8 @@ import importlib.util
 
 import torch
 from torch import Tensor
+
+from neobert.model.attention import _cuda_capability
 
 LIGER_MINIMUM = (0, 8)
 
@@ -69,9 +71,17 @@ def quack_missing_reason() -> str | None:
     return None
 
 
-def use_quack(kernels: str, x: Tensor) -> bool:
-    """Whether the MLP runs QuACK's GEMMs on x: asked for (kernels="quack") and x on a CUDA GPU, compiled or not."""
-    return kernels == "quack" and x.is_cuda
+def use_quack(kernels: str, x: Tensor, widths: tuple[int, int]) -> bool:
+    """Whether the MLP (hidden and FFN `widths`) runs QuACK's GEMMs on x, compiled or not: asked for
+    (kernels="quack") and where they run. That is x on a CUDA GPU of compute capability 8.0 or later, computed in
+    bf16 or fp16 (x's dtype, or autocast's: QuACK has no float32 GEMM on Hopper, and makes it TF32 on Blackwell),
+    its last dimension contiguous, both widths multiples of 8 (what QuACK's own MLP module asks before taking its
+    GEMMs). Elsewhere the eager MLP runs."""
+    if kernels != "quack" or not x.is_cuda:
+        return False
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+    return (dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1 and all(w % 8 == 0 for w in widths)
+            and _cuda_capability() >= (8, 0))
 
 
 def quack_swiglu_mlp(x: Tensor, w12: Tensor, w3: Tensor) -> Tensor:

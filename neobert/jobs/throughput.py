@@ -27,6 +27,7 @@ from torch.profiler import profile
 
 from neobert.config.pretrain import CUDA_GRAPH_MODES
 from neobert.config.throughput import FLEX_MODELS, ThroughputConfig
+from neobert.errors import ConfigError
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
 from neobert.eval.kernel_profile import profiler_activities
 from neobert.eval.plots import plot_throughput
@@ -37,6 +38,8 @@ from neobert.eval.throughput_report import (PROFILE_FAILED, markdown_table, prof
                                             write_csv, write_profile_csvs)
 from neobert.layout import (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
                             THROUGHPUT_PROFILE_NAMES_CSV)
+from neobert.model import NeoBERTConfig
+from neobert.model.config import ModelFieldError
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,7 @@ def compiled_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Se
 
 def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = log.info) -> list[ThroughputRow]:
     config.validate()
+    check_neobert_overrides(config)
     if config.threads:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
@@ -121,7 +125,8 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     for name in config.models:
         try:
             models[name] = build_model(name, device, weights_dtype, config.neobert_preset, config.official_code_dir,
-                                       compute_dtype=autocast_dtype or weights_dtype, training=training)
+                                       compute_dtype=autocast_dtype or weights_dtype, training=training,
+                                       neobert_overrides=config.neobert_overrides)
         except ModelUnavailable as err:
             progress(f"{name}: not available: {err}")
             for layout in config.layouts:
@@ -194,6 +199,17 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         for row, bench, batch in to_profile:
             _profile_row(row, bench, batch, training, device, autocast_dtype)
     return rows
+
+
+def check_neobert_overrides(config: ThroughputConfig) -> None:
+    """neobert_overrides must make a NeoBERTConfig of the preset, whose packages are installed: else a ConfigError
+    naming the key, before any work (every NeoBERT row would take it)."""
+    try:
+        NeoBERTConfig.from_preset(config.neobert_preset, **config.neobert_overrides)
+    except ModelFieldError as err:
+        raise ConfigError(f"invalid config key 'neobert_overrides.{err.field}': {err.reason}") from err
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"invalid config key 'neobert_overrides': {err}") from err
 
 
 def _profile_row(row: ThroughputRow, bench: BenchModel, batch: Batch, training: bool, device: torch.device,

@@ -289,11 +289,13 @@ def test_neobert_overrides_reach_every_neobert_row_but_its_own_choice_and_are_li
     ({"kernel": "liger"}, r"'neobert_overrides': unknown NeoBERTConfig field\(s\) \['kernel'\]"),
     ({"kernels": "fused"}, r"'neobert_overrides.kernels': must be one of"),
     ({"decoder_pad_multiple": 0}, r"'neobert_overrides.decoder_pad_multiple': must be a positive integer"),
+    ({"preset": "tinyy"}, r"'neobert_preset': unknown 'tinyy'; known presets: \['bert-base', 'mini', 'neobert'"),
 ])
-def test_bad_neobert_overrides_name_the_key_before_any_work(monkeypatch, overrides, message):
+def test_bad_neobert_overrides_or_preset_name_the_key_before_any_work(monkeypatch, overrides, message):
     monkeypatch.setattr(job, "build_model", lambda *a, **k: pytest.fail("built a model"))
+    preset = overrides.pop("preset", "tiny")
     with pytest.raises(ConfigError, match=message):
-        job.run_throughput(ThroughputConfig(neobert_preset="tiny", device="cpu", neobert_overrides=overrides))
+        job.run_throughput(ThroughputConfig(neobert_preset=preset, device="cpu", neobert_overrides=overrides))
 
 
 def test_compiled_models_are_timed_and_an_emulated_bf16_run_has_no_matmul_reference(monkeypatch):

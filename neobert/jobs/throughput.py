@@ -39,7 +39,7 @@ from neobert.eval.throughput_report import (PROFILE_FAILED, markdown_table, prof
 from neobert.layout import (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
                             THROUGHPUT_PROFILE_NAMES_CSV)
 from neobert.model import NeoBERTConfig
-from neobert.model.config import ModelFieldError
+from neobert.model.config import PRESETS, ModelFieldError
 
 log = logging.getLogger(__name__)
 
@@ -202,8 +202,11 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
 
 
 def check_neobert_overrides(config: ThroughputConfig) -> None:
-    """neobert_overrides must make a NeoBERTConfig of the preset, whose packages are installed: else a ConfigError
-    naming the key, before any work (every NeoBERT row would take it)."""
+    """neobert_preset must be a preset, and neobert_overrides must make a NeoBERTConfig of it whose packages are
+    installed: else a ConfigError naming the key, before any work (every NeoBERT row would take them)."""
+    if config.neobert_preset not in PRESETS:
+        raise ConfigError(f"invalid config key 'neobert_preset': unknown {config.neobert_preset!r}; known presets: "
+                          f"{sorted(PRESETS)}")
     try:
         NeoBERTConfig.from_preset(config.neobert_preset, **config.neobert_overrides)
     except ModelFieldError as err:

@@ -124,7 +124,7 @@ HOPPER, BLACKWELL, AMPERE = (9, 0), (10, 0), (8, 0)
 ])
 def test_auto_takes_the_fastest_kernel_that_runs_the_step(monkeypatch, capability, fa3, fa4, fa2, xformers, dtype,
                                                           dropout, expected):
-    monkeypatch.setattr(attention, "_cuda_capability", lambda: capability)
+    monkeypatch.setattr(attention, "cuda_capability", lambda: capability)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", fa4)
     monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: True)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", fa3)
@@ -148,7 +148,7 @@ def test_auto_takes_the_fastest_kernel_that_runs_the_step(monkeypatch, capabilit
 ])
 def test_auto_takes_flash_attention_4_only_where_it_runs_the_step(monkeypatch, capability, head_dim, training,
                                                                   usable, expected):
-    monkeypatch.setattr(attention, "_cuda_capability", lambda: capability)
+    monkeypatch.setattr(attention, "cuda_capability", lambda: capability)
     monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: usable)
     for flag, value in (("_HAS_FLASH_ATTN_4", True), ("_HAS_FLASH_ATTN_3", False), ("_HAS_FLASH_ATTN", False)):
         monkeypatch.setattr(attention, flag, value)
@@ -161,7 +161,7 @@ def test_auto_runs_flash_attention_4_in_training_and_varlen_attn_under_no_grad(m
     calls: list = []
     install_flash_attn_4(monkeypatch, calls, [])
     monkeypatch.setattr(attention, "varlen_attn", lambda q, *args: calls.append(("varlen_attn", q.shape[-1])) or q)
-    monkeypatch.setattr(attention, "_cuda_capability", lambda: HOPPER)
+    monkeypatch.setattr(attention, "cuda_capability", lambda: HOPPER)
     monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: True)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)
     resolve = attention.chosen_packed_kernel
@@ -228,7 +228,7 @@ def test_auto_reads_the_gpu_generation_without_a_graph_break(monkeypatch):
 
 @pytest.mark.parametrize("kernel", EXPLICIT)
 def test_an_explicit_kernel_runs_as_asked_on_cuda_and_padded_sdpa_elsewhere(monkeypatch, kernel):
-    monkeypatch.setattr(attention, "_cuda_capability", lambda: AMPERE)  # no GPU generation check when asked for
+    monkeypatch.setattr(attention, "cuda_capability", lambda: AMPERE)  # no GPU generation check when asked for
     assert chosen_packed_kernel(kernel, "cuda", torch.bfloat16, 0.0) == kernel
     for device_type in ("cpu", "meta"):  # as Liger's kernels fall back to eager on CPU tensors
         assert chosen_packed_kernel(kernel, device_type, torch.float32, 0.1) == "padded_sdpa"
@@ -264,16 +264,16 @@ def test_the_preflight_words_follow_the_choice_and_refuse_what_cannot_run(monkey
         training_attention_kernel("best_fit", "varlen", "cuda", dropout=0.1, kernel="varlen_attn")
     # auto looks at the GPU it runs on: a preflight without one says what a Hopper GPU would run
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)
-    monkeypatch.setattr(attention, "_cuda_capability", lambda: (0, 0))
+    monkeypatch.setattr(attention, "cuda_capability", lambda: (0, 0))
     assert "FlashAttention 4's instead on a Hopper or Blackwell GPU" in training_attention_kernel("best_fit", "varlen",
                                                                                                    "cuda")
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", True)
     words = training_attention_kernel("best_fit", "varlen", "cuda")
     assert "FlashAttention 3's instead on a Hopper GPU" in words and "FlashAttention 4's on a Blackwell GPU" in words
-    monkeypatch.setattr(attention, "_cuda_capability", lambda: BLACKWELL)
+    monkeypatch.setattr(attention, "cuda_capability", lambda: BLACKWELL)
     words = training_attention_kernel("best_fit", "varlen", "cuda")
     assert "FlashAttention 4's flash_attn_varlen_func" in words and "FlashAttention 3's instead" in words
-    monkeypatch.setattr(attention, "_cuda_capability", lambda: HOPPER)
+    monkeypatch.setattr(attention, "cuda_capability", lambda: HOPPER)
     assert training_attention_kernel("best_fit", "varlen", "cuda").endswith(
         "FlashAttention 3's flash_attn_varlen_func (flash_attn_interface, Hopper)")
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)
@@ -283,13 +283,13 @@ def test_the_preflight_words_follow_the_choice_and_refuse_what_cannot_run(monkey
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", False)
     assert "FlashAttention 4 would run it faster: pip install -e '.[fa4]'" in training_attention_kernel(
         "best_fit", "varlen", "cuda")
-    monkeypatch.setattr(attention, "_cuda_capability", lambda: AMPERE)
+    monkeypatch.setattr(attention, "cuda_capability", lambda: AMPERE)
     assert training_attention_kernel("best_fit", "varlen", "cuda").endswith(
         "PyTorch's varlen_attn (FlashAttention varlen)")
     # installed but unusable on a GPU it would run on: no "instead" (auto's own warning says why it was left out)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)
     monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: False)
-    monkeypatch.setattr(attention, "_cuda_capability", lambda: HOPPER)
+    monkeypatch.setattr(attention, "cuda_capability", lambda: HOPPER)
     assert training_attention_kernel("best_fit", "varlen", "cuda").endswith(
         "PyTorch's varlen_attn (FlashAttention varlen)")
 
@@ -398,7 +398,7 @@ class StandInKernels:
         install_flash_attn_4(monkeypatch, calls, self.fa4_backward_calls)
         for flag in ("_HAS_FLASH_ATTN_4", "_HAS_FLASH_ATTN_3", "_HAS_FLASH_ATTN"):
             monkeypatch.setattr(attention, flag, True)
-        monkeypatch.setattr(attention, "_cuda_capability", lambda: HOPPER)
+        monkeypatch.setattr(attention, "cuda_capability", lambda: HOPPER)
         resolve = attention.chosen_packed_kernel
         monkeypatch.setattr(attention, "chosen_packed_kernel",
                             lambda choice, device_type, dtype, dropout_p, *head_dim_and_training: resolve(

@@ -427,7 +427,7 @@ def test_quack_runs_where_its_gemms_do_and_the_eager_mlp_elsewhere(monkeypatch):
     def cuda_tensor(dtype=torch.bfloat16, last_stride=1):  # what use_quack reads of a CUDA tensor
         return types.SimpleNamespace(is_cuda=True, dtype=dtype, stride=lambda dim: last_stride)
 
-    monkeypatch.setattr(kernels, "_cuda_capability", lambda: (9, 0))
+    monkeypatch.setattr(kernels, "cuda_capability", lambda: (9, 0))
     assert kernels.use_quack("quack", cuda_tensor(), (768, 2048))
     assert kernels.use_quack("quack", cuda_tensor(torch.float16), (768, 2048))
     assert not kernels.use_quack("eager", cuda_tensor(), (768, 2048))
@@ -440,7 +440,7 @@ def test_quack_runs_where_its_gemms_do_and_the_eager_mlp_elsewhere(monkeypatch):
     monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: device_type == "cuda")
     monkeypatch.setattr(torch, "get_autocast_dtype", lambda device_type: torch.bfloat16)
     assert kernels.use_quack("quack", cuda_tensor(torch.float32), (768, 2048))
-    monkeypatch.setattr(kernels, "_cuda_capability", lambda: (7, 5))
+    monkeypatch.setattr(kernels, "cuda_capability", lambda: (7, 5))
     assert not kernels.use_quack("quack", cuda_tensor(), (768, 2048))
 
 

@@ -4,6 +4,7 @@ run (neobert.jobs.throughput)."""
 from __future__ import annotations
 
 import csv
+import re
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from neobert.eval import throughput as tp
 from neobert.eval.flops import flops_per_token
 from neobert.eval.kernel_profile import CATEGORIES, MATMUL, summarise
 from neobert.eval.throughput_report import profile_markdown, read_csv
+from neobert.model import kernels
 from neobert.jobs import throughput as job
 
 
@@ -285,10 +287,63 @@ def test_neobert_overrides_reach_every_neobert_row_but_its_own_choice_and_are_li
     assert row.tokens_per_s is None and row.note == "not available: kernels=quack runs on CUDA GPUs only"
 
 
+@pytest.mark.parametrize("name, overrides, kernels, attention_kernel, extra_note", [
+    ("neobert", {"kernels": "quack", "attention_kernel": "flash_attn_4"}, "quack", "flash_attn_4", "; kernels=quack"),
+    ("neobert-quack", {"kernels": "liger"}, "quack", "auto", ""),  # the row's kernels win, and its name says them
+    ("neobert-liger", {"attention_kernel": "varlen_attn"}, "liger", "varlen_attn", ""),
+    ("neobert-varlen_attn", {"kernels": "quack", "attention_kernel": "padded_sdpa"}, "quack", "varlen_attn",
+     "; kernels=quack"),
+    ("neobert-padded_sdpa", {"rope_theta": 20000.0}, "eager", "padded_sdpa", "; rope_theta=20000.0"),
+])
+def test_each_neobert_row_takes_its_own_choice_then_the_overrides_and_its_note_says_what_its_name_does_not(
+        monkeypatch, name, overrides, kernels, attention_kernel, extra_note):
+    """Built for a GPU (the model itself builds on this CPU): a row's own choice wins over the overrides, and its note
+    lists what its name does not say."""
+    _pretend_every_kernel_is_installed_on_a_hopper_gpu(monkeypatch)
+    bench = tp._build_neobert(name, torch.device("cuda"), torch.bfloat16, True, "tiny", dict(overrides), False)
+    config = bench.module.config
+    assert (config.kernels, config.attention_kernel) == (kernels, attention_kernel)
+    assert bench.attention["unpadded"].endswith(extra_note) and bench.attention["unpadded"].count(";") == (
+        extra_note.count(";"))
+
+
+@pytest.mark.parametrize("name, overrides, compute_dtype, compiled, why", [
+    ("neobert-liger", {}, torch.bfloat16, True, "kernels=liger runs eager models only"),
+    ("neobert-quack", {}, torch.float32, False, "here (swiglu, torch.float32) it would run eager"),
+    ("neobert", {"kernels": "quack", "activation": "gelu"}, torch.bfloat16, False, "here (gelu, torch.bfloat16)"),
+    ("neobert", {"kernels": "quack", "hidden_size": 68, "num_attention_heads": 2}, torch.bfloat16, False,
+     "widths multiples of 8"),
+])
+def test_a_row_whose_kernels_would_not_run_is_unavailable_saying_why(monkeypatch, name, overrides, compute_dtype,
+                                                                    compiled, why):
+    """Otherwise it would time the eager MLP, or Inductor's kernels, under the name of another."""
+    _pretend_every_kernel_is_installed_on_a_hopper_gpu(monkeypatch)
+    with pytest.raises(tp.ModelUnavailable, match=re.escape(why)):
+        tp._build_neobert(name, torch.device("cuda"), compute_dtype, True, "tiny", dict(overrides), compiled)
+    monkeypatch.setattr(kernels, "cuda_capability", lambda: (7, 5))
+    if name == "neobert-quack" and compute_dtype == torch.float32:  # bf16 on a GPU before Ampere: no QuACK either
+        with pytest.raises(tp.ModelUnavailable, match="compute capability 8.0 or later"):
+            tp._build_neobert(name, torch.device("cuda"), torch.bfloat16, True, "tiny", {}, False)
+
+
+def _pretend_every_kernel_is_installed_on_a_hopper_gpu(monkeypatch):
+    from neobert.model import attention
+    from neobert.model import config as model_config_module
+
+    for module in (tp, model_config_module):
+        monkeypatch.setattr(module, "liger_missing_reason", lambda: None)
+        monkeypatch.setattr(module, "quack_missing_reason", lambda: None)
+    monkeypatch.setattr(kernels, "cuda_capability", lambda: (9, 0))
+    monkeypatch.setattr(tp, "attention_kernel_missing_reason", lambda kernel: None)
+    monkeypatch.setattr(attention, "attention_kernel_missing_reason", lambda kernel: None)
+    monkeypatch.setattr(model_config_module, "attention_kernel_missing_reason", lambda kernel: None)
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"kernel": "liger"}, r"'neobert_overrides': unknown NeoBERTConfig field\(s\) \['kernel'\]"),
     ({"kernels": "fused"}, r"'neobert_overrides.kernels': must be one of"),
-    ({"decoder_pad_multiple": 0}, r"'neobert_overrides.decoder_pad_multiple': must be a positive integer"),
+    ({"decoder_pad_multiple": 64}, r"'neobert_overrides.decoder_pad_multiple': a field of the model's heads"),
+    ({"dropout": "x"}, r"'neobert_overrides.dropout': must be a number in \[0, 1\), got 'x'"),
     ({"preset": "tinyy"}, r"'neobert_preset': unknown 'tinyy'; known presets: \['bert-base', 'mini', 'neobert'"),
 ])
 def test_bad_neobert_overrides_or_preset_name_the_key_before_any_work(monkeypatch, overrides, message):

@@ -11,8 +11,9 @@ from neobert.config.pretrain import COMPILE_MODES
 
 # neobert-liger: our encoder with NeoBERTConfig.kernels="liger" (CUDA with liger-kernel installed; else a row saying why)
 DEFAULT_MODELS = ("neobert", "neobert-liger", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
-# neobert-quack: with NeoBERTConfig.kernels="quack" (QuACK's MLP; CUDA with quack-kernels installed)
-KERNEL_MODELS = ("neobert-quack",)
+# neobert-<kernels>: our encoder with NeoBERTConfig.kernels=<kernels> (neobert-quack: QuACK's MLP; CUDA with
+# quack-kernels installed); neobert-liger is a default row too
+KERNEL_MODELS = ("neobert-liger", "neobert-quack")
 # neobert-<kernel>: our encoder with NeoBERTConfig.attention_kernel=<kernel> (neobert.model.attention), full rows (one
 # document each) and unpadded documents through that kernel, beside neobert's auto; on CUDA where its package is
 # installed (else a row saying why; padded batches run SDPA whatever the kernel: a row saying so)
@@ -24,7 +25,7 @@ ATTENTION_KERNEL_MODELS = ("neobert-flash_attn_4", "neobert-flash_attn_3", "neob
 # modernbert-base-fa4: FlashAttention 4 (the flash-attn-4 package; Hopper and Blackwell GPUs), with FA4's local window.
 WINDOWED_MODELS = {"modernbert-base-flex": "flex_attention", "modernbert-base-fa4": "flash_attention_4"}
 FLEX_MODELS = tuple(name for name, attention in WINDOWED_MODELS.items() if attention == "flex_attention")
-MODEL_NAMES = DEFAULT_MODELS + KERNEL_MODELS + ATTENTION_KERNEL_MODELS + tuple(WINDOWED_MODELS)
+MODEL_NAMES = tuple(dict.fromkeys(DEFAULT_MODELS + KERNEL_MODELS + ATTENTION_KERNEL_MODELS + tuple(WINDOWED_MODELS)))
 LAYOUTS = ("full", "padded", "unpadded")
 MODES = ("inference", "training")
 DTYPES = ("auto", "float32", "bfloat16")
@@ -49,9 +50,10 @@ class ThroughputConfig:
     repeats: int = 3  # interleaved timed repetitions per model; the median is reported
     warmup: int = 1
     neobert_preset: str = "neobert"
-    # NeoBERTConfig fields for every NeoBERT row, e.g. {kernels: quack, decoder_pad_multiple: 64}: combinations of the
-    # machine's choices (a neobert-<kernel> row's own attention kernel, and neobert-liger's and neobert-quack's
-    # kernels, win over these); the rows' notes list them
+    # NeoBERTConfig fields of the encoder for every NeoBERT row but neobert-official, e.g. {kernels: quack,
+    # attention_kernel: flash_attn_4}: combinations of the machine's choices (a neobert-<kernel> row's own attention
+    # kernel, and neobert-liger's and neobert-quack's kernels, win over these); the rows' notes list them. The MLM
+    # head's fields are refused: the job times the encoder alone
     neobert_overrides: Dict[str, Any] = field(default_factory=dict)
     official_code_dir: Optional[str] = None  # a local copy of the hub repo chandar-lab/NeoBERT (model.py + config)
     device: str = "auto"  # auto | cpu | cuda

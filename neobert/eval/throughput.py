@@ -18,6 +18,7 @@ is `neobert.jobs.throughput.run_throughput`.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -30,12 +31,12 @@ from torch import Tensor, nn
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, RobertaConfig
 
-from neobert.config.throughput import ATTENTION_KERNEL_MODELS, LAYOUTS, WINDOWED_MODELS
+from neobert.config.throughput import ATTENTION_KERNEL_MODELS, KERNEL_MODELS, LAYOUTS, WINDOWED_MODELS
 from neobert.eval.flops import flops_per_token, matmul_params
 from neobert.eval.kernel_profile import KernelProfile, profiler_activities, summarise_events
 from neobert.model import NeoBERT, NeoBERTConfig
 from neobert.model.attention import attention_kernel_missing_reason, chosen_packed_kernel, flash_attn_packages
-from neobert.model.kernels import liger_missing_reason, quack_missing_reason
+from neobert.model.kernels import liger_missing_reason, quack_missing_reason, quack_takes
 
 OFFICIAL_HUB_NAME = "chandar-lab/NeoBERT"
 
@@ -112,14 +113,16 @@ def _hf_max_length(name: str, config) -> int:
 
 def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_preset: str = "neobert",
                 official_code_dir: str | None = None, compute_dtype: torch.dtype | None = None,
-                training: bool = False, neobert_overrides: dict[str, Any] | None = None) -> BenchModel:
+                training: bool = False, neobert_overrides: dict[str, Any] | None = None,
+                compiled: bool = False) -> BenchModel:
     """A randomly initialised encoder (no download), its weights in `dtype`. `compute_dtype` (the autocast dtype of a
-    training step; default `dtype`) and `training` (dropout on) decide which attention kernel a NeoBERT runs;
-    `neobert_overrides` are NeoBERTConfig fields of every NeoBERT row (the row's own kernel choice wins). Raises
-    ModelUnavailable with the reason when it cannot be built or its kernels cannot run here."""
-    if name in ("neobert", "neobert-liger", "neobert-quack") + ATTENTION_KERNEL_MODELS:
+    training step; default `dtype`) and `training` (dropout on) decide which attention kernel a NeoBERT runs, and with
+    `compiled` (it will be compiled) whether its kernels choice can run; `neobert_overrides` are NeoBERTConfig fields
+    of every NeoBERT row (the row's own kernel choice wins). Raises ModelUnavailable with the reason when it cannot be
+    built or its kernels cannot run here."""
+    if name in ("neobert",) + KERNEL_MODELS + ATTENTION_KERNEL_MODELS:
         bench = _build_neobert(name, device, compute_dtype or dtype, training, neobert_preset,
-                               dict(neobert_overrides or {}))
+                               dict(neobert_overrides or {}), compiled)
     elif name == "neobert-official":
         bench = _build_official(official_code_dir)
     else:
@@ -148,28 +151,26 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
 
 
 def _build_neobert(name: str, device: torch.device, compute_dtype: torch.dtype, training: bool, preset: str,
-                   overrides: dict[str, Any]) -> BenchModel:
+                   overrides: dict[str, Any], compiled: bool) -> BenchModel:
     """neobert (auto attention kernel, eager norms and MLP, unless `overrides` say otherwise), neobert-liger,
-    neobert-quack or neobert-<attention kernel>, each with `overrides` but for its own choice."""
+    neobert-quack or neobert-<attention kernel>, each with `overrides` but for its own choice; unavailable, saying
+    why, where a kernel it names would not run (a row would time another one under its name)."""
     kernels, attention_kernel = overrides.pop("kernels", "eager"), overrides.pop("attention_kernel", "auto")
-    if name in ("neobert-liger", "neobert-quack"):
+    if name in KERNEL_MODELS:
         kernels = name.removeprefix("neobert-")
     elif name != "neobert":
         attention_kernel = name.removeprefix("neobert-")
-    if kernels != "eager":
-        missing_reason = {"liger": liger_missing_reason, "quack": quack_missing_reason}.get(kernels, lambda: None)
-        unavailable = missing_reason() or (
-            None if device.type == "cuda" else f"kernels={kernels} runs on CUDA GPUs only")
-        if unavailable:
-            raise ModelUnavailable(unavailable)
     if attention_kernel != "auto":
         unavailable = attention_kernel_missing_reason(attention_kernel)
         if unavailable is None and device.type != "cuda" and attention_kernel != "padded_sdpa":
-            # elsewhere every choice runs padded_sdpa: a row under this kernel's name would time another kernel
+            # elsewhere every choice runs padded_sdpa
             unavailable = f"attention_kernel={attention_kernel} runs on CUDA GPUs only"
         if unavailable:
             raise ModelUnavailable(unavailable)
-    config = NeoBERTConfig.from_preset(preset, kernels=kernels, attention_kernel=attention_kernel, **overrides)
+    config = NeoBERTConfig.from_preset(preset, attention_kernel=attention_kernel, **overrides)
+    if unavailable := _kernels_unavailable(kernels, config, device, compute_dtype, compiled):
+        raise ModelUnavailable(unavailable)
+    config = dataclasses.replace(config, kernels=kernels)
     try:
         packed = chosen_packed_kernel(attention_kernel, device.type, compute_dtype,
                                       config.dropout if training else 0.0,
@@ -187,12 +188,30 @@ def _build_neobert(name: str, device: torch.device, compute_dtype: torch.dtype, 
         forward = neobert_documents_forward
     attention["unpadded"] = f"attention: {packed}"
     # what neither the row's name nor its attention note says
-    unnamed = {"kernels": kernels} if kernels != "eager" and name not in ("neobert-liger", "neobert-quack") else {}
+    unnamed = {"kernels": kernels} if kernels != "eager" and name not in KERNEL_MODELS else {}
     if unnamed or overrides:
         chosen = ", ".join(f"{key}={value}" for key, value in {**unnamed, **overrides}.items())
         attention = {layout: f"{note}; {chosen}" for layout, note in attention.items()}
     return BenchModel(name, NeoBERT(config), config.num_hidden_layers, config.hidden_size, config.max_length,
                       config.vocab_size, config.pad_token_id, forward, attention, skipped)
+
+
+def _kernels_unavailable(kernels: str, config: NeoBERTConfig, device: torch.device, compute_dtype: torch.dtype,
+                         compiled: bool) -> str | None:
+    """Why NeoBERTConfig.kernels=`kernels` would not run in this row (its package, the device, a compiled model, its
+    computation's dtype, the MLP), or None."""
+    if kernels == "eager":
+        return None
+    missing = liger_missing_reason() if kernels == "liger" else quack_missing_reason()
+    if missing or device.type != "cuda":
+        return missing or f"kernels={kernels} runs on CUDA GPUs only"
+    if kernels == "liger" and compiled:
+        return "kernels=liger runs eager models only: compiled, the model runs Inductor's kernels"
+    if kernels == "quack" and not (config.activation == "swiglu"
+                                   and quack_takes(compute_dtype, (config.hidden_size, config.ffn_hidden_size))):
+        return (f"kernels=quack takes a SwiGLU MLP of widths multiples of 8 computed in bf16 or fp16 on a GPU of "
+                f"compute capability 8.0 or later; here ({config.activation}, {compute_dtype}) it would run eager")
+    return None
 
 
 # The FLOP count is a dense encoder's: a windowed row's local layers skip most of their attention, so its MFU and

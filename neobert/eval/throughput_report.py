@@ -149,8 +149,12 @@ def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") ->
         lengths = sorted({r.seq_len for r in group if r.seq_len})
         names = [n for n in MODEL_NAMES if any(r.model == n for r in group)]
         cell = {(r.model, r.seq_len): r for r in group}
-        # why a model has no figures; and a windowed row's attention, whose FLOPs are counted dense (WINDOW_NOTE)
-        notes = {r.model: r.note for r in group if r.note.startswith("not available") or r.model in WINDOWED_MODELS}
+        # every model's note: why it has no figures, or what it ran (its attention, a windowed row's FLOPs counted
+        # dense, a NeoBERT row's choices that its name does not say)
+        notes: dict[str, list[str]] = {}
+        for r in group:
+            if r.note and r.note not in notes.setdefault(r.model, []):
+                notes[r.model].append(r.note)
         header = "| model | " + " | ".join(str(n) for n in lengths) + " |"
         rule = "|---|" + "---:|" * len(lengths)
 
@@ -206,8 +210,8 @@ def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") ->
         if others:
             section(f"ratio {reference} / other (tokens/s; per FLOP)", others, ratio,
                     label=lambda n: f"{reference} / {n}")
-        for name, note in notes.items():
-            out.append(f"- {name}: {note}")
+        for name, model_notes in notes.items():
+            out.extend(f"- {name}: {note}" for note in model_notes)
         if notes:
             out.append("")
     return "\n".join(out)

@@ -126,7 +126,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         try:
             models[name] = build_model(name, device, weights_dtype, config.neobert_preset, config.official_code_dir,
                                        compute_dtype=autocast_dtype or weights_dtype, training=training,
-                                       neobert_overrides=config.neobert_overrides)
+                                       neobert_overrides=config.neobert_overrides, compiled=config.compile)
         except ModelUnavailable as err:
             progress(f"{name}: not available: {err}")
             for layout in config.layouts:
@@ -201,12 +201,20 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     return rows
 
 
+# NeoBERTConfig fields that only the heads read (the MLM decoder and loss, the classifier): no effect on the encoder
+# (decoder_init_range is every Linear's, as in the released code)
+HEAD_FIELDS = {"decoder_pad_multiple", "fused_mlm_loss", "classifier_dropout", "classifier_init_range", "num_labels"}
+
+
 def check_neobert_overrides(config: ThroughputConfig) -> None:
     """neobert_preset must be a preset, and neobert_overrides must make a NeoBERTConfig of it whose packages are
     installed: else a ConfigError naming the key, before any work (every NeoBERT row would take them)."""
     if config.neobert_preset not in PRESETS:
         raise ConfigError(f"invalid config key 'neobert_preset': unknown {config.neobert_preset!r}; known presets: "
                           f"{sorted(PRESETS)}")
+    for key in sorted(set(config.neobert_overrides) & HEAD_FIELDS):
+        raise ConfigError(f"invalid config key 'neobert_overrides.{key}': a field of the model's heads; the job times "
+                          f"the encoder alone")
     try:
         NeoBERTConfig.from_preset(config.neobert_preset, **config.neobert_overrides)
     except ModelFieldError as err:

@@ -169,7 +169,7 @@ def attention_kernel_missing_reason(kernel: str) -> str | None:
 
 
 @torch.compiler.assume_constant_result  # read once when compiled, not a graph break in every layer
-def _cuda_capability() -> tuple[int, int]:
+def cuda_capability() -> tuple[int, int]:
     """The current CUDA device's compute capability ((9, 0): Hopper; (10, 0): Blackwell), (0, 0) without one. `auto`
     takes FlashAttention 3 on sm90 only and FlashAttention 4 on sm90/sm100, the GPUs they were built for (each rank
     sets its own device before the first forward)."""
@@ -215,7 +215,7 @@ def _flash_attn_4_usable() -> bool:
 def _flash_attn_4_runs(head_dim: int | None) -> bool:
     """Whether `auto` takes FlashAttention 4 here: installed and usable, on Hopper or Blackwell, at this head size
     (None: not known, as in the preflight)."""
-    takes_head_dim = _FLASH_ATTN_4_HEAD_DIMS.get(_cuda_capability()[0])
+    takes_head_dim = _FLASH_ATTN_4_HEAD_DIMS.get(cuda_capability()[0])
     return (_HAS_FLASH_ATTN_4 and takes_head_dim is not None and (head_dim is None or takes_head_dim(head_dim))
             and _flash_attn_4_usable())
 
@@ -227,7 +227,7 @@ def packed_kernel(device_type: str, dtype: torch.dtype, dropout_p: float, head_d
     FlashAttention 4 in training only (gradients on), where it measured faster than varlen_attn; its forward alone
     against varlen_attn is not measured yet."""
     if device_type == "cuda" and dtype in _HALF:
-        if _HAS_FLASH_ATTN_3 and dropout_p == 0.0 and _cuda_capability() == (9, 0):
+        if _HAS_FLASH_ATTN_3 and dropout_p == 0.0 and cuda_capability() == (9, 0):
             return "flash_attn_3"
         if dropout_p == 0.0 and training and _flash_attn_4_runs(head_dim):
             return "flash_attn_4"
@@ -374,7 +374,7 @@ def training_attention_kernel(packing: str, attention_backend: str, device_type:
     if kernel == "auto" and device_type == "cuda" and dtype in _HALF and dropout == 0.0:
         # auto looks at the GPU it runs on: a preflight on a machine without one cannot (on one where FA4 runs but was
         # left out, its warning said why)
-        on_fa4_gpu = _cuda_capability()[0] in _FLASH_ATTN_4_HEAD_DIMS
+        on_fa4_gpu = cuda_capability()[0] in _FLASH_ATTN_4_HEAD_DIMS
         if _HAS_FLASH_ATTN_3 and picked != "flash_attn_3":
             chosen = " (FlashAttention 3's instead on a Hopper GPU, sm90: flash_attn_3 is installed"
             chosen += ("; FlashAttention 4's on a Blackwell GPU, sm100: flash-attn-4 is installed)"

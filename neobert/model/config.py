@@ -27,6 +27,11 @@ class ModelFieldError(ValueError):
         self.field, self.reason = field, reason
 
 
+def _is_number(value: Any) -> bool:
+    """An int or a float, not a bool (True would pass as 1)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass
 class NeoBERTConfig:
     """Every architectural choice of the NeoBERT ablation ladder is a field (paper Table 1 and Table 2)."""
@@ -122,12 +127,13 @@ class NeoBERTConfig:
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary (size {self.vocab_size})")
         for name in ("dropout", "classifier_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"NeoBERTConfig.{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.norm_eps <= 0:
-            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+            value = getattr(self, name)
+            if not _is_number(value) or not 0.0 <= value < 1.0:
+                raise ModelFieldError(name, f"must be a number in [0, 1), got {value!r}")
+        if not _is_number(self.norm_eps) or not self.norm_eps > 0:
+            raise ModelFieldError("norm_eps", f"must be a positive number, got {self.norm_eps!r}")
         theta = self.rope_theta
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
+        if not _is_number(theta) or not 0 < theta < math.inf:
             # the base of RoPE's frequencies theta^(-2i/d): 0 or below gives inf or NaN angles, a NaN loss
             raise ModelFieldError("rope_theta", f"must be a positive number (the RoPE base, e.g. 10000.0), got "
                                                 f"{theta!r}")

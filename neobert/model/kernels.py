@@ -30,7 +30,7 @@ import importlib.util
 import torch
 from torch import Tensor
 
-from neobert.model.attention import _cuda_capability
+from neobert.model.attention import cuda_capability
 
 LIGER_MINIMUM = (0, 8)
 
@@ -72,15 +72,20 @@ def older_than(distribution: str, minimum: tuple[int, int]) -> str | None:
 
 def use_quack(kernels: str, x: Tensor, widths: tuple[int, int]) -> bool:
     """Whether the MLP (hidden and FFN `widths`) runs QuACK's GEMMs on x, compiled or not: asked for
-    (kernels="quack") and where they run. That is x on a CUDA GPU of compute capability 8.0 or later, computed in
-    bf16 or fp16 (x's dtype, or autocast's: QuACK has no float32 GEMM on Hopper, and makes it TF32 on Blackwell),
-    its last dimension contiguous, both widths multiples of 8 (what QuACK's own MLP module asks before taking its
-    GEMMs). Elsewhere the eager MLP runs."""
+    (kernels="quack"), x on a CUDA GPU with its last dimension contiguous, and `quack_takes` its computation (x's
+    dtype, or autocast's). Elsewhere the eager MLP runs."""
     if kernels != "quack" or not x.is_cuda:
         return False
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
-    return (dtype in (torch.bfloat16, torch.float16) and x.stride(-1) == 1 and all(w % 8 == 0 for w in widths)
-            and _cuda_capability() >= (8, 0))
+    return x.stride(-1) == 1 and quack_takes(dtype, widths)
+
+
+def quack_takes(dtype: torch.dtype, widths: tuple[int, int]) -> bool:
+    """Whether QuACK's GEMMs run an MLP of these widths computed in `dtype` on this GPU: bf16 or fp16 (QuACK has no
+    float32 GEMM on Hopper, and makes it TF32 on Blackwell), both widths multiples of 8 (what QuACK's own MLP module
+    asks before taking its GEMMs), compute capability 8.0 or later."""
+    return (dtype in (torch.bfloat16, torch.float16) and all(width % 8 == 0 for width in widths)
+            and cuda_capability() >= (8, 0))
 
 
 def quack_swiglu_mlp(x: Tensor, w12: Tensor, w3: Tensor) -> Tensor:

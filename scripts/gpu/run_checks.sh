@@ -67,8 +67,9 @@
 #   infer_compiled   throughput inference compiled at 512: neobert, with FA4 and with QuACK's MLP where unpacked,
 #                    bert-base (the per-FLOP target)                                                     ~2 min
 #   infer_graphs     the same with compile_mode=reduce-overhead (CUDA graphs: no launch per kernel)       ~2 min
-#   infer_quack_fa4  infer_compiled's FA4 row with QuACK's MLP too (neobert_overrides.kernels=quack), and
-#                    bert-base: the two candidates together                                              ~2 min
+#   infer_quack_fa4  infer_compiled with FA4 and QuACK's MLP together (neobert_overrides), against bert-base:
+#                    the two candidates at once (needs FA4 and QuACK unpacked: else the run stops, naming
+#                    the key)                                                                            ~2 min
 set -u
 cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
@@ -223,8 +224,9 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                           'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
                           compile=true compile_mode=reduce-overhead ;;
         infer_quack_fa4) throughput throughput_inference_quack_fa4 150 mode=inference 'lengths=[512]' \
-                             'models=[neobert-flash_attn_4,bert-base]' neobert_overrides.kernels=quack \
-                             'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
+                             'models=[neobert,bert-base]' neobert_overrides.kernels=quack \
+                             neobert_overrides.attention_kernel=flash_attn_4 'batch_sizes=[64]' search_top=1 \
+                             repeats=5 compile=true ;;
         *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;
     esac
     # written aside, then renamed: a call cut short during the packing still returns the last whole archive

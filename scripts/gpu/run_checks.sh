@@ -67,15 +67,17 @@
 #   infer_compiled   throughput inference compiled at 512: neobert, with FA4 and with QuACK's MLP where unpacked,
 #                    bert-base (the per-FLOP target)                                                     ~2 min
 #   infer_graphs     the same with compile_mode=reduce-overhead (CUDA graphs: no launch per kernel)       ~2 min
-#   infer_quack_fa4  infer_compiled with FA4 and QuACK's MLP together (neobert_overrides), against bert-base:
-#                    the two candidates at once (needs FA4 and QuACK unpacked: else the run stops, naming
-#                    the key)                                                                            ~2 min
+#   infer_quack_fa4  inference at 512 compiled, FA4 in every NeoBERT row (neobert_overrides): neobert (eager MLP)
+#                    and neobert-quack (QuACK's MLP) side by side, against bert-base (needs FA4 and QuACK
+#                    unpacked: else FA4's absence stops the run, naming the key)                          ~2.5 min
+#   train_quack_fa4  the issue's training target the same way: 1,024 tokens, full rows and unpadded, compiled,
+#                    FA4, neobert and neobert-quack side by side                                         ~4 min
 set -u
 cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests tests_fa4 norms mlp rope decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_padded check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled compiled infer_compiled infer_graphs infer_quack_fa4}
+STEPS=${*:-tests tests_fa4 norms mlp rope decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_padded check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled compiled infer_compiled infer_graphs infer_quack_fa4 train_quack_fa4}
 STAGE=$(mktemp -d)
 # Named site-packages on purpose: QuACK tells library code from user code by '/site-packages/' in a function's file
 # (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
@@ -223,10 +225,13 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         infer_graphs) throughput throughput_inference_graphs 180 mode=inference 'lengths=[512]' \
                           'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
                           compile=true compile_mode=reduce-overhead ;;
-        infer_quack_fa4) throughput throughput_inference_quack_fa4 150 mode=inference 'lengths=[512]' \
-                             'models=[neobert,bert-base]' neobert_overrides.kernels=quack \
-                             neobert_overrides.attention_kernel=flash_attn_4 'batch_sizes=[64]' search_top=1 \
-                             repeats=5 compile=true ;;
+        infer_quack_fa4) throughput throughput_inference_quack_fa4 180 mode=inference 'lengths=[512]' \
+                             'models=[neobert,neobert-quack,bert-base]' neobert_overrides.attention_kernel=flash_attn_4 \
+                             'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
+        train_quack_fa4) throughput throughput_training_quack_fa4 330 mode=training 'lengths=[1024]' \
+                             'layouts=[full,unpadded]' 'models=[neobert,neobert-quack]' \
+                             neobert_overrides.attention_kernel=flash_attn_4 'batch_sizes=[32]' search_top=1 repeats=5 \
+                             compile=true ;;
         *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;
     esac
     # written aside, then renamed: a call cut short during the packing still returns the last whole archive

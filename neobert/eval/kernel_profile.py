@@ -53,8 +53,9 @@ RULES: tuple[tuple[str, re.Pattern], ...] = tuple((category, re.compile(pattern)
     # rms_norm_in_dtype (reduce_kernel<..., NormTwoOps...>: the CPU's bf16 path; before 139d97c, CUDA's too),
     # Inductor's fused norm (an rsqrt)
     (NORM, r"rms_?norm|layer_?norm|gammabeta|normtwoops|vector_norm|^triton_\w*rsqrt"),
-    # Inductor's other fused kernels: pointwise and reductions
-    (ELEMENTWISE, r"^triton_(poi|red|per)_"),
+    # Inductor's other fused kernels: pointwise and reductions. On a CPU its generated C++ kernels are no operators
+    # of their own: their time is the self time of the compiled graph's range (its matmuls stay aten operators)
+    (ELEMENTWISE, r"^triton_(poi|red|per)_|^## call compiledfxgraph"),
     # copies and casts, and the data movement that does no arithmetic: concatenation, index/gather/scatter, the
     # embedding's lookup and gradient, memcpy and memset
     (COPY, r"copy|memcpy|memset|^aten::(to|clone|contiguous|cat|index|index_select|gather|scatter)$"
@@ -165,7 +166,8 @@ def self_times(events, on_gpu: bool) -> list[tuple[str, float]]:
     the GPU timeline a compiled graph's "## Call CompiledFxGraph ##" range spans its kernels (torch's own device
     totals leave them out, or the compiled work would count twice); on a CPU a `record_function` range
     (DistributedDataParallel.forward, Optimizer.step#AdamW.step) has as self time the Python between its operators,
-    which a recording without such ranges does not count anywhere: two recordings compare operator for operator."""
+    which a recording without such ranges does not count anywhere: two recordings compare operator for operator. (A
+    compiled graph's range on a CPU is no user annotation: its self time is Inductor's C++ kernels, kept: RULES.)"""
     if on_gpu:
         return [(event.name, event.time_range.elapsed_us()) for event in events
                 if event.device_type == DeviceType.CUDA and not event.is_user_annotation]

@@ -199,6 +199,36 @@ def test_the_activation_estimate_takes_the_highest_masking_rate_of_the_schedule(
                                                                              0.4 * tokens)
 
 
+def test_the_activation_estimate_counts_what_liger_and_quack_keep_of_the_mlp(monkeypatch):
+    """Per token and layer, of the MLP's 2 x ffn + ffn + ffn eager values: Liger's fused SwiGLU keeps w12's output and
+    w3's input (one ffn less), QuACK's MLP w12's output only (two less). Liger compiled and QuACK in float32 run the
+    eager ops: counted as eager's."""
+    from neobert.data.tokenizer import load_tokenizer
+    from neobert.jobs.preflight import config_activation_bytes
+    from neobert.jobs.pretrain import build_model_config
+    from neobert.model import config as model_config_module
+
+    monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
+    monkeypatch.setattr(model_config_module, "quack_missing_reason", lambda: None)
+
+    def estimate(*overrides):
+        config = load_config(PretrainConfig, "neobert", list(overrides))
+        return config_activation_bytes(config, build_model_config(config, load_tokenizer(config.data.tokenizer)))
+
+    config = load_config(PretrainConfig, "neobert", [])
+    model_config = build_model_config(config, load_tokenizer(config.data.tokenizer))
+    ffn_values = (config.trainer.micro_batch_size * config.data.max_length * model_config.num_hidden_layers
+                  * model_config.ffn_hidden_size * 2)  # bf16 under the recipe's DeepSpeed
+    eager = estimate()
+    assert eager - estimate("model.overrides.kernels=liger") == ffn_values
+    assert eager - estimate("model.overrides.kernels=quack") == 2 * ffn_values
+    compiled = ("data.packing=best_fit", "model.compile=true")
+    assert estimate(*compiled, "model.overrides.kernels=liger") == estimate(*compiled)
+    assert estimate(*compiled, "model.overrides.kernels=quack") == estimate(*compiled) - 2 * ffn_values
+    float32 = ("trainer.precision=32-true",)
+    assert estimate(*float32, "model.overrides.kernels=quack") == estimate(*float32)
+
+
 @pytest.mark.parametrize("strategy, widths", [("deepspeed_stage_2", "bf16-true"), ("fsdp2", "bf16-true"),
                                               ("auto", "bf16-mixed"), ("ddp", "bf16-mixed")])
 def test_the_activation_widths_are_those_the_strategy_computes_in(strategy, widths):

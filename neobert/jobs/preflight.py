@@ -117,14 +117,16 @@ def preflight_report(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> Prefligh
     return report
 
 
-def activation_bytes(model_config, tokens: int, precision: str, scored_rows: float, fused_loss: bool = False) -> float:
+def activation_bytes(model_config, tokens: int, precision: str, scored_rows: float, fused_loss: bool = False,
+                     mlp_kernels: str = "eager") -> float:
     """Bytes a micro-batch of `tokens` tokens holds for its backward, term by term: what each op of the encoder keeps
     with the fused attention and norm kernels of a GPU (a norm keeps its input and a per-row scale; attention its
     inputs, output and per-row log-sum-exp), then the MLM head over its `scored_rows` (the masked tokens when only
     those are projected; with `fused_loss`, Liger's, no logits are kept). `precision` decides the widths: under mixed
     precision the residual stream (every norm's input) stays float32 and the matmuls read 16-bit copies; 16-true
-    and 32-true keep one width throughout. tests/test_preflight.py checks it against the tensors the model saves on
-    a CPU."""
+    and 32-true keep one width throughout. `mlp_kernels`: what runs the SwiGLU MLP (`mlp_kernels_that_run`), whose
+    kernels keep less than the eager ops. tests/test_preflight.py checks it against the tensors the model saves on a
+    CPU (eager; Liger's and QuACK's from their sources)."""
     half = precision.startswith(("bf16", "16"))
     width = 2 if half else 4  # every matmul's input and output
     residual = 4 if precision.endswith("mixed") or not half else 2  # the residual stream, every norm's input
@@ -135,7 +137,15 @@ def activation_bytes(model_config, tokens: int, precision: str, scored_rows: flo
                  + (width * 2 * h if model_config.position_encoding == "rope" else 0)  # q and k rotated
                  + width * h  # attention's output, wo's input
                  + width * h)  # the MLP's input
-    if model_config.activation == "swiglu":
+    if model_config.activation == "swiglu" and mlp_kernels == "quack":
+        # w12's output (gate, up) only: QuACK's second GEMM recomputes silu(gate) * up from it in the backward
+        # (quack-kernels 0.6.5, quack/linear.py: DActLinearFunc keeps the pre-activation, not its input)
+        per_layer += width * 2 * f
+    elif model_config.activation == "swiglu" and mlp_kernels == "liger":
+        # w12's output, which Liger's fused SwiGLU keeps to recompute silu(gate) (liger_kernel/ops/swiglu.py,
+        # 0.8.5), and silu(gate) * up, w3's input
+        per_layer += width * (2 * f + f)
+    elif model_config.activation == "swiglu":
         per_layer += width * (2 * f + f + f)  # w12's output (gate, up), silu(gate), silu(gate) * up: w3's input
     else:
         per_layer += width * (f + f)  # w12's output, gelu of it: w3's input
@@ -157,8 +167,20 @@ def config_activation_bytes(config: PretrainConfig, model_config) -> float:
     run's highest masking rate, its schedule included: the peak)."""
     tokens = config.trainer.micro_batch_size * config.data.max_length
     scored = tokens * (config.masking.highest_rate if config.model.masked_only_logits else 1.0)
-    return activation_bytes(model_config, tokens, activation_precision(config), scored,
-                            fused_loss_runs(config, model_config))
+    precision = activation_precision(config)
+    return activation_bytes(model_config, tokens, precision, scored, fused_loss_runs(config, model_config),
+                            mlp_kernels_that_run(config, model_config, precision))
+
+
+def mlp_kernels_that_run(config: PretrainConfig, model_config, precision: str) -> str:
+    """What runs the MLP on the run's GPUs: QuACK's GEMMs in 16-bit computation (in float32 it runs eager), Liger's
+    SwiGLU in an eager model (compiled, Inductor's kernels run), else PyTorch's ops (what Inductor keeps is counted as
+    eager's)."""
+    if model_config.kernels == "quack" and precision.startswith(("bf16", "16")):
+        return "quack"
+    if model_config.kernels == "liger" and not config.model.compile:
+        return "liger"
+    return "eager"
 
 
 def activation_precision(config: PretrainConfig) -> str:

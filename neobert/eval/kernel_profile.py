@@ -94,6 +94,9 @@ class CategoryTotal:
     calls: int
 
 
+NAME_COLUMNS = ["category", "self_ms", "calls", "name"]  # the columns of `KernelProfile.name_table`
+
+
 @dataclass
 class KernelProfile:
     """A recording's self time by category. `self_us` holds every category of CATEGORIES (0 where none ran), in
@@ -125,6 +128,11 @@ class KernelProfile:
             totals.append(CategoryTotal(category, self_us, self.share(category), len(names),
                                         sum(entry.calls for entry in names)))
         return totals
+
+    def name_table(self) -> list[list]:
+        """Every name as a table row under NAME_COLUMNS, the largest self time first (what a new rule would be
+        written from)."""
+        return [[entry.category, f"{entry.self_us / 1e3:.4f}", entry.calls, entry.name] for entry in self.names]
 
     def other_names(self, top: int = 10) -> list[NameTime]:
         """The largest names no rule knows: where a new rule would pay off most."""

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from neobert.config.throughput import LAYOUTS, MODEL_NAMES, MODES, WINDOWED_MODELS
-from neobert.eval.kernel_profile import CATEGORIES
+from neobert.eval.kernel_profile import CATEGORIES, NAME_COLUMNS
 from neobert.eval.throughput import ThroughputRow
 
 CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow) if f.name != "profile"]  # the profile has its own
@@ -75,11 +75,10 @@ def write_profile_csvs(rows: Sequence[ThroughputRow], categories_path: str | Pat
                     f"{result.wall_us / 1e3:.4f}", busy])
     with Path(names_path).open("w", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(PROFILE_KEYS + ["category", "self_ms", "calls", "name"])
+        writer.writerow(PROFILE_KEYS + NAME_COLUMNS)
         for row in profiled(rows):
-            for entry in row.profile.names:
-                writer.writerow([getattr(row, key) for key in PROFILE_KEYS] + [
-                    entry.category, f"{entry.self_us / 1e3:.4f}", entry.calls, entry.name])
+            keys = [getattr(row, key) for key in PROFILE_KEYS]
+            writer.writerows(keys + name for name in row.profile.name_table())
 
 
 def profile_markdown(rows: Sequence[ThroughputRow]) -> str:

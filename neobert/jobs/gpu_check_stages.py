@@ -38,7 +38,7 @@ from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import CheckpointError
 from neobert.eval.flops import mfu, peak_flops
-from neobert.eval.kernel_profile import KernelProfile, profiler_activities, summarise_events
+from neobert.eval.kernel_profile import NAME_COLUMNS, KernelProfile, profiler_activities, summarise_events
 from neobert.eval.plots import read_curves
 from neobert.eval.throughput import (Batch, BenchModel, make_batch, neobert_forward, rows_as_documents,
                                      synchronize, time_step)
@@ -348,8 +348,7 @@ def write_profile_tables(result: KernelProfile, output_dir: Path, files: Profile
     write_csv(output_dir / files.categories, ["category", "self_ms", "share", "names", "calls"],
               [[total.category, f"{total.self_us / 1e3:.4f}", f"{total.share:.6f}", total.names, total.calls]
                for total in result.category_totals()])
-    write_csv(output_dir / files.names, ["category", "self_ms", "calls", "name"],
-              [[entry.category, f"{entry.self_us / 1e3:.4f}", entry.calls, entry.name] for entry in result.names])
+    write_csv(output_dir / files.names, NAME_COLUMNS, result.name_table())
 
 
 def write_csv(path: Path, header: list[str], rows: list[list]) -> None:

@@ -127,7 +127,7 @@ def activation_bytes(model_config, tokens: int, precision: str, scored_rows: flo
     and 32-true keep one width throughout. `mlp_kernels`: what runs the SwiGLU MLP (`mlp_kernels_that_run`), whose
     kernels keep less than the eager ops. tests/test_preflight.py checks it against the tensors the model saves on a
     CPU (eager; Liger's and QuACK's from their sources)."""
-    half = precision.startswith(("bf16", "16"))
+    half = in_16_bits(precision)
     width = 2 if half else 4  # every matmul's input and output
     residual = 4 if precision.endswith("mixed") or not half else 2  # the residual stream, every norm's input
     h, f = model_config.hidden_size, model_config.ffn_hidden_size
@@ -176,11 +176,16 @@ def mlp_kernels_that_run(config: PretrainConfig, model_config, precision: str) -
     """What runs the MLP on the run's GPUs: QuACK's GEMMs in 16-bit computation (in float32 it runs eager), Liger's
     SwiGLU in an eager model (compiled, Inductor's kernels run), else PyTorch's ops (what Inductor keeps is counted as
     eager's)."""
-    if model_config.kernels == "quack" and precision.startswith(("bf16", "16")):
+    if model_config.kernels == "quack" and in_16_bits(precision):
         return "quack"
     if model_config.kernels == "liger" and not config.model.compile:
         return "liger"
     return "eager"
+
+
+def in_16_bits(precision: str) -> bool:
+    """Whether a Lightning precision computes its matmuls in bf16 or fp16 (bf16-mixed, bf16-true, 16-mixed, ...)."""
+    return precision.startswith(("bf16", "16"))
 
 
 def activation_precision(config: PretrainConfig) -> str:
@@ -439,8 +444,7 @@ def kernels_section(report: Preflight, config: PretrainConfig, model_config) -> 
         head += ("; fused_mlm_loss does not apply: it fuses masked-only logits (model.masked_only_logits) outside a "
                  "whole-forward compile")
     if model_config.decoder_pad_multiple > 1 and not fused_loss_runs(config, model_config):  # fused: the weight as is
-        padded = model_config.vocab_size + -model_config.vocab_size % model_config.decoder_pad_multiple
-        head += f"; the decoder's matmul on {padded:,} rows (model.overrides.decoder_pad_multiple)"
+        head += f"; the decoder's matmul on {model_config.decoder_rows:,} rows (model.overrides.decoder_pad_multiple)"
     report.add(f"- the MLM head's loss: {head}")
 
 

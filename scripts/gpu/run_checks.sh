@@ -83,6 +83,7 @@ STAGE=$(mktemp -d)
 # (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
 # raised a TypeError (on the H200, 2026-11-26)
 SITE=/tmp/site-packages
+SCRATCH=${SCRATCH:-/tmp}  # each step's run directory and log, SCRATCH/NAME (tests/test_run_checks.py sets its own)
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$PREPARED"/wheels/*.whl || exit 1
@@ -110,19 +111,19 @@ say() { echo "=== $(date -u +%T) $*" | tee -a "$LOG"; }
 throughput() {
     local name=$1 seconds=$2
     shift 2
-    rm -rf /tmp/"$name"
-    timeout "$seconds" python3 -m experiments.throughput "$@" profile=true output_dir=/tmp/"$name" \
-        > /tmp/"$name".log 2>&1
+    rm -rf "$SCRATCH"/"$name"
+    timeout "$seconds" python3 -m experiments.throughput "$@" profile=true output_dir="$SCRATCH"/"$name" \
+        > "$SCRATCH"/"$name".log 2>&1
     echo "$name exit $?" | tee -a "$LOG"
-    if [ -f /tmp/"$name"/throughput.md ]; then
-        tee -a "$LOG" < /tmp/"$name"/throughput.md
+    if [ -f "$SCRATCH"/"$name"/throughput.md ]; then
+        tee -a "$LOG" < "$SCRATCH"/"$name"/throughput.md
     else
-        tail -30 /tmp/"$name".log | tee -a "$LOG"
+        tail -30 "$SCRATCH"/"$name".log | tee -a "$LOG"
     fi
-    cp /tmp/"$name".log "$STAGE"/"$name".log
-    cp /tmp/"$name"/throughput.csv "$STAGE"/"$name".csv 2>/dev/null
-    cp /tmp/"$name"/throughput_profile.csv "$STAGE"/"$name"_profile.csv 2>/dev/null
-    cp /tmp/"$name"/throughput_profile_names.csv "$STAGE"/"$name"_profile_names.csv 2>/dev/null
+    cp "$SCRATCH"/"$name".log "$STAGE"/"$name".log
+    cp "$SCRATCH"/"$name"/throughput.csv "$STAGE"/"$name".csv 2>/dev/null
+    cp "$SCRATCH"/"$name"/throughput_profile.csv "$STAGE"/"$name"_profile.csv 2>/dev/null
+    cp "$SCRATCH"/"$name"/throughput_profile_names.csv "$STAGE"/"$name"_profile_names.csv 2>/dev/null
 }
 # bench NAME SECONDS [ROWS=32768]: an A/B script of scripts/bench over ROWS rows, 20 alternations, its table logged
 bench() {
@@ -133,20 +134,21 @@ bench() {
 # (attention varlen_attn unless the step names another kernel),
 # 16 steps (4 warm-up steps left out of tokens/s; with profile=true, profile_steps=1 and the step the profiler stops
 # in too); its report, JSON, profile tables and the ceiling's trace kept in checks.tgz as NAME/ (the loop's trace,
-# 8 micro-batches of the recipe's accumulation, stays in /tmp/NAME: a returned file holds 16 MiB at most)
+# 8 micro-batches of the recipe's accumulation, stays in $SCRATCH/NAME: a returned file holds 16 MiB at most)
 gpu_check() {
     local name=$1 seconds=$2
     shift 2
     mkdir -p "$STAGE"/"$name"
     timeout "$seconds" python3 -m experiments.gpu_check --config neobert --steps 16 warmup_steps=4 resume_steps=4 \
         profile_steps=1 logging.log_every_n_steps=2 data.source="$PREPARED"/corpus data.tokenizer="$PREPARED"/tokenizer \
-        output_dir=/tmp/"$name" overwrite=true model.overrides.attention_kernel=varlen_attn "$@" > /tmp/"$name".log 2>&1
+        output_dir="$SCRATCH"/"$name" overwrite=true model.overrides.attention_kernel=varlen_attn "$@" \
+        > "$SCRATCH"/"$name".log 2>&1
     echo "$name exit $?" | tee -a "$LOG"
-    cp /tmp/"$name"/gpu_check.md /tmp/"$name"/gpu_check.json /tmp/"$name"/gpu_check_*profile*.csv \
-        /tmp/"$name"/gpu_check_trace.json "$STAGE"/"$name"/ 2>/dev/null
+    cp "$SCRATCH"/"$name"/gpu_check.md "$SCRATCH"/"$name"/gpu_check.json "$SCRATCH"/"$name"/gpu_check_*profile*.csv \
+        "$SCRATCH"/"$name"/gpu_check_trace.json "$STAGE"/"$name"/ 2>/dev/null
     [ -f "$STAGE"/"$name"/gpu_check.md ] && cat "$STAGE"/"$name"/gpu_check.md >> "$LOG" \
-        || tail -40 /tmp/"$name".log >> "$LOG"
-    find /tmp/"$name" -name "*profile*.txt" -exec cp {} "$STAGE"/"$name"/ \; 2>/dev/null
+        || tail -40 "$SCRATCH"/"$name".log >> "$LOG"
+    find "$SCRATCH"/"$name" -name "*profile*.txt" -exec cp {} "$STAGE"/"$name"/ \; 2>/dev/null
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$LOG"
 for step in $STEPS; do

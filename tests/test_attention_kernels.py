@@ -210,7 +210,7 @@ def test_flash_attention_4_is_usable_only_where_it_imports_with_our_keywords(mon
 
 # A "GPU" faked on a CUDA build of torch without a driver (PyPI's default wheel on a laptop): Dynamo then asks the
 # CUDA runtime for the device's streams and properties, which fails (torch 2.11 tried). A CPU build or a GPU runs it.
-@pytest.mark.skipif(torch.version.cuda is not None and not torch.cuda.is_available(),
+@pytest.mark.skipif((torch.version.cuda or torch.version.hip) is not None and not torch.cuda.is_available(),
                     reason="a CUDA build of torch without a GPU cannot fake one to Dynamo")
 def test_auto_reads_the_gpu_generation_without_a_graph_break(monkeypatch):
     """`auto` runs inside every compiled layer: the capability is a constant to Dynamo, not a break per layer. The

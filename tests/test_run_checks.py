@@ -3,8 +3,10 @@
 step's arguments as on the GPU. Each recorded command then goes through its job's own parser and pre-work checks on
 CPU (the recipe loaded, the model config built and validated, the throughput config and its NeoBERT overrides
 checked), with the packages a lease brings (Liger, QuACK, FlashAttention 4) taken as installed; every value a step
-sets must reach the job (not be overridden by the script's fixed arguments). A misspelt key, an ill-typed value, a
-missing script or an undocumented step fails here, not after a lease's minutes."""
+sets must reach the job (not be overridden by the script's fixed arguments), and the job's output must go to the
+log the step keeps. The pytest steps' options and selections are collected here, their inline program compiled; the
+bench steps' scripts must exist. A misspelt key, an ill-typed value, a missing script or an undocumented step fails
+here, not after a lease's minutes."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,9 +40,12 @@ DOCUMENTED = re.findall(r"^#   (\w+)  ", TEXT, re.M)  # the header's list: a ste
 FUNCTIONS = ("throughput", "gpu_check", "bench")  # the script's own functions a step calls
 TEST_STEPS = ("tests", "tests_fa4")  # the steps that run pytest themselves
 END = "\x01"  # between two recorded commands
+# Each command: where its standard output goes (Linux's /proc), its name, its arguments
 RECORDER = f"""#!/usr/bin/env bash
-{{ printf '%s\\0' "$(basename "$0")" "$@"; printf '{END}\\0'; }} >> "$RUN_CHECKS_CALLS"
+stdout=$(readlink /proc/$$/fd/1 2>/dev/null)
+{{ printf '%s\\0' "$stdout" "$(basename "$0")" "$@"; printf '{END}\\0'; }} >> "$RUN_CHECKS_CALLS"
 """
+SEES_STDOUT = Path("/proc/self/fd/1").exists()
 
 
 def bash_words(body: str) -> list[str]:
@@ -54,8 +60,9 @@ def own_words(step: str) -> list[str]:
     return bash_words(STEPS[step])[2:]
 
 
-def run_script(step: str, prepared: Path, work: Path) -> tuple[list[list[str]], str]:
-    """Runs run_checks.sh for one step with the recorders on PATH: the commands it ran, and its log."""
+def run_script(step: str, prepared: Path, work: Path) -> tuple[list[list[str]], list[str], str]:
+    """Runs run_checks.sh for one step with the recorders on PATH, its scratch folder at a path with a space: the
+    commands it ran, where each one's standard output went, and the step's log."""
     bin_dir = work / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name in ("timeout", "python3", "nvidia-smi"):
@@ -63,8 +70,7 @@ def run_script(step: str, prepared: Path, work: Path) -> tuple[list[list[str]], 
         (bin_dir / name).chmod(0o755)
     calls = work / f"{step}.calls"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUN_CHECKS_CALLS": str(calls),
-           "SCRATCH": str(work / "scratch"), "TMPDIR": str(work)}
-    (work / "scratch").mkdir(exist_ok=True)
+           "RUN_CHECKS_SCRATCH": str(work / "scratch dir"), "TMPDIR": str(work)}
     subprocess.run(["bash", str(SCRIPT), str(prepared), str(work / "results"), step], env=env, check=True,
                    capture_output=True, timeout=60)
     words = calls.read_text().split("\0")[:-1] if calls.exists() else []
@@ -75,7 +81,8 @@ def run_script(step: str, prepared: Path, work: Path) -> tuple[list[list[str]], 
             current = []
         else:
             current.append(word)
-    return [c for c in commands if c[0] != "nvidia-smi"], (work / "results" / "log.txt").read_text()
+    commands = [c for c in commands if c[1] != "nvidia-smi"]
+    return [c[1:] for c in commands], [c[0] for c in commands], (work / "results" / "log.txt").read_text()
 
 
 def job_command(commands: list[list[str]], job: str) -> list[str]:
@@ -139,7 +146,7 @@ def test_every_step_calls_one_of_the_scripts_functions_or_runs_pytest():
 @pytest.mark.parametrize("step", steps_calling("throughput"))
 def test_each_throughput_step_is_a_valid_config_and_its_values_reach_the_job(step, prepared, tmp_path,
                                                                               lease_packages):
-    commands, log = run_script(step, prepared, tmp_path)
+    commands, stdouts, _ = run_script(step, prepared, tmp_path)
     arguments = job_command(commands, "throughput")
     assert 0 < int(commands[0][1]) <= 590  # its time limit: a device call runs 600 s at most
     config = throughput_cli.parse_args(arguments)
@@ -149,17 +156,23 @@ def test_each_throughput_step_is_a_valid_config_and_its_values_reach_the_job(ste
     alone = throughput_cli.parse_args(own)
     for key in keys(own):
         assert value_at(config, key) == value_at(alone, key), f"{step}: the script's arguments override {key}"
-    assert config.output_dir == str(tmp_path / "scratch" / bash_words(STEPS[step])[0])
-    assert "unknown step" not in log
+    name = bash_words(STEPS[step])[0]
+    assert config.output_dir == str(tmp_path / "scratch dir" / name)
+    if SEES_STDOUT:  # its output kept in SCRATCH/NAME.log, which the step logs and packs
+        assert stdouts == [str(tmp_path / "scratch dir" / f"{name}.log")]
 
 
 @pytest.mark.parametrize("step", steps_calling("gpu_check"))
 def test_each_gpu_check_step_plans_its_run_and_its_values_reach_the_job(step, prepared, tmp_path, lease_packages):
-    commands, log = run_script(step, prepared, tmp_path)
+    commands, stdouts, _ = run_script(step, prepared, tmp_path)
     arguments = job_command(commands, "gpu_check")
     assert 0 < int(commands[0][1]) <= 590
     plan = make_plan(gpu_check_cli.parse_args(arguments))
     assert plan.recipe.data.source == str(prepared / "corpus")
+    name = bash_words(STEPS[step])[0]
+    assert plan.config.output_dir == str(tmp_path / "scratch dir" / name)
+    if SEES_STDOUT:
+        assert stdouts == [str(tmp_path / "scratch dir" / f"{name}.log")]
     own_check, own_recipe = split_overrides(own_words(step))
     alone = gpu_check_cli.parse_args(own_check)
     for key in keys(own_check):
@@ -171,7 +184,7 @@ def test_each_gpu_check_step_plans_its_run_and_its_values_reach_the_job(step, pr
 
 @pytest.mark.parametrize("step", steps_calling("bench"))
 def test_each_bench_step_runs_a_script_that_exists(step, tmp_path):
-    commands, _ = run_script(step, tmp_path, tmp_path)
+    commands, _, _ = run_script(step, tmp_path, tmp_path)
     (timeout, seconds, python, script, rows, repeats), = commands
     assert (timeout, python) == ("timeout", "python3") and 0 < int(seconds) <= 590
     assert (ROOT / script).is_file() and int(rows) > 0 and int(repeats) > 0
@@ -180,10 +193,16 @@ def test_each_bench_step_runs_a_script_that_exists(step, tmp_path):
 
 @pytest.mark.parametrize("step", TEST_STEPS)
 def test_each_test_step_selects_cuda_tests_in_files_that_exist(step, tmp_path):
-    commands, _ = run_script(step, tmp_path, tmp_path)
+    commands, _, _ = run_script(step, tmp_path, tmp_path)
     pytest_runs = [c for c in commands if c[:5] == ["timeout", c[1], "python3", "-m", "pytest"]]
     assert len(pytest_runs) == 1 and 0 < int(pytest_runs[0][1]) <= 590
     files = [word for word in pytest_runs[0] if word.endswith(".py")]
     assert files and "on_cuda" in pytest_runs[0]
     for file in files:
         assert re.search(r"^def test_\w*on_cuda\w*\(", (ROOT / file).read_text(), re.M), f"{file}: no *on_cuda test"
+    # its options and selection, as pytest reads them here: the CUDA tests it would run are collected
+    collected = subprocess.run([sys.executable, *pytest_runs[0][3:], "--collect-only", "-q"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=300)
+    assert collected.returncode == 0 and re.search(r"\d+/\d+ tests collected", collected.stdout), collected.stdout
+    for program in [c[2] for c in commands if c[:2] == ["python3", "-c"]]:  # tests_fa4's import check
+        compile(program, step, "exec")

@@ -83,7 +83,9 @@ STAGE=$(mktemp -d)
 # (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
 # raised a TypeError (on the H200, 2026-11-26)
 SITE=/tmp/site-packages
-SCRATCH=${SCRATCH:-/tmp}  # each step's run directory and log, SCRATCH/NAME (tests/test_run_checks.py sets its own)
+# Each step's run directory and log: SCRATCH/NAME (tests/test_run_checks.py sets RUN_CHECKS_SCRATCH)
+SCRATCH=${RUN_CHECKS_SCRATCH:-/tmp}
+mkdir -p "$SCRATCH"
 mkdir -p "$RESULTS"
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$PREPARED"/wheels/*.whl || exit 1
@@ -151,7 +153,7 @@ gpu_check() {
     find "$SCRATCH"/"$name" -name "*profile*.txt" -exec cp {} "$STAGE"/"$name"/ \; 2>/dev/null
 }
 # pytest -v prints each test's outcome as it ends: a step cut short by its time limit still says which passed
-TEST_LINES=" (PASSED|FAILED|ERROR|SKIPPED)|^(FAILED|ERROR|SKIPPED) |passed|failed"
+TEST_LINES=" (PASSED|FAILED|ERROR|SKIPPED)( |$)|^(FAILED|ERROR|SKIPPED) |passed|failed"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$LOG"
 for step in $STEPS; do
     say "$step"
@@ -160,11 +162,11 @@ for step in $STEPS; do
         tests_fa4) python3 -c "from neobert.model import attention as a; assert a._HAS_FLASH_ATTN_4, 'not found'
 import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass', cutlass.__version__)" \
                        > "$RESULTS"/tests_fa4.txt 2>&1
-                   timeout 300 python3 -m pytest -v -p no:cacheprovider -rfEs --tb=short -k on_cuda \
+                   timeout 300 python3 -m pytest -v -p no:cacheprovider -rA --tb=short -k on_cuda \
                        tests/test_attention_kernels.py >> "$RESULTS"/tests_fa4.txt 2>&1
                    grep -E "$TEST_LINES|flash_attn_4 found|Error" \
                        "$RESULTS"/tests_fa4.txt | tee -a "$LOG" ;;
-        tests) timeout 300 python3 -m pytest -v -p no:cacheprovider -rfEs --tb=short -k on_cuda tests/test_kernels.py \
+        tests) timeout 300 python3 -m pytest -v -p no:cacheprovider -rA --tb=short -k on_cuda tests/test_kernels.py \
                    tests/test_attention_kernels.py tests/test_compile_mode.py tests/test_bf16_path.py \
                    > "$RESULTS"/tests.txt 2>&1
                grep -E "$TEST_LINES" "$RESULTS"/tests.txt | tee -a "$LOG" ;;

@@ -174,7 +174,7 @@ def test_transformers_auto_classes_take_the_kernels_at_load(tmp_path, monkeypatc
     assert "kernels" not in json.loads((tmp_path / "again" / "config.json").read_text())
 
 
-def test_liger_runs_on_cuda_tensors_only():
+def test_liger_takes_only_cuda_tensors():
     x = torch.zeros(2, 4)
     assert not use_liger("liger", x)  # a CPU tensor: eager
     assert not use_liger("eager", x)
@@ -390,7 +390,7 @@ def test_the_quack_path_calls_its_mlp_in_every_block_and_equals_eager(monkeypatc
     assert liger.norm_calls == liger.swiglu_calls == 0  # the norms stay PyTorch's
 
 
-def test_quack_runs_on_cuda_tensors_compiled_or_not_and_is_refused_naming_the_field_without_its_package(
+def test_quack_takes_only_cuda_tensors_compiled_or_not_and_is_refused_naming_the_field_without_its_package(
         monkeypatch, tmp_path):
     from neobert.data.tokenizer import load_tokenizer
     from neobert.errors import ConfigError

@@ -5,8 +5,9 @@
 # library alone is an 88 MiB wheel, over the 64 MiB a device call carries; xz with its x86 filter packs the whole set
 # into 55.0 MiB, so it travels in a call of its own (carry [".gpu_fa4"]; scripts/gpu/run_checks.sh unpacks it).
 #   bash scripts/gpu/prepare_fa4.sh [OUT_DIR=.gpu_fa4] [PYTHON_VERSION=3.12]
-# Writes OUT_DIR/site.tar.xz (4-7 minutes of xz here: one thread fits its memory limit). omegaconf travels with it, so
-# that the throughput job and the CUDA tests run from this archive alone, with the image's transformers.
+# Writes OUT_DIR/site.tar.xz (4-7 minutes of xz here: one thread fits its memory limit). omegaconf, datasets, dill,
+# multiprocess, torch-optimi and liger-kernel travel with it, so that the throughput job and run_checks' CUDA tests
+# (steps tests and tests_fa4) run from this archive alone, with the image's transformers.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-.gpu_fa4}
@@ -17,10 +18,14 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 # The versions this project's FA4 call was written against (neobert/model/attention.py: its public varlen function
 # and _flash_attn_bwd, as 4.0.0b36 names them); CuTe DSL built for CUDA 13, as the image's torch is.
-OMEGACONF=$($PYTHON -c 'from importlib.metadata import version; print(version("omegaconf"))')
+# With them, at this venv's versions, what the image lacks for the throughput job and run_checks' CUDA tests (whose
+# files import the pretraining stack: datasets, dill, multiprocess, torch-optimi; a CPU rehearsal under the image's
+# Python 3.12 and torch 2.11 stopped at each in turn), and Liger-Kernel for their Liger tests.
+PINNED=$($PYTHON -c 'from importlib.metadata import version
+print(" ".join(f"{n}=={version(n)}" for n in ["omegaconf", "datasets", "dill", "multiprocess", "torch-optimi"]))')
 PACKAGES="flash-attn-4==4.0.0b36 quack-kernels==0.6.5 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
 nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 apache-tvm-ffi==0.1.15.post2
-torch-c-dlpack-ext==0.1.5 omegaconf==$OMEGACONF"
+torch-c-dlpack-ext==0.1.5 liger-kernel==0.8.5 $PINNED"
 PLATFORMS="--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
 --platform manylinux2014_x86_64 --platform any"
 $PYTHON -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp $PLATFORMS \

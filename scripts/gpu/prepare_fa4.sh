@@ -3,7 +3,7 @@
 # a GPU machine without one: flash-attn-4 and what it needs beyond the GPU image (torch, triton, cuda-bindings, einops
 # and protobuf are there), unpacked as `pip install --target` would and packed into one archive. CuTe DSL's compiler
 # library alone is an 88 MiB wheel, over the 64 MiB a device call carries; xz with its x86 filter packs the whole set
-# into 55.0 MiB, so it travels in a call of its own (carry [".gpu_fa4"]; scripts/gpu/run_checks.sh unpacks it).
+# into 56.0 MiB, so it travels in a call of its own (carry [".gpu_fa4"]; scripts/gpu/run_checks.sh unpacks it).
 #   bash scripts/gpu/prepare_fa4.sh [OUT_DIR=.gpu_fa4] [PYTHON_VERSION=3.12]
 # Writes OUT_DIR/site.tar.xz (4-7 minutes of xz here: one thread fits its memory limit). omegaconf, datasets, dill,
 # multiprocess, torch-optimi and liger-kernel travel with it, so that the throughput job and run_checks' CUDA tests

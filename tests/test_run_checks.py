@@ -70,7 +70,8 @@ def run_script(step: str, prepared: Path, work: Path) -> tuple[list[list[str]], 
         (bin_dir / name).chmod(0o755)
     calls = work / f"{step}.calls"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUN_CHECKS_CALLS": str(calls),
-           "RUN_CHECKS_SCRATCH": str(work / "scratch dir"), "TMPDIR": str(work)}
+           "RUN_CHECKS_SCRATCH": str(work / "scratch dir"), "RUN_CHECKS_SITE": str(work / "site-packages"),
+           "TMPDIR": str(work)}
     subprocess.run(["bash", str(SCRIPT), str(prepared), str(work / "results"), step], env=env, check=True,
                    capture_output=True, timeout=60)
     words = calls.read_text().split("\0")[:-1] if calls.exists() else []

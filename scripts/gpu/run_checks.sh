@@ -81,8 +81,9 @@ STEPS=${*:-tests tests_fa4 norms mlp rope decoder check_blocks check_packed chec
 STAGE=$(mktemp -d)
 # Named site-packages on purpose: QuACK tells library code from user code by '/site-packages/' in a function's file
 # (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
-# raised a TypeError (on the H200, 2026-11-26)
-SITE=/tmp/site-packages
+# raised a TypeError (on the H200, 2026-11-26). RUN_CHECKS_SITE (a path ending in site-packages): a rehearsal's own
+SITE=${RUN_CHECKS_SITE:-/tmp/site-packages}
+case $SITE in */site-packages) ;; *) echo "RUN_CHECKS_SITE must end in /site-packages (QuACK's kernel cache)"; exit 2 ;; esac
 # Each step's run directory and log: SCRATCH/NAME (tests/test_run_checks.py sets RUN_CHECKS_SCRATCH)
 SCRATCH=${RUN_CHECKS_SCRATCH:-/tmp}
 mkdir -p "$SCRATCH"

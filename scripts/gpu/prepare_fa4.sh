@@ -10,6 +10,7 @@
 # (steps tests and tests_fa4) run from this archive alone, with the image's transformers.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/gpu/pins.sh
 OUT=${1:-.gpu_fa4}
 PY=${2:-3.12}
 PYTHON=.venv/bin/python
@@ -25,7 +26,7 @@ PINNED=$($PYTHON -c 'from importlib.metadata import version
 print(" ".join(f"{n}=={version(n)}" for n in ["omegaconf", "datasets", "dill", "multiprocess", "torch-optimi"]))')
 PACKAGES="flash-attn-4==4.0.0b36 quack-kernels==0.6.5 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
 nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 apache-tvm-ffi==0.1.15.post2
-torch-c-dlpack-ext==0.1.5 liger-kernel==0.8.5 $PINNED"
+torch-c-dlpack-ext==0.1.5 $LIGER_PIN $PINNED"
 PLATFORMS="--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
 --platform manylinux2014_x86_64 --platform any"
 $PYTHON -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp $PLATFORMS \

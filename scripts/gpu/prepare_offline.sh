@@ -6,12 +6,13 @@
 # Writes OUT_DIR/wheels, OUT_DIR/tokenizer, OUT_DIR/corpus (4 JSONL files: a multiple of ranks x data.num_workers).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/gpu/pins.sh
 OUT=${1:-.gpu}
 PY=${2:-3.12}
 PYTHON=.venv/bin/python
 mkdir -p "$OUT/wheels"
 # What the GPU image (torch, lightning, transformers, sentence-transformers) lacks, at the versions this project
-# pins in its venv; liger-kernel for NeoBERTConfig.kernels=liger.
+# pins in its venv; liger-kernel for NeoBERTConfig.kernels=liger (scripts/gpu/pins.sh).
 packages=$($PYTHON - <<'PY'
 from importlib.metadata import version
 names = ["datasets", "dill", "multiprocess", "omegaconf", "hjson", "pydantic", "pydantic_core", "annotated-types",
@@ -21,7 +22,7 @@ PY
 )
 $PYTHON -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform any -d "$OUT/wheels" $packages liger-kernel
+    --platform any -d "$OUT/wheels" $packages "$LIGER_PIN"
 DS_BUILD_OPS=0 $PYTHON -m pip wheel -q --no-deps --no-build-isolation -w "$OUT/wheels" \
     "deepspeed==$($PYTHON -c 'from importlib.metadata import version; print(version("deepspeed"))')" seqeval
 $PYTHON - "$OUT" <<'PY'

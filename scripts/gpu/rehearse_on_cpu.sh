@@ -3,19 +3,27 @@
 # torch 2.11.0+cu130 without a GPU, transformers 5.17, lightning 2.6.6, ...: ENVIRONMENT_NOTES.md's list, and what the
 # earlier leases' runs show it has), from a prepared folder as a device call would carry it. What a CPU can prove:
 # the folder installs and unpacks, its packages import (FlashAttention 4 and QuACK included), the CUDA tests collect
-# (they skip here), the jobs' configs validate with the real packages. Found that a lease's `tests` step carried with
-# .gpu_fa4 alone stopped at collection (2026-11-26); the kernels themselves need the GPU.
+# (those that need a GPU skip); a throughput or gpu_check step also validates its config with the real packages, but
+# then runs its full-size models on the CPU until its time limit. It found that a lease's `tests` step, carried with
+# .gpu_fa4 alone, stopped at collection (2026-11-26). The kernels themselves need the GPU.
 #   bash scripts/gpu/rehearse_on_cpu.sh [PREPARED=.gpu_fa4] [STEP ...=tests_fa4 tests]
 # PYTHON312 (default: python3.12 on PATH) makes the replica's venv once, in REPLICA (default /tmp/gpu_image_replica,
-# about 6 GB with torch's CUDA libraries); the run's files go to REPLICA/results, its packages to REPLICA/site-packages.
+# about 5.5 GB with torch's CUDA libraries; a folder of its own: outside the checkout, which a device call carries).
+# The run's files go to REPLICA/results, its packages to REPLICA/site-packages. Exit status 1 when a test failed or
+# did not collect, or a step exited otherwise than 0 (the lines are printed).
 set -euo pipefail
+REPLICA=$(realpath -m "${REPLICA:-/tmp/gpu_image_replica}")
 cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu_fa4}
 shift $(( $# < 1 ? $# : 1 ))
 STEPS=${*:-tests_fa4 tests}
-REPLICA=${REPLICA:-/tmp/gpu_image_replica}
 PYTHON312=${PYTHON312:-python3.12}
-if [ ! -x "$REPLICA"/venv/bin/python3 ]; then
+MARKER=$REPLICA/.gpu_image_replica  # written once the venv is complete: a folder without it is not this script's
+case $REPLICA/ in "$PWD"/*) echo "error: REPLICA=$REPLICA is inside the checkout" >&2; exit 2 ;; esac
+if [ ! -f "$MARKER" ]; then
+    if [ -e "$REPLICA" ] && [ -n "$(ls -A "$REPLICA")" ]; then
+        echo "error: REPLICA=$REPLICA exists and is not a replica made by this script (no $MARKER)" >&2; exit 2
+    fi
     "$PYTHON312" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' || {
         echo "error: PYTHON312=$PYTHON312 is not a Python 3.12 (the image's)" >&2; exit 2; }
     "$PYTHON312" -m venv "$REPLICA"/venv
@@ -23,8 +31,13 @@ if [ ! -x "$REPLICA"/venv/bin/python3 ]; then
     "$REPLICA"/venv/bin/pip install -q torch==2.11.0 transformers==5.17.0 lightning==2.6.6 'torchmetrics==1.9.*' \
         'sentence-transformers>=6.0' 'huggingface_hub==1.33.*' 'tokenizers==0.23.*' pandas pyarrow \
         einops pytest pytest-timeout matplotlib xxhash psutil msgpack py-cpuinfo ninja
+    touch "$MARKER"
 fi
 rm -rf "$REPLICA"/site-packages "$REPLICA"/results "$REPLICA"/scratch
 PATH=$REPLICA/venv/bin:$PATH RUN_CHECKS_SITE=$REPLICA/site-packages RUN_CHECKS_SCRATCH=$REPLICA/scratch \
     bash scripts/gpu/run_checks.sh "$PREPARED" "$REPLICA"/results $STEPS
 echo "rehearsal: $REPLICA/results/log.txt"
+if grep -E "^(FAILED|ERROR) | exit [1-9]" "$REPLICA"/results/log.txt; then
+    echo "rehearsal: the lines above failed" >&2
+    exit 1
+fi

@@ -22,7 +22,8 @@ MARKER=$REPLICA/.gpu_image_replica  # written once the venv is complete: a folde
 case $REPLICA/ in "$PWD"/*) echo "error: REPLICA=$REPLICA is inside the checkout" >&2; exit 2 ;; esac
 if [ ! -f "$MARKER" ]; then
     if [ -e "$REPLICA" ] && [ -n "$(ls -A "$REPLICA")" ]; then
-        echo "error: REPLICA=$REPLICA exists and is not a replica made by this script (no $MARKER)" >&2; exit 2
+        echo "error: REPLICA=$REPLICA exists without $MARKER (not made by this script, or its install did not" \
+             "finish): remove it, or choose another REPLICA" >&2; exit 2
     fi
     "$PYTHON312" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' || {
         echo "error: PYTHON312=$PYTHON312 is not a Python 3.12 (the image's)" >&2; exit 2; }

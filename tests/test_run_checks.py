@@ -55,11 +55,6 @@ def bash_words(body: str) -> list[str]:
     return out.split("\0")[:-1]
 
 
-def own_words(step: str) -> list[str]:
-    """A step's own key=value arguments: what its arm gives the function after the run's name and time limit."""
-    return bash_words(STEPS[step])[2:]
-
-
 def run_script(step: str, prepared: Path, work: Path) -> tuple[list[list[str]], list[str], str]:
     """Runs run_checks.sh for one step with the recorders on PATH, its scratch folder at a path with a space: the
     commands it ran, where each one's standard output went, and the step's log."""
@@ -86,11 +81,24 @@ def run_script(step: str, prepared: Path, work: Path) -> tuple[list[list[str]], 
     return [c[1:] for c in commands], [c[0] for c in commands], (work / "results" / "log.txt").read_text()
 
 
-def job_command(commands: list[list[str]], job: str) -> list[str]:
-    """The one `timeout SECONDS python3 -m experiments.<job> ...` a step ran: its arguments after the module."""
-    found = [c for c in commands if c[:4] == ["timeout", c[1], "python3", "-m"] and c[4] == f"experiments.{job}"]
+CALL_LIMIT = 590  # seconds a step may take: a device call runs 600 s at most
+
+
+def timed_run(commands: list[list[str]], module: str) -> list[str]:
+    """The one `timeout SECONDS python3 -m <module> ...` a step ran, its time limit within a device call's: the
+    module's arguments."""
+    found = [c for c in commands if c[0] == "timeout" and c[2:5] == ["python3", "-m", module]]
     assert len(found) == 1, commands
+    assert 0 < int(found[0][1]) <= CALL_LIMIT
     return found[0][5:]
+
+
+def assert_writes_in_its_scratch_folder(name: str, output_dir: str, stdouts: list[str], work: Path) -> None:
+    """A job step's run folder is SCRATCH/NAME, and its output goes to SCRATCH/NAME.log, which the step logs and
+    packs (where /proc says where a command's output goes)."""
+    assert output_dir == str(work / "scratch dir" / name)
+    if SEES_STDOUT:
+        assert stdouts == [str(work / "scratch dir" / f"{name}.log")]
 
 
 def value_at(config, key: str):
@@ -148,33 +156,24 @@ def test_every_step_calls_one_of_the_scripts_functions_or_runs_pytest():
 def test_each_throughput_step_is_a_valid_config_and_its_values_reach_the_job(step, prepared, tmp_path,
                                                                               lease_packages):
     commands, stdouts, _ = run_script(step, prepared, tmp_path)
-    arguments = job_command(commands, "throughput")
-    assert 0 < int(commands[0][1]) <= 590  # its time limit: a device call runs 600 s at most
-    config = throughput_cli.parse_args(arguments)
+    config = throughput_cli.parse_args(timed_run(commands, "experiments.throughput"))
     config.validate()
     check_neobert_overrides(config)
-    own = own_words(step)
+    name, _limit, *own = bash_words(STEPS[step])
     alone = throughput_cli.parse_args(own)
     for key in keys(own):
         assert value_at(config, key) == value_at(alone, key), f"{step}: the script's arguments override {key}"
-    name = bash_words(STEPS[step])[0]
-    assert config.output_dir == str(tmp_path / "scratch dir" / name)
-    if SEES_STDOUT:  # its output kept in SCRATCH/NAME.log, which the step logs and packs
-        assert stdouts == [str(tmp_path / "scratch dir" / f"{name}.log")]
+    assert_writes_in_its_scratch_folder(name, config.output_dir, stdouts, tmp_path)
 
 
 @pytest.mark.parametrize("step", steps_calling("gpu_check"))
 def test_each_gpu_check_step_plans_its_run_and_its_values_reach_the_job(step, prepared, tmp_path, lease_packages):
     commands, stdouts, _ = run_script(step, prepared, tmp_path)
-    arguments = job_command(commands, "gpu_check")
-    assert 0 < int(commands[0][1]) <= 590
-    plan = make_plan(gpu_check_cli.parse_args(arguments))
+    plan = make_plan(gpu_check_cli.parse_args(timed_run(commands, "experiments.gpu_check")))
     assert plan.recipe.data.source == str(prepared / "corpus")
-    name = bash_words(STEPS[step])[0]
-    assert plan.config.output_dir == str(tmp_path / "scratch dir" / name)
-    if SEES_STDOUT:
-        assert stdouts == [str(tmp_path / "scratch dir" / f"{name}.log")]
-    own_check, own_recipe = split_overrides(own_words(step))
+    name, _limit, *own = bash_words(STEPS[step])
+    assert_writes_in_its_scratch_folder(name, plan.config.output_dir, stdouts, tmp_path)
+    own_check, own_recipe = split_overrides(own)
     alone = gpu_check_cli.parse_args(own_check)
     for key in keys(own_check):
         assert value_at(plan.config, key) == value_at(alone, key), f"{step}: the script's arguments override {key}"
@@ -187,7 +186,7 @@ def test_each_gpu_check_step_plans_its_run_and_its_values_reach_the_job(step, pr
 def test_each_bench_step_runs_a_script_that_exists(step, tmp_path):
     commands, _, _ = run_script(step, tmp_path, tmp_path)
     (timeout, seconds, python, script, rows, repeats), = commands
-    assert (timeout, python) == ("timeout", "python3") and 0 < int(seconds) <= 590
+    assert (timeout, python) == ("timeout", "python3") and 0 < int(seconds) <= CALL_LIMIT
     assert (ROOT / script).is_file() and int(rows) > 0 and int(repeats) > 0
     assert len(bash_words(STEPS[step])) <= 3, "the function reads a name, a time limit and a row count only"
 
@@ -195,14 +194,13 @@ def test_each_bench_step_runs_a_script_that_exists(step, tmp_path):
 @pytest.mark.parametrize("step", TEST_STEPS)
 def test_each_test_step_selects_cuda_tests_in_files_that_exist(step, tmp_path):
     commands, _, _ = run_script(step, tmp_path, tmp_path)
-    pytest_runs = [c for c in commands if c[:5] == ["timeout", c[1], "python3", "-m", "pytest"]]
-    assert len(pytest_runs) == 1 and 0 < int(pytest_runs[0][1]) <= 590
-    files = [word for word in pytest_runs[0] if word.endswith(".py")]
-    assert files and "on_cuda" in pytest_runs[0]
+    arguments = timed_run(commands, "pytest")
+    files = [word for word in arguments if word.endswith(".py")]
+    assert files and "on_cuda" in arguments
     for file in files:
         assert re.search(r"^def test_\w*on_cuda\w*\(", (ROOT / file).read_text(), re.M), f"{file}: no *on_cuda test"
     # its options and selection, as pytest reads them here: the CUDA tests it would run are collected
-    collected = subprocess.run([sys.executable, *pytest_runs[0][3:], "--collect-only", "-q"], cwd=ROOT,
+    collected = subprocess.run([sys.executable, "-m", "pytest", *arguments, "--collect-only", "-q"], cwd=ROOT,
                                capture_output=True, text=True, timeout=300)
     assert collected.returncode == 0 and re.search(r"\d+/\d+ tests collected", collected.stdout), collected.stdout
     for program in [c[2] for c in commands if c[:2] == ["python3", "-c"]]:  # tests_fa4's import check

@@ -1,4 +1,10 @@
-# Versions the GPU folders pin, sourced by prepare_offline.sh and prepare_fa4.sh: both bring Liger-Kernel, and a lease
-# may install one folder over the other into the same site folder (pip --target skips what is there), so they must
-# agree. 0.8.5: what the H200 leases measured.
+# Versions the GPU folders pin, sourced by prepare_offline.sh and prepare_fa4.sh (from the repository's root).
+# Both bring Liger-Kernel, and a lease may install one folder over the other into the same site folder (pip --target
+# skips what is there), so they must agree. 0.8.5: what the H200 leases measured.
 LIGER_PIN=liger-kernel==0.8.5
+
+# venv_pins NAME ...: NAME==VERSION of each distribution as this project's venv has it (what the CPU suite tests)
+venv_pins() {
+    .venv/bin/python -c 'import sys; from importlib.metadata import version
+print(" ".join(f"{name}=={version(name)}" for name in sys.argv[1:]))' "$@"
+}

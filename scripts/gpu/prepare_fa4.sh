@@ -22,8 +22,7 @@ trap 'rm -rf "$WORK"' EXIT
 # With them, at this venv's versions, what the image lacks for the throughput job and run_checks' CUDA tests (whose
 # files import the pretraining stack: datasets, dill, multiprocess, torch-optimi; a CPU rehearsal under the image's
 # Python 3.12 and torch 2.11 stopped at each in turn), and Liger-Kernel for their Liger tests.
-PINNED=$($PYTHON -c 'from importlib.metadata import version
-print(" ".join(f"{n}=={version(n)}" for n in ["omegaconf", "datasets", "dill", "multiprocess", "torch-optimi"]))')
+PINNED=$(venv_pins omegaconf datasets dill multiprocess torch-optimi)
 PACKAGES="flash-attn-4==4.0.0b36 quack-kernels==0.6.5 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1
 nvidia-cutlass-dsl-libs-core==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 apache-tvm-ffi==0.1.15.post2
 torch-c-dlpack-ext==0.1.5 $LIGER_PIN $PINNED"

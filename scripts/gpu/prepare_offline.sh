@@ -13,18 +13,13 @@ PYTHON=.venv/bin/python
 mkdir -p "$OUT/wheels"
 # What the GPU image (torch, lightning, transformers, sentence-transformers) lacks, at the versions this project
 # pins in its venv; liger-kernel for NeoBERTConfig.kernels=liger (scripts/gpu/pins.sh).
-packages=$($PYTHON - <<'PY'
-from importlib.metadata import version
-names = ["datasets", "dill", "multiprocess", "omegaconf", "hjson", "pydantic", "pydantic_core", "annotated-types",
-         "typing-inspection", "torch-optimi", "transformers"]
-print(" ".join(f"{n}=={version(n)}" for n in names))
-PY
-)
+packages=$(venv_pins datasets dill multiprocess omegaconf hjson pydantic pydantic_core annotated-types \
+    typing-inspection torch-optimi transformers)
 $PYTHON -m pip download -q --no-deps --only-binary=:all: --python-version "$PY" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform any -d "$OUT/wheels" $packages "$LIGER_PIN"
 DS_BUILD_OPS=0 $PYTHON -m pip wheel -q --no-deps --no-build-isolation -w "$OUT/wheels" \
-    "deepspeed==$($PYTHON -c 'from importlib.metadata import version; print(version("deepspeed"))')" seqeval
+    "$(venv_pins deepspeed)" seqeval
 $PYTHON - "$OUT" <<'PY'
 import sys
 from pathlib import Path

@@ -274,17 +274,20 @@ def test_the_activation_widths_are_those_the_strategy_computes_in(strategy, widt
     (("data.packing=best_fit", "model.compile=true", "model.overrides.fused_mlm_loss=true"),
      ["- the MLM head's loss: compiled with the forward (Inductor); fused_mlm_loss does not apply"]),
     (("model.overrides.kernels=quack", "model.overrides.decoder_pad_multiple=64"),
-     ["- the MLP: QuACK's GEMMs, SwiGLU in their epilogues (bf16 or fp16 computation); norms and RoPE: PyTorch's "
-      "eager ops",
+     ["- the MLP: QuACK's GEMMs, SwiGLU in their epilogues; norms and RoPE: PyTorch's eager ops",
       "then PyTorch's cross-entropy (float32 log-probabilities kept); the decoder's matmul on 30,528 rows "
       "(model.overrides.decoder_pad_multiple)"]),
     (("model.overrides.kernels=quack", "data.packing=best_fit", "model.compile=true", "model.compile_scope=blocks"),
-     ["- the MLP: QuACK's GEMMs, SwiGLU in their epilogues (bf16 or fp16 computation); norms and RoPE: Inductor's "
-      "fused kernels"]),
+     ["- the MLP: QuACK's GEMMs, SwiGLU in their epilogues; norms and RoPE: Inductor's fused kernels"]),
+    (("model.overrides.kernels=quack", "trainer.precision=32-true"),  # float32: the estimate counts eager's MLP
+     ["- norms, SwiGLU, RoPE in the blocks: PyTorch's eager ops",
+      "- model.overrides.kernels=quack does not apply: QuACK's GEMMs compute in bf16 or fp16 only, and this run "
+      "computes in 32-true (trainer.precision)"]),
     (("data.packing=best_fit", "model.compile=true", "model.overrides.decoder_pad_multiple=64"),
      ["- the MLM head's loss: compiled with the forward (Inductor); the decoder's matmul on 30,528 rows"]),
     (("model.overrides.kernels=quack", "model.preset=bert-base"),  # the GELU MLP: eager whatever the choice
-     ["- norms, SwiGLU, RoPE in the blocks: PyTorch's eager ops"]),
+     ["- norms, SwiGLU, RoPE in the blocks: PyTorch's eager ops",
+      "- model.overrides.kernels=quack does not apply: QuACK's MLP is a SwiGLU one; this model's is GELU"]),
 ])
 def test_the_report_says_what_runs_the_elementwise_work_and_the_loss(tmp_path, monkeypatch, overrides, expected):
     from neobert.model import config as model_config_module

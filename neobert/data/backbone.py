@@ -81,7 +81,7 @@ def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: s
     except ModelFieldError as err:
         if err.field not in neobert_overrides:  # a field of the checkpoint itself, not the job's
             raise
-        raise ConfigError(f"invalid config key {err.field!r}: {err.reason}") from err
+        raise err.as_config_error("") from err
     if not backbone.is_neobert:
         defaults = NeoBERTConfig()
         ignored = sorted(k for k, v in neobert_overrides.items() if v != getattr(defaults, k))

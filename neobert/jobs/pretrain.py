@@ -35,6 +35,7 @@ from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.lit.strategies import master_state_dict
 from neobert.lit.trainer import build_trainer
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
+from neobert.model.config import ModelFieldError
 from neobert.model.checkpoint import load_state_dict_strict, read_weights, submodule_state
 from neobert.outputs import EXPORT, claim_output_dir, clear_output_dir, is_within
 
@@ -77,8 +78,8 @@ def build_model_config(config: PretrainConfig, tokenizer) -> NeoBERTConfig:
     try:
         model_config = NeoBERTConfig.from_preset(config.model.preset, **overrides)
     except (ValueError, TypeError) as err:
-        if getattr(err, "field", None) in overrides:  # a ModelFieldError: name the override
-            raise ConfigError(f"invalid config key 'model.overrides.{err.field}': {err.reason}") from err
+        if isinstance(err, ModelFieldError) and err.field in overrides:  # name the override
+            raise err.as_config_error("model.overrides.") from err
         raise ConfigError(f"invalid config key 'model': {err}") from err
     if model_config.vocab_size < len(tokenizer):
         raise ConfigError(f"invalid config key 'model.overrides.vocab_size': {model_config.vocab_size} is smaller "

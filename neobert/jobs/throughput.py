@@ -213,7 +213,7 @@ def check_neobert_overrides(config: ThroughputConfig) -> None:
     try:
         NeoBERTConfig.from_preset(config.neobert_preset, **config.neobert_overrides)
     except ModelFieldError as err:
-        raise ConfigError(f"invalid config key 'neobert_overrides.{err.field}': {err.reason}") from err
+        raise err.as_config_error("neobert_overrides.") from err
     except (ValueError, TypeError) as err:
         raise ConfigError(f"invalid config key 'neobert_overrides': {err}") from err
 

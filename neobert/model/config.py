@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from neobert.errors import ConfigError
 from neobert.model.attention import ATTENTION_KERNELS, attention_kernel_missing_reason
 from neobert.model.kernels import liger_missing_reason, quack_missing_reason
 
@@ -28,6 +29,10 @@ class ModelFieldError(ValueError):
     def __init__(self, field: str, reason: str):
         super().__init__(f"NeoBERTConfig.{field} {reason}")
         self.field, self.reason = field, reason
+
+    def as_config_error(self, key_prefix: str) -> ConfigError:
+        """The error in the words of the job whose config key `key_prefix` + field set this field."""
+        return ConfigError(f"invalid config key '{key_prefix}{self.field}': {self.reason}")
 
 
 def _is_number(value: Any) -> bool:

@@ -70,7 +70,7 @@ def test_the_check_runs_every_stage_on_cpu(tmp_path):
     assert summary["mlm_head_share"] == pytest.approx(1 - ceiling["tokens_per_s"] / encoder["tokens_per_s"])
     assert f"is {summary['mlm_head_share']:.1%} of the ceiling's step" in markdown
     assert "masked_index" in ceiling["notes"] and "judged against this row" in ceiling["notes"]
-    assert loop["ratio_basis"] == "tokens/s"  # no MFU on a CPU: no published peak
+    assert loop["ratio_basis"] == "tokens/s per device"  # no MFU on a CPU: no published peak
     assert loop["strategy_vs_plain"] == pytest.approx(loop["tokens_per_s"] / plain["tokens_per_s"])
     assert loop["peak_memory_gib"] is None and loop["memory_estimate_gib"] is not None  # n/a on CPU, vs estimate
     assert "n/a /" in markdown and "validation loss" in loop["notes"] and "(step 5)" in loop["notes"]
@@ -366,3 +366,117 @@ def test_the_loop_profiler_records_its_steps_and_leaves_no_profiler_running(tmp_
     assert torch.autograd.profiler._is_profiler_enabled
     failing.on_exception(trainer(0), None, RuntimeError("out of memory"))
     assert not torch.autograd.profiler._is_profiler_enabled and failing.result is None
+
+
+def test_the_loops_run_the_recipes_steady_state_and_the_report_says_what_was_left_out(tmp_path):
+    """A batch-size warm-up and a masking-rate schedule would make the check's few steps run micro-batches and rates
+    other than the ceilings' (micro_batch_size, masking.rate): the check leaves both out and says so."""
+    plan = make_plan(parse_args(tiny_check(tmp_path, "trainer.batch_size_warmup.start_batch_size=1",
+                                           "trainer.batch_size_warmup.tokens=1000000000",
+                                           "masking.rate_schedule=[[0,0.4],[100,0.2]]")))
+    assert plan.left_out == ("trainer.batch_size_warmup", "masking.rate_schedule")
+    assert plan.recipe.trainer.batch_size_warmup.start_batch_size == 0 and plan.recipe.masking.rate_schedule == []
+    main(tiny_check(tmp_path, "speed_only=true", "trainer.batch_size_warmup.start_batch_size=1",
+                    "trainer.batch_size_warmup.tokens=1000000000", "masking.rate_schedule=[[0,0.4],[100,0.2]]"))
+    markdown, summary = report(tmp_path)
+    assert summary["left_out"] == ["trainer.batch_size_warmup", "masking.rate_schedule"]
+    assert ("left out, so that the loops run the ceiling's micro-batch and masking rate (0.2): "
+            "trainer.batch_size_warmup, masking.rate_schedule") in markdown
+    assert make_plan(parse_args(tiny_check(tmp_path))).left_out == ()
+
+
+def test_a_loops_tokens_per_s_is_judged_per_device_against_the_ceilings_one_device():
+    """Without MFU (a GPU with no published peak) loop/ceiling compares tokens/s: the loop's are all devices', the
+    ceiling's one device's."""
+    from neobert.config.gpu_check import GpuCheckConfig
+    from neobert.jobs.gpu_check import judge
+    from neobert.jobs.gpu_check_stages import CEILING, PLAIN_LOOP, RECIPE_LOOP, StageRow
+
+    rows = {CEILING: StageRow(CEILING, tokens_per_s=100.0),
+            RECIPE_LOOP: StageRow(RECIPE_LOOP, "deepspeed_stage_2", tokens_per_s=8 * 50.0),
+            PLAIN_LOOP: StageRow(PLAIN_LOOP, "ddp", tokens_per_s=8 * 95.0)}
+    failures = judge(rows, GpuCheckConfig(), enforced=True, world=8)
+    assert rows[RECIPE_LOOP].loop_vs_ceiling == pytest.approx(0.5)
+    assert rows[RECIPE_LOOP].ratio_basis == "tokens/s per device"
+    assert rows[PLAIN_LOOP].loop_vs_ceiling == pytest.approx(0.95)
+    assert "loop, recipe's strategy: loop/ceiling 0.50 is under its target 0.9" in failures
+
+
+def test_a_gpu_node_that_cannot_run_the_recipes_strategy_fails_the_check(tmp_path, monkeypatch):
+    """On CPU a DeepSpeed recipe's loop is skipped (the plain loop stands in); on a GPU without the deepspeed
+    package the check is to fail: it is there to prove the node runs the recipe."""
+    import importlib.util
+
+    from neobert.jobs.gpu_check_stages import FAILED, SKIPPED, loop_stage
+
+    plan = make_plan(parse_args(tiny_check(tmp_path)))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "deepspeed" else find_spec(name, *args))
+    plan.device = torch.device("cuda")
+    row, trained = loop_stage(plan, "loop", "deepspeed_stage_2", "run")
+    assert (row.status, trained) == (FAILED, None) and "needs the deepspeed package" in row.error
+    plan.device = torch.device("cpu")
+    row, trained = loop_stage(plan, "loop", "deepspeed_stage_2", "run")
+    assert (row.status, trained, row.error) == (SKIPPED, None, "") and "needs CUDA" in row.notes
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (("plain_strategy=fsdp2", "trainer.strategy=ddp", "trainer.ema.decay=0.999"), "plain_strategy"),
+    (("trainer.num_nodes=2",), "trainer.num_nodes"),
+    (("trainer.devices=2",), "trainer.devices"),
+])
+def test_the_check_refuses_before_any_work_naming_the_key(tmp_path, overrides, key):
+    with pytest.raises(ConfigError, match=f"invalid config key '{re.escape(key)}'"):
+        make_plan(parse_args(tiny_check(tmp_path, *overrides)))
+
+
+@pytest.mark.parametrize("overrides, traced", [
+    (("profile=true", "model.compile=true", "model.compile_mode=reduce-overhead"), True),
+    (("profile=true", "model.compile=true"), False),  # no CUDA graphs: nothing a later recording would miss
+    (("model.compile=true", "model.compile_mode=reduce-overhead"), False),  # no profile
+])
+def test_the_profilers_tracer_is_set_up_before_any_cuda_graph_is_captured(tmp_path, monkeypatch, overrides, traced):
+    """CUDA graphs captured before the first torch.profiler replay kernels no later recording sees
+    (pytorch/pytorch#100441): with profile=true and a CUDA-graph compile mode, the tracer comes before every stage.
+    The encoder's timed steps mark each call a new step of its graphs, as the loop's module does."""
+    from neobert.jobs import gpu_check, gpu_check_stages
+
+    class Stop(Exception):
+        pass
+
+    calls = []
+    monkeypatch.setattr(gpu_check, "trace_graphs_captured_from_now", lambda device: calls.append("trace"))
+
+    def time_step(bench, *args):
+        calls.append(("encoder step", bench.cuda_graphs))
+        raise Stop
+
+    monkeypatch.setattr(gpu_check_stages, "time_step", time_step)
+    monkeypatch.setattr(gpu_check_stages, "attempt", lambda row, work: work())
+    with pytest.raises(Stop):
+        main(tiny_check(tmp_path, "data.packing=best_fit", "profile_steps=1", *overrides))
+    graphs = "model.compile_mode=reduce-overhead" in overrides
+    assert calls == (["trace"] if traced else []) + [("encoder step", graphs)]
+
+
+def test_tracing_graphs_from_now_opens_a_cuda_recording_on_a_gpu_only(monkeypatch):
+    from neobert.eval import kernel_profile
+
+    opened = []
+
+    class Recording:
+        def __init__(self, activities):
+            opened.append(activities)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(kernel_profile, "profile", Recording)
+    kernel_profile.trace_graphs_captured_from_now(torch.device("cpu"))
+    assert opened == []
+    kernel_profile.trace_graphs_captured_from_now(torch.device("cuda"))
+    assert opened == [[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]]

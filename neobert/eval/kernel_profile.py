@@ -17,7 +17,7 @@ from typing import Iterable
 
 import torch
 from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity
+from torch.profiler import ProfilerActivity, profile
 
 MATMUL, ATTENTION, MLM_LOSS, NORM, ELEMENTWISE, COPY, OPTIMIZER, COMMUNICATION, OTHER = (
     "matmul (GEMM)", "attention", "MLM loss", "norm", "elementwise", "copy/cast", "optimizer", "communication",
@@ -158,6 +158,16 @@ def summarise(times: Iterable[tuple[str, float]], source: str, steps: int, wall_
 def profiler_activities(device: torch.device) -> list[ProfilerActivity]:
     """What torch.profiler records here: the CPU's operators, and on a GPU its kernels and copies."""
     return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+
+
+def trace_graphs_captured_from_now(device: torch.device) -> None:
+    """Sets the profiler's CUDA tracer up before any CUDA graph is captured (compile modes reduce-overhead and
+    max-autotune): else a later recording misses the kernels a graph replays (pytorch/pytorch#100441;
+    torch.profiler._utils._init_for_cuda_graphs does the same). A replay is one launch, so the tracer's cost per
+    launch hardly touches the timings. A no-op off CUDA."""
+    if device.type == "cuda":
+        with profile(activities=profiler_activities(device)):
+            pass
 
 
 def summarise_events(events, on_gpu: bool, steps: int, wall_us: float, tokens: int | None = None) -> KernelProfile:

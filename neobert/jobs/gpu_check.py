@@ -49,8 +49,8 @@ import torch
 
 from neobert.config import ConfigError
 from neobert.config.gpu_check import GpuCheckConfig
-from neobert.config.pretrain import PretrainConfig
-from neobert.eval.kernel_profile import CATEGORIES, KernelProfile
+from neobert.config.pretrain import CUDA_GRAPH_MODES, BatchSizeWarmupConfig, PretrainConfig
+from neobert.eval.kernel_profile import CATEGORIES, KernelProfile, trace_graphs_captured_from_now
 from neobert.jobs.gpu_check_stages import (BELOW_TARGET, CEILING, ENCODER, EXPORT, FAILED, OK, PLAIN_LOOP, PROFILE,
                                            RECIPE_LOOP, RESUME, SKIPPED,
                                            CEILING_PROFILE_FILES, LOOP_PROFILE_FILES, Plan, ProfileFiles, StageRow,
@@ -87,6 +87,8 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
     if rank_zero:
         clear_earlier_check(plan.output_dir, config.overwrite)
     rows, profiled = {}, None
+    if config.profile and plan.recipe.model.compile and plan.recipe.model.compile_mode in CUDA_GRAPH_MODES:
+        trace_graphs_captured_from_now(plan.device)  # before the encoder's and the ceiling's graphs are captured
     if rank_zero:
         rows[ENCODER] = encoder_stage(plan)
         rows[CEILING], step = head_ceiling_stage(plan)
@@ -114,7 +116,7 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
     if not rank_zero:
         return GpuCheckResult(str(plan.device), config.config, list(rows.values()), [], False)
     enforced = config.targets.enforce if config.targets.enforce is not None else plan.device.type == "cuda"
-    failures = judge(rows, config, enforced, plan.dtypes_of(plan.plain_strategy) == plan.ceiling_dtypes)
+    failures = judge(rows, config, enforced, plan.dtypes_of(plan.plain_strategy) == plan.ceiling_dtypes, plan.world)
     result = GpuCheckResult(device_name(plan.device), config.config, list(rows.values()), failures, enforced,
                             head_share=mlm_head_share(rows), profile=profiled,
                             loop_profile=profiler.result if profiler is not None else None)
@@ -130,10 +132,11 @@ def make_plan(config: GpuCheckConfig) -> Plan:
     if recipe.phases:
         raise ConfigError("invalid config key 'phases': the check runs one phase's settings; check a phased recipe "
                           "with phases=[] and that phase's keys as overrides")
-    if any(override.partition("=")[0].strip() in ("trainer.devices", "trainer.num_nodes")
-           for override in config.overrides):
-        raise ConfigError("invalid config key 'trainer.devices': the check runs on the devices of this node; set the "
-                          "check's own key devices=N to use fewer")
+    for override in config.overrides:
+        if (key := override.partition("=")[0].strip()) in ("trainer.devices", "trainer.num_nodes"):
+            raise ConfigError(f"invalid config key {key!r}: the check runs on the devices of this node; set the "
+                              f"check's own key devices=N to use fewer")
+    recipe, left_out = steady_state(recipe)
     on_gpu = torch.cuda.is_available() and recipe.trainer.accelerator in ("auto", "gpu", "cuda")
     devices = (torch.cuda.device_count() if on_gpu else 1) if config.devices == "auto" else int(config.devices)
     trainer = dataclasses.replace(recipe.trainer, devices=devices, num_nodes=1)  # one node: this one
@@ -150,8 +153,27 @@ def make_plan(config: GpuCheckConfig) -> Plan:
     tokenizer, model_config, _ = prepare(dataclasses.replace(recipe, resume=True))
     world = devices * trainer.num_nodes
     plain = config.plain_strategy if config.plain_strategy != "auto" else ("auto" if world == 1 else "ddp")
+    try:  # the plain loop's config, checked now rather than after the recipe's loop has run
+        dataclasses.replace(recipe, trainer=dataclasses.replace(recipe.trainer, strategy=plain)).validate()
+    except ConfigError as err:
+        raise ConfigError(f"invalid config key 'plain_strategy': {plain} cannot run this recipe: {err}") from err
     return Plan(config, recipe, tokenizer, model_config, torch.device("cuda" if on_gpu else "cpu"), plain,
-                Path(config.output_dir))
+                Path(config.output_dir), left_out=left_out)
+
+
+def steady_state(recipe: PretrainConfig) -> tuple[PretrainConfig, tuple[str, ...]]:
+    """The recipe without its batch-size warm-up and masking-rate schedule, and the keys left out: the check's loops
+    of a few dozen steps would run their first steps' micro-batch and rate, while the ceilings, the FLOP count and
+    the memory estimate take trainer.micro_batch_size and masking.rate."""
+    left_out = []
+    if recipe.trainer.batch_size_warmup != BatchSizeWarmupConfig():
+        left_out.append("trainer.batch_size_warmup")
+        recipe = dataclasses.replace(recipe, trainer=dataclasses.replace(recipe.trainer,
+                                                                         batch_size_warmup=BatchSizeWarmupConfig()))
+    if recipe.masking.rate_schedule:
+        left_out.append("masking.rate_schedule")
+        recipe = dataclasses.replace(recipe, masking=dataclasses.replace(recipe.masking, rate_schedule=[]))
+    return recipe, tuple(left_out)
 
 
 def check_log_interval(config: GpuCheckConfig, recipe: PretrainConfig) -> None:
@@ -190,12 +212,13 @@ def device_name(device: torch.device) -> str:
 
 # ---------------------------------------------------------------------------------------------- targets, reports
 def judge(rows: dict[str, StageRow], config: GpuCheckConfig, enforced: bool,
-          plain_as_ceiling: bool = True) -> list[str]:
+          plain_as_ceiling: bool = True, world: int = 1) -> list[str]:
     """Fills the ratios in and returns the failures: failed stages, and (when enforced) ratios under target. The
     loops are judged against the ceiling with the MLM head: what they run, its FLOPs counted as theirs are, in the
     recipe's loop's arithmetic (Plan.ceiling_dtypes). `plain_as_ceiling`: whether the plain loop computes the same
     way; where it does not (float32 weights under autocast beside DeepSpeed's bf16 weights) it has no loop/ceiling,
-    and strategy/plain compares the two loops."""
+    and strategy/plain compares the two loops. `world`: the loops' devices (their tokens/s are all devices', the
+    ceiling's one device's; MFU is per device already)."""
     ceiling, recipe, plain = rows[CEILING], rows[RECIPE_LOOP], rows[PLAIN_LOOP]
     targets = config.targets
     if not plain_as_ceiling and plain.tokens_per_s is not None:
@@ -207,7 +230,8 @@ def judge(rows: dict[str, StageRow], config: GpuCheckConfig, enforced: bool,
         if row.mfu is not None and ceiling.mfu:
             row.loop_vs_ceiling, row.ratio_basis = row.mfu / ceiling.mfu, "MFU"
         else:
-            row.loop_vs_ceiling, row.ratio_basis = row.tokens_per_s / ceiling.tokens_per_s, "tokens/s"
+            row.loop_vs_ceiling = row.tokens_per_s / world / ceiling.tokens_per_s
+            row.ratio_basis = "tokens/s per device"
     if recipe.tokens_per_s is not None and plain.tokens_per_s is not None:
         recipe.strategy_vs_plain = recipe.tokens_per_s / plain.tokens_per_s
     failures = [f"{row.stage}: {row.error}" for row in rows.values() if row.status == FAILED]
@@ -239,6 +263,7 @@ def write_reports(result: GpuCheckResult, plan: Plan) -> dict[str, Path]:
                "timed_from": plan.config.timed_from,
                "resume_steps": plan.config.resume_steps, "micro_batch_size": plan.recipe.trainer.micro_batch_size,
                "max_length": plan.recipe.data.max_length, "precision": plan.precision, "world_size": plan.world,
+               "left_out": list(plan.left_out),
                "targets": dataclasses.asdict(plan.config.targets), "enforced": result.enforced,
                "rows": [dataclasses.asdict(row) for row in result.rows], "mlm_head_share": result.head_share,
                "failures": result.failures, "passed": result.passed}
@@ -260,9 +285,13 @@ def markdown_report(result: GpuCheckResult, plan: Plan) -> str:
              f"{config.warmup_steps} warm-up steps"
              + (f", {config.profile_steps} profiled and the profiler's stop" if config.profile else "") + "), "
              + ("the recipe's loop only (speed_only=true)" if config.speed_only else f"resume +{config.resume_steps}")
-             + f". Recipe overrides: {' '.join(config.overrides) or 'none'}. Targets: loop/ceiling >= "
+             + f". Recipe overrides: {' '.join(config.overrides) or 'none'}"
+             + (f"; left out, so that the loops run the ceiling's micro-batch and masking rate "
+                f"({recipe.masking.rate:g}): {', '.join(plan.left_out)}" if plan.left_out else "")
+             + f". Targets: loop/ceiling >= "
              f"{targets.loop_vs_ceiling:g}, strategy/plain >= {targets.strategy_vs_plain:g} "
              f"({'enforced' if result.enforced else 'reported, not enforced'}). "
+             f"tokens/s: the loops' over all {plan.world} device(s), the encoder's and the ceiling's on one. "
              f"The ceiling is the model with its MLM head (what the loops run); the encoder alone is for reference"
              + (f": the MLM head (its decoder and loss) is {result.head_share:.1%} of the ceiling's step (1 - encoder "
                 f"step / with-head step)." if result.head_share is not None else "."), "",

@@ -31,7 +31,7 @@ from torch.profiler import profile
 from transformers import AutoModelForMaskedLM
 
 from neobert.config.gpu_check import GpuCheckConfig
-from neobert.config.pretrain import PretrainConfig
+from neobert.config.pretrain import CUDA_GRAPH_MODES, PretrainConfig
 from neobert.data.masking import MLMMasker
 from neobert.data.pretraining import BatchBuilder
 from neobert.data.stream_state import DATA_STATE_KEY
@@ -73,7 +73,7 @@ class StageRow:
     tokens_per_s: float | None = None
     mfu: float | None = None
     loop_vs_ceiling: float | None = None
-    ratio_basis: str = ""  # "MFU" (both known) or "tokens/s"
+    ratio_basis: str = ""  # "MFU" (both known) or "tokens/s per device"
     strategy_vs_plain: float | None = None
     peak_memory_gib: float | None = None
     memory_estimate_gib: float | None = None
@@ -93,6 +93,7 @@ class Plan:
     plain_strategy: str
     output_dir: Path
     export_errors: list[str] = field(default_factory=list)  # exports that failed after a loop had trained
+    left_out: tuple[str, ...] = ()  # the recipe's schedules the check does not run (gpu_check.steady_state)
 
     @property
     def precision(self) -> str:
@@ -195,6 +196,7 @@ def measure_encoder(plan: Plan) -> tuple[float, float | None]:
     bench.module.to(device=device, dtype=weights)
     if recipe.model.compile:  # as the loop's module compiles it (its configure_model)
         bench.module.compile(dynamic=False, mode=recipe.model.compile_mode, scope=recipe.model.compile_scope)
+        bench.cuda_graphs = recipe.model.compile_mode in CUDA_GRAPH_MODES
     batch = ceiling_batch(plan)
     for _ in range(plan.config.ceiling_warmup):
         time_step(bench, batch, True, device, autocast)
@@ -484,6 +486,9 @@ def loop_stage(plan: Plan, title: str, strategy: str, run_name: str,
     """(the row, the loop's config when it trained). `profiler`: records steps of this loop (`loop_profiler`)."""
     row = StageRow(title, strategy)
     reason = unavailable(strategy, plan.device)
+    if reason and plan.device.type == "cuda":  # a GPU node that cannot run the strategy fails the check
+        row.status, row.error = FAILED, reason
+        return row, None
     if reason:
         row.status, row.notes = SKIPPED, reason
         return row, None

@@ -29,7 +29,7 @@ from neobert.config.pretrain import CUDA_GRAPH_MODES
 from neobert.config.throughput import FLEX_MODELS, ThroughputConfig
 from neobert.errors import ConfigError
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
-from neobert.eval.kernel_profile import profiler_activities
+from neobert.eval.kernel_profile import profiler_activities, trace_graphs_captured_from_now
 from neobert.eval.plots import plot_throughput
 from neobert.eval.throughput import (MATMUL_REFERENCE_SHAPE, Batch, BenchModel, MatmulReference, ModelUnavailable,
                                      ThroughputRow, build_model, is_out_of_memory, make_batch, profile_step,
@@ -139,12 +139,8 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
             # depended on how many sizes the search had tried.
             models[name].module = torch.compile(models[name].module, dynamic=False, mode=config.compile_mode)
             models[name].cuda_graphs = config.compile_mode in CUDA_GRAPH_MODES
-    if config.profile and device.type == "cuda" and config.compile_mode in CUDA_GRAPH_MODES:
-        # The profiler's tracer set up before any graph is captured: otherwise the kernels a graph replays go
-        # unrecorded (pytorch/pytorch#100441; torch.profiler._utils._init_for_cuda_graphs does the same). A graph
-        # replay is one launch, so the tracer's cost per launch hardly touches the timings.
-        with profile(activities=profiler_activities(device)):
-            pass
+    if config.profile and config.compile and config.compile_mode in CUDA_GRAPH_MODES:
+        trace_graphs_captured_from_now(device)
     graphs = compiled_graphs(config, list(models), lengths, candidates)
     to_profile: list[tuple[ThroughputRow, BenchModel, Batch]] = []  # profile=true: what is profiled after the timing
     with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, graphs),

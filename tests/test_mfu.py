@@ -18,6 +18,7 @@ from neobert.lit import pretrain as lit_pretrain
 @pytest.mark.parametrize("name, peak", [
     ("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12), ("NVIDIA H200", 989e12),
     ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A100 80GB PCIe", 312e12), ("Tesla V100-SXM2-32GB", None),
+    ("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None),  # slower parts whose names hold the SXM parts' keys
 ])
 def test_the_peak_of_a_gpu_by_its_name(name, peak):
     assert peak_flops_of(name) == peak

@@ -574,7 +574,7 @@ def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_start_a_step_pe
     timed, real_time_step = [], tp.time_step
     monkeypatch.setattr(job, "time_step", lambda *args, **kwargs: timed.append(1) or real_time_step(*args, **kwargs))
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], batch_sizes=[2], repeats=2,
-                              warmup=1, compile=True, compile_mode="reduce-overhead", device="cpu", matmul_calls=1)
+                              warmup=2, compile=True, compile_mode="reduce-overhead", device="cpu", matmul_calls=1)
     [row] = job.run_throughput(config)
     assert row.tokens_per_s > 0 and calls == [{"dynamic": False, "mode": "reduce-overhead"}]
     assert len(steps) == len(timed) >= 2  # every call, the two timed repetitions among them
@@ -582,6 +582,12 @@ def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_start_a_step_pe
         ThroughputConfig(compile_mode="max-autotune").validate()
     with pytest.raises(ConfigError, match="compile_mode.*must be one of"):
         ThroughputConfig(compile=True, compile_mode="fast").validate()
+    # compilation, and the recording of the CUDA graphs, in untimed steps only
+    with pytest.raises(ConfigError, match="'warmup'.*needs 2 untimed step"):
+        ThroughputConfig(compile=True, compile_mode="reduce-overhead", warmup=1).validate()
+    with pytest.raises(ConfigError, match="'warmup'.*needs 1 untimed step"):
+        ThroughputConfig(compile=True, warmup=0).validate()
+    ThroughputConfig(warmup=0).validate()  # eager: the user's choice
 
 
 def test_encoders_without_a_packed_forward_skip_the_unpadded_layout_saying_why():
@@ -680,3 +686,39 @@ def test_modernbert_fa4_row_runs_flash_attention_4_on_a_gpu_and_says_why_not_els
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)
     with pytest.raises(ModelUnavailable, match="FlashAttention 4 runs on CUDA GPUs only"):
         build_model("modernbert-base-fa4", cpu, torch.bfloat16)
+
+
+@pytest.mark.parametrize("fails_on_call", [1, 3])  # in the batch search, or in the timed repeats
+def test_a_model_that_builds_but_fails_to_run_is_a_row_saying_why_and_the_others_are_measured(
+        monkeypatch, tmp_path, fails_on_call):
+    """A kernel that installs and builds but has no implementation for this GPU or shape (FA4 on an A100, a Triton
+    'out of resource') raises at its first step, or later: its rows say why, every other row is timed and the
+    reports are written."""
+    build = job.build_model
+    calls = []
+
+    def build_failing(name, *args, **kwargs):
+        bench = build(name, *args, **kwargs)
+        if name == "neobert-padded_sdpa":
+            forward = bench.forward
+
+            def failing(module, batch):
+                calls.append(1)
+                if len(calls) >= fails_on_call:
+                    raise NotImplementedError("No kernel for\nthis GPU")
+                return forward(module, batch)
+
+            bench.forward = failing
+        return bench
+
+    monkeypatch.setattr(job, "build_model", build_failing)
+    config = ThroughputConfig(models=["neobert", "neobert-padded_sdpa"], neobert_preset="tiny", lengths=[8, 16],
+                              batch_sizes=[2], repeats=3, warmup=1, device="cpu", matmul_calls=1, mode="training",
+                              output_dir=str(tmp_path))
+    paths = job.run_throughput_job(config)
+    rows = {(row.model, row.seq_len): row for row in read_csv(paths["csv"])}
+    for length in (8, 16):
+        assert rows["neobert", length].tokens_per_s > 0
+        failed = rows["neobert-padded_sdpa", length]
+        assert failed.tokens_per_s is None and failed.note == "failed: NotImplementedError: No kernel for this GPU"
+    assert "failed: NotImplementedError" in paths["markdown"].read_text()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from neobert.config.loader import require
-from neobert.config.pretrain import COMPILE_MODES
+from neobert.config.pretrain import COMPILE_MODES, CUDA_GRAPH_MODES
 
 # neobert-liger: our encoder with NeoBERTConfig.kernels="liger" (CUDA with liger-kernel installed; else a row saying why)
 DEFAULT_MODELS = ("neobert", "neobert-liger", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
@@ -96,3 +96,8 @@ class ThroughputConfig:
                 f"{self.compile_mode!r}")
         require(self.compile or self.compile_mode == "default", "compile_mode",
                 f"{self.compile_mode!r} is a mode of torch.compile: set compile=true too")
+        require(self.warmup >= 0, "warmup", f"must be 0 or more untimed steps, got {self.warmup}")
+        if self.compile:  # a shape compiles at its first step; reduce-overhead records its CUDA graphs at the next
+            untimed = 2 if self.compile_mode in CUDA_GRAPH_MODES else 1
+            require(self.warmup >= untimed, "warmup", f"compile=true with compile_mode={self.compile_mode} needs "
+                    f"{untimed} untimed step(s) of each batch, or compilation is timed; got {self.warmup}")

@@ -24,9 +24,10 @@ log = logging.getLogger(__name__)
 # it contains (the most specific: "h100 pcie" before "h100"). NVIDIA's datasheets give the peaks with sparsity
 # (2x dense): H100 SXM 1,979 and H100 PCIe 1,513 TFLOP/s (H100 Tensor Core GPU datasheet), H200 SXM 1,979 (H200
 # datasheet), A100 624 (A100 datasheet, SXM and PCIe alike). The SXM parts name themselves "NVIDIA H100 80GB HBM3"
-# and "NVIDIA H200". Not listed, so no MFU rather than a wrong one: H100 NVL and H200 NVL (lower clocks; no
-# datasheet figure was at hand to cite).
+# and "NVIDIA H200". Without a peak, so no MFU rather than a wrong one: the NVL parts ("NVIDIA H100 NVL", "NVIDIA
+# H200 NVL"; lower clocks, no datasheet figure was at hand to cite), whose names contain the SXM parts' keys.
 PEAK_FLOPS = {"h100 pcie": 756e12, "h100": 989e12, "h200": 989e12, "a100": 312e12}
+NO_PEAK_PARTS = ("nvl",)
 
 
 def matmul_params(model: nn.Module) -> int:
@@ -63,8 +64,10 @@ def peak_flops(device: torch.device) -> float | None:
 
 def peak_flops_of(device_name: str) -> float | None:
     """The dense bf16 peak of a GPU by its name (torch.cuda.get_device_name), PEAK_FLOPS's longest key in it; None
-    when no key matches."""
+    when no key matches, or for a part of NO_PEAK_PARTS."""
     name = device_name.lower()
+    if any(part in name.split() for part in NO_PEAK_PARTS):
+        return None
     matches = [key for key in PEAK_FLOPS if key in name]
     return PEAK_FLOPS[max(matches, key=len)] if matches else None
 

@@ -31,6 +31,7 @@ from neobert.errors import ConfigError
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
 from neobert.eval.kernel_profile import profiler_activities, trace_graphs_captured_from_now
 from neobert.eval.plots import plot_throughput
+from neobert.jobs.cli import one_line
 from neobert.eval.throughput import (MATMUL_REFERENCE_SHAPE, Batch, BenchModel, MatmulReference, ModelUnavailable,
                                      ThroughputRow, build_model, is_out_of_memory, make_batch, profile_step,
                                      resolve_device, resolve_dtype, search_batch_size, time_step)
@@ -121,6 +122,15 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         rows.append(ThroughputRow(name, config.mode, layout, length or 0, None, None, None, None, None, None, params,
                                   device.type, str(dtype).removeprefix("torch."), note))
 
+    def failed(name: str, layout: str, length: int, err: Exception, bench: BenchModel) -> None:
+        """A model that built but failed to run at this length: its row says why, the other rows go on."""
+        log.warning("%s L=%d %s failed", layout, length, name, exc_info=err)
+        progress(f"{layout} L={length} {name}: failed: {type(err).__name__}: {one_line(err)}")
+        bench.module.zero_grad(set_to_none=True)  # a training step cut short may have left gradients
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        unavailable(name, layout, length, f"failed: {type(err).__name__}: {one_line(err)}", bench)
+
     torch.manual_seed(config.seed)
     for name in config.models:
         try:
@@ -157,7 +167,13 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     if layout in bench.skipped_layouts:
                         unavailable(name, layout, length, bench.skipped_layouts[layout], bench)
                         continue
-                    best = _search(bench, layout, length, candidates, config, device, training, autocast_dtype)
+                    try:
+                        best = _search(bench, layout, length, candidates, config, device, training, autocast_dtype)
+                    except RUN_STOPPERS:
+                        raise
+                    except Exception as err:  # noqa: BLE001 - one row's failure, in its note
+                        failed(name, layout, length, err, models[name])
+                        continue
                     if best is None:
                         unavailable(name, layout, length, "no candidate batch size fits", bench)
                         continue
@@ -167,8 +183,14 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                 times: dict[str, list[float]] = {name: [] for name in chosen}
                 reference_rates = []
                 for _ in range(config.repeats):
-                    for name, (size, batch) in chosen.items():
-                        times[name].append(time_step(models[name], batch, training, device, autocast_dtype))
+                    for name, (size, batch) in list(chosen.items()):
+                        try:
+                            times[name].append(time_step(models[name], batch, training, device, autocast_dtype))
+                        except RUN_STOPPERS:
+                            raise
+                        except Exception as err:  # noqa: BLE001 - one row's failure, in its note
+                            failed(name, layout, length, err, models[name])
+                            del chosen[name]
                     if reference is not None:
                         reference_rates.extend(reference.measure())
                 group_peak = statistics.median(reference_rates) if reference_rates else peak
@@ -195,6 +217,11 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         for row, bench, batch in to_profile:
             _profile_row(row, bench, batch, training, device, autocast_dtype)
     return rows
+
+
+# What stops the whole run rather than one row: dynamo's recompile limit means the graph count is wrong, and every
+# later row would be timed in eager (compiled_graphs)
+RUN_STOPPERS = (torch._dynamo.exc.FailOnRecompileLimitHit,)
 
 
 def check_neobert_overrides(config: ThroughputConfig) -> None:

@@ -231,7 +231,7 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                             search_top=1 repeats=5 compile=true ;;
         infer_graphs) throughput throughput_inference_graphs 180 mode=inference 'lengths=[512]' \
                           'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
-                          compile=true compile_mode=reduce-overhead ;;
+                          compile=true compile_mode=reduce-overhead warmup=2 ;;
         infer_quack_fa4) throughput throughput_inference_quack_fa4 180 mode=inference 'lengths=[512]' \
                              'models=[neobert,neobert-quack,bert-base]' neobert_overrides.attention_kernel=flash_attn_4 \
                              'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;

@@ -14,7 +14,7 @@ from neobert.config.throughput import ThroughputConfig
 from neobert.eval import throughput as tp
 from neobert.eval.flops import flops_per_token
 from neobert.eval.kernel_profile import CATEGORIES, MATMUL, summarise
-from neobert.eval.throughput_report import profile_markdown, read_csv
+from neobert.eval.throughput_report import markdown_table, profile_markdown, read_csv
 from neobert.model import kernels
 from neobert.jobs import throughput as job
 
@@ -56,13 +56,50 @@ def test_neobert_flop_accounting_matches_hand_count():
     assert bench.flops_per_token(seq, training=True) == 3 * expected
 
 
-def test_hf_flop_accounting_uses_every_linear():
+def test_hf_flop_accounting_uses_every_linear_a_token_goes_through():
     bench = tp.build_model("bert-base", torch.device("cpu"), torch.float32)
     linears = [m for m in bench.module.modules() if isinstance(m, torch.nn.Linear)]
-    # 12 layers x (q, k, v, out, in, out) + the pooler
-    assert len(linears) == 12 * 6 + 1
-    assert bench.matmul_weights == sum(m.weight.numel() for m in linears)
-    assert bench.flops_per_token(512, False) == flops_per_token(bench.matmul_weights, 12, 768, 512)
+    # 12 layers x (q, k, v, out, in, out) + the pooler, which runs on one token per sequence: not counted
+    assert len(linears) == 12 * 6 + 1 and bench.module.pooler is not None
+    per_layer = 4 * 768 * 768 + 2 * 768 * 3072
+    assert bench.matmul_weights == 12 * per_layer
+    assert bench.flops_per_token(512, False) == 2 * 12 * per_layer + 4 * 12 * 768 * 512
+
+
+@pytest.mark.parametrize("layout", ["full", "padded", "unpadded"])
+def test_a_batchs_flops_count_attention_over_its_documents_real_lengths(layout):
+    """Padding computes nothing useful and a document attends over itself only: a batch's FLOPs per real token are
+    the matmuls' plus 4 x layers x hidden x sum(n_i^2) / sum(n_i), not attention at the padded width."""
+    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
+    batch = tp.make_batch(6, 64, layout, bench.vocab_size, bench.pad_token_id, torch.device("cpu"),
+                          distribution="lognormal")
+    lengths = [64] * 6 if layout == "full" else (
+        batch.attention_mask.sum(1).tolist() if layout == "padded" else batch.cu_seqlens.diff().tolist())
+    assert batch.squared_lengths == sum(n * n for n in lengths) and batch.real_tokens == sum(lengths)
+    layers, hidden = bench.num_layers, bench.hidden_size
+    for training in (False, True):
+        per_token = (2 * bench.matmul_weights + 4 * layers * hidden * sum(n * n for n in lengths) / sum(lengths))
+        assert bench.batch_flops_per_token(batch, training) == pytest.approx(per_token * (3 if training else 1))
+    if layout == "full":
+        assert bench.batch_flops_per_token(batch, False) == bench.flops_per_token(64, False)
+        assert tp.rows_as_documents(batch).squared_lengths == batch.squared_lengths
+    else:  # shorter documents than the width: less attention per token
+        assert bench.batch_flops_per_token(batch, False) < bench.flops_per_token(max(lengths), False)
+
+
+def test_modernbert_on_flash_attention_2_is_windowed_and_gets_no_per_flop_ratio():
+    """transformers gives ModernBERT's sliding window to FlashAttention 2: its local layers skip blocks that a dense
+    FLOP count counts, as the FlexAttention and FA4 rows' do; SDPA computes them."""
+    assert tp.windowed("modernbert-base", "flash_attention_2") and tp.windowed("modernbert-base-flex", "flex_attention")
+    assert not tp.windowed("modernbert-base", "sdpa") and not tp.windowed("bert-base", "flash_attention_2")
+    row = dict(mode="inference", layout="full", seq_len=512, batch_size=8, step_s=1.0, flops_per_token=1e9,
+               achieved_flops=1e12, mfu=None, params=1, device="cuda", dtype="bfloat16")
+    rows = [tp.ThroughputRow("neobert", tokens_per_s=1000.0, note="", **row),
+            tp.ThroughputRow("modernbert-base", tokens_per_s=800.0, note="attention: flash_attention_2"
+                             + tp.WINDOW_NOTE, **row),
+            tp.ThroughputRow("bert-base", tokens_per_s=2000.0, note="attention: sdpa", **row)]
+    table = markdown_table(rows)
+    assert "| 1.25x; n/a |" in table and "| 0.50x; 1.00x |" in table
 
 
 @pytest.mark.parametrize("layout", ["full", "padded", "unpadded"])

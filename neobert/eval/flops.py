@@ -31,8 +31,10 @@ NO_PEAK_PARTS = ("nvl",)
 
 
 def matmul_params(model: nn.Module) -> int:
-    """Weights of every nn.Linear in the model (the MLM decoder included when the model has one)."""
-    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    """Weights of every nn.Linear that every token goes through (the MLM decoder included when the model has one);
+    a pooler's left out (Hugging Face BERT's and RoBERTa's: one token per sequence)."""
+    return sum(m.weight.numel() for name, m in model.named_modules()
+               if isinstance(m, nn.Linear) and "pooler" not in name.split("."))
 
 
 def flops_per_token(matmul_weights: float, num_layers: int, hidden_size: int, seq_len: int,

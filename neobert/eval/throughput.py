@@ -32,7 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, RobertaConfig
 
 from neobert.config.throughput import ATTENTION_KERNEL_MODELS, KERNEL_MODELS, LAYOUTS, WINDOWED_MODELS
-from neobert.eval.flops import flops_per_token, matmul_params
+from neobert.eval.flops import attention_flops, flops_per_token, matmul_params
 from neobert.eval.kernel_profile import KernelProfile, profiler_activities, summarise_events
 from neobert.model import NeoBERT, NeoBERTConfig
 from neobert.model.attention import attention_kernel_missing_reason, chosen_packed_kernel, flash_attn_packages
@@ -63,7 +63,14 @@ class BenchModel:
         return matmul_params(self.module)
 
     def flops_per_token(self, seq_len: int, training: bool) -> float:
+        """Per token of a sequence of `seq_len` tokens."""
         return flops_per_token(self.matmul_weights, self.num_layers, self.hidden_size, seq_len, training)
+
+    def batch_flops_per_token(self, batch: "Batch", training: bool) -> float:
+        """Per real token of `batch`, its attention counted over its documents' real lengths (padding computes
+        nothing useful; a document attends over itself only)."""
+        attention = attention_flops(self.num_layers, self.hidden_size, batch.squared_lengths, training)
+        return self.flops_per_token(0, training) + attention / batch.real_tokens
 
 
 # Hugging Face encoders without FlashAttention 2, and the official code: no packed (cu_seqlens) forward
@@ -143,7 +150,7 @@ def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_pre
             skipped = {"unpadded": "the packed form is timed with flash_attention_2 only"}
         bench = BenchModel(name, module, config.num_hidden_layers, config.hidden_size, _hf_max_length(name, config),
                            config.vocab_size, config.pad_token_id, _hf_forward,
-                           attention={layout: f"attention: {attn}" + WINDOW_NOTE * (name in WINDOWED_MODELS)
+                           attention={layout: f"attention: {attn}" + WINDOW_NOTE * windowed(name, attn)
                                       for layout in LAYOUTS},
                            skipped_layouts=skipped)
     bench.module.to(device=device, dtype=dtype)
@@ -219,6 +226,13 @@ def _kernels_unavailable(kernels: str, config: NeoBERTConfig, device: torch.devi
 WINDOW_NOTE = " (FLOPs counted dense; the sliding window's skipped blocks are not computed)"
 
 
+def windowed(name: str, attention: str) -> bool:
+    """Whether a Hugging Face row's attention skips the blocks outside ModernBERT's sliding window: its own
+    FlexAttention and FlashAttention 4 rows, and modernbert-base on flash_attention_2 (transformers passes ModernBERT's
+    window to FlashAttention there; SDPA computes the whole attention and masks it)."""
+    return name in WINDOWED_MODELS or (name.startswith("modernbert") and attention == "flash_attention_2")
+
+
 def hf_attention(name: str, device: torch.device) -> str:
     """The attention implementation a Hugging Face row runs: SDPA; ModernBERT's unpadding path (flash_attention_2)
     where flash-attn 2 is installed on a GPU; a WINDOWED_MODELS row's own (FlexAttention, FlashAttention 4)."""
@@ -256,6 +270,7 @@ class Batch:
     input_ids: Tensor  # [B, L] padded, or [T] packed
     attention_mask: Tensor | None
     real_tokens: int
+    squared_lengths: int  # sum of its documents' squared real lengths: their attention's work
     cu_seqlens: Tensor | None = None
     max_seqlen: int | None = None
     position_ids: Tensor | None = None
@@ -266,7 +281,7 @@ def rows_as_documents(batch: Batch) -> Batch:
     same tokens."""
     rows, length = batch.input_ids.shape
     cu_seqlens = torch.arange(0, (rows + 1) * length, length, dtype=torch.int32, device=batch.input_ids.device)
-    return Batch(batch.input_ids.reshape(-1), None, batch.real_tokens, cu_seqlens, length)
+    return Batch(batch.input_ids.reshape(-1), None, batch.real_tokens, batch.squared_lengths, cu_seqlens, length)
 
 
 def document_lengths(batch_size: int, length: int, generator: torch.Generator,
@@ -296,14 +311,15 @@ def make_batch(batch_size: int, length: int, layout: str, vocab_size: int, pad_t
     ids = torch.randint(0, vocab_size, (batch_size, length), generator=generator)
     ids[ids == pad_token_id] = (pad_token_id + 1) % vocab_size  # pad ids only where padding is
     mask = (torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]).long()
-    real = int(mask.sum())
+    real, squared = int(mask.sum()), sum(n * n for n in lengths)
     if layout == "unpadded":
         lens = torch.tensor(lengths, dtype=torch.int32)
         cu = torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
         positions = torch.cat([torch.arange(n) for n in lengths])
-        return Batch(ids[mask.bool()].to(device), None, real, cu.to(device), max(lengths), positions.to(device))
+        return Batch(ids[mask.bool()].to(device), None, real, squared, cu.to(device), max(lengths),
+                     positions.to(device))
     ids = ids.masked_fill(mask == 0, pad_token_id)
-    return Batch(ids.to(device), mask.to(device) if layout == "padded" else None, real)
+    return Batch(ids.to(device), mask.to(device) if layout == "padded" else None, real, squared)
 
 
 # ---------------------------------------------------------------------------------------------- timing

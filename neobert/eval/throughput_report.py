@@ -10,9 +10,9 @@ import math
 from pathlib import Path
 from typing import Callable, Sequence
 
-from neobert.config.throughput import LAYOUTS, MODEL_NAMES, MODES, WINDOWED_MODELS
+from neobert.config.throughput import LAYOUTS, MODEL_NAMES, MODES
 from neobert.eval.kernel_profile import CATEGORIES, NAME_COLUMNS
-from neobert.eval.throughput import ThroughputRow
+from neobert.eval.throughput import WINDOW_NOTE, ThroughputRow
 
 CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow) if f.name != "profile"]  # the profile has its own
 PROFILE_KEYS = ["model", "mode", "layout", "seq_len", "batch_size"]  # which row a profile line belongs to
@@ -183,7 +183,7 @@ def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") ->
                 return "n/a"
             ours, theirs = cell[(reference, length)], cell[(name, length)]
             speed = ours.tokens_per_s / theirs.tokens_per_s
-            if name in WINDOWED_MODELS:  # its FLOPs are counted dense: a per-FLOP ratio would mislead
+            if WINDOW_NOTE in theirs.note:  # its FLOPs are counted dense: a per-FLOP ratio would mislead
                 return f"{speed:.2f}x; n/a"
             per_flop = ours.achieved_flops / theirs.achieved_flops
             return f"{speed:.2f}x; {per_flop:.2f}x"

@@ -204,7 +204,7 @@ def measure_encoder(plan: Plan) -> tuple[float, float | None]:
                              for _ in range(plan.config.ceiling_repeats))
     tokens_per_s = batch.real_tokens / step
     peak = peak_flops(device)
-    per_token = bench.flops_per_token(recipe.data.max_length, training=True)
+    per_token = bench.batch_flops_per_token(batch, training=True)
     return tokens_per_s, (mfu(tokens_per_s, per_token, peak) if peak else None)
 
 

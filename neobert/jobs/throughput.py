@@ -201,7 +201,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     bench = models[name]
                     step = statistics.median(times[name])
                     tokens_per_s = batch.real_tokens / step
-                    fpt = bench.flops_per_token(length, training)
+                    fpt = bench.batch_flops_per_token(batch, training)
                     achieved = tokens_per_s * fpt
                     rows.append(ThroughputRow(
                         name, config.mode, layout, length, size, tokens_per_s, step, fpt, achieved,

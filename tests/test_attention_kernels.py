@@ -217,6 +217,7 @@ def test_auto_reads_the_gpu_generation_without_a_graph_break(monkeypatch):
     device query here is one Dynamo cannot trace (as a real one may not be): tracing into it would break the graph."""
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)  # so that the choice reads the capability
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN", False)
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)  # first on Hopper where installed
     install_flash_attn_4(monkeypatch, [], [])  # imported, and its signatures read, by the check Dynamo must not trace
     monkeypatch.setattr(attention, "_flash_attn_4_usable_cache", [])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -257,7 +258,9 @@ def test_kernels_with_dropout_or_float32_take_them():
 
 
 def test_the_preflight_words_follow_the_choice_and_refuse_what_cannot_run(monkeypatch):
-    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN", False)
+    # none of the optional kernels to begin with, whatever this machine has (the GPU image has FA4)
+    for flag in ("_HAS_FLASH_ATTN", "_HAS_FLASH_ATTN_3", "_HAS_FLASH_ATTN_4"):
+        monkeypatch.setattr(attention, flag, False)
     monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: True)
     assert "PyTorch's varlen_attn" in training_attention_kernel("best_fit", "varlen", "cuda")
     words = training_attention_kernel("best_fit", "varlen", "cuda", kernel="flash_attn_3")

@@ -71,15 +71,16 @@ def test_pretraining_names_its_override_when_liger_is_missing(monkeypatch):
 
 
 class LinearShapes(torch.overrides.TorchFunctionMode):
-    """Records the weight shape of every F.linear call."""
+    """Records the weight shape and dtype of every F.linear call."""
 
     def __init__(self):
         super().__init__()
-        self.weights = []
+        self.weights, self.dtypes = [], []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is F.linear:
             self.weights.append(tuple(args[1].shape))
+            self.dtypes.append(args[1].dtype)
         return func(*args, **(kwargs or {}))
 
 
@@ -452,6 +453,7 @@ def test_the_padded_decoder_under_autocast_pads_a_16_bit_copy_of_the_weight():
     with LinearShapes() as shapes, torch.autocast("cpu", dtype=torch.bfloat16):
         out = modeling.padded_linear(x, weight, None, 8)
     assert shapes.weights == [(16, 16)] and out.dtype == torch.bfloat16 and out.shape == (4, 13)
+    assert shapes.dtypes == [torch.bfloat16]  # padded after the cast: not a float32 padded copy
     out.float().sum().backward()
     assert weight.grad.dtype == torch.float32 and weight.grad.shape == (13, 16)
     torch.testing.assert_close(weight.grad, x.sum(0).expand(13, 16), rtol=2e-2, atol=2e-2)
@@ -467,14 +469,19 @@ def test_the_throughput_job_reports_why_neobert_liger_cannot_run_on_cpu():
         build_model("neobert-quack", torch.device("cpu"), torch.float32, "tiny")
 
 
-def test_a_liger_kernel_older_than_the_fused_losss_argmax_is_refused(monkeypatch):
+def test_a_liger_kernel_older_than_the_fused_swiglu_and_losss_argmax_is_refused(monkeypatch):
     from neobert.model import kernels
 
     monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: "0.7.3")
-    assert "liger-kernel >= 0.8" in kernels.liger_missing_reason()
-    monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: "0.8.5")
-    assert kernels.liger_missing_reason() is None
+    assert "liger-kernel >= 0.8.2" in kernels.liger_missing_reason()
+    # 0.8.0 and 0.8.1 have the fused loss's argmax but not the fused gate-up SwiGLU kernels=liger imports
+    for too_old in ("0.8.0", "0.8.1", "0.8.2rc1"):
+        monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: too_old)
+        assert f"(installed: {too_old};" in kernels.liger_missing_reason()
+    for recent in ("0.8.2", "0.8.5", "0.10.0"):
+        monkeypatch.setattr(kernels.importlib.metadata, "version", lambda name: recent)
+        assert kernels.liger_missing_reason() is None
 
     def no_metadata(name):
         raise kernels.importlib.metadata.PackageNotFoundError(name)
@@ -689,3 +696,10 @@ def test_quacks_mlp_equals_the_eager_path_on_cuda(compiled, monkeypatch):
         hidden = [model.to(torch.bfloat16).model(ids).last_hidden_state.float() for model in (eager, quack)]
     assert calls, "QuACK's MLP never ran in the model"
     torch.testing.assert_close(hidden[1], hidden[0], rtol=5e-2, atol=5e-2)
+
+
+def test_the_padded_decoder_runs_on_a_device_without_autocast():
+    """A meta forward (shapes only, as the encoder allows) of the padded decoder: no autocast to ask about there."""
+    weight = torch.empty(13, 16, device="meta")
+    out = modeling.padded_linear(torch.empty(4, 16, device="meta"), weight, torch.empty(13, device="meta"), 8)
+    assert out.shape == (4, 13) and out.device.type == "meta"

@@ -152,6 +152,9 @@ def test_mean_pooling_ignores_padding():
     (lambda m: m(torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 1, 1], [0, 0, 0]])), "no real token"),
     (lambda m: m(torch.ones(2, 3)), "integer token ids"),
     (lambda m: m(torch.ones(1, 6, dtype=torch.long), cu_seqlens=torch.tensor([0, 4])), "cu_seqlens must run"),
+    # a max_seqlen under the longest document: the kernels would size their work by it, and overlap documents
+    (lambda m: m(torch.ones(16, dtype=torch.long), cu_seqlens=torch.tensor([0, 12, 14, 16]), max_seqlen=8),
+     "max_seqlen=8 is less than the longest document's 12 tokens"),
 ])
 def test_bad_input_is_a_clear_value_error(tiny_config, call, message):
     with pytest.raises(ValueError, match=message):

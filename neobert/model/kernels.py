@@ -28,11 +28,12 @@ import importlib.metadata
 import importlib.util
 
 import torch
+from packaging.version import Version
 from torch import Tensor
 
 from neobert.model.attention import cuda_capability
 
-LIGER_MINIMUM = (0, 8)
+LIGER_MINIMUM = "0.8.2"
 
 
 def liger_missing_reason() -> str | None:
@@ -41,12 +42,13 @@ def liger_missing_reason() -> str | None:
         return "needs the liger-kernel package (pip install liger-kernel; it runs on CUDA GPUs only)"
     if importlib.util.find_spec("triton") is None:
         return "needs Triton (installed with PyTorch's CUDA builds; Liger-Kernel's kernels are Triton kernels)"
-    # 0.8 added the fused loss's argmax output, which the training accuracy reads (fused_mlm_loss); one minimum for
-    # either switch, as both import the same package
+    # 0.8 added the fused loss's argmax output, which the training accuracy reads (fused_mlm_loss), and 0.8.2 the
+    # fused gate-up SwiGLU (LigerFusedGateUpSiLUMulFunction, kernels=liger); one minimum for either switch, as both
+    # import the same package
     return older_than("liger-kernel", LIGER_MINIMUM)
 
 
-QUACK_MINIMUM = (0, 6)  # mlp_func's concat_layout, which reads w12's [gate; up] stacking as it is (0.6.5 tested)
+QUACK_MINIMUM = "0.6"  # mlp_func's concat_layout, which reads w12's [gate; up] stacking as it is (0.6.5 tested)
 
 
 def quack_missing_reason() -> str | None:
@@ -57,16 +59,15 @@ def quack_missing_reason() -> str | None:
     return older_than("quack-kernels", QUACK_MINIMUM)
 
 
-def older_than(distribution: str, minimum: tuple[int, int]) -> str | None:
-    """Why the installed `distribution` is too old (older than `minimum`, major and minor), or None: recent enough, or
-    importable without its metadata (a source tree on the path)."""
+def older_than(distribution: str, minimum: str) -> str | None:
+    """Why the installed `distribution` is too old (a version before `minimum`, PEP 440's order), or None: recent
+    enough, or importable without its metadata (a source tree on the path)."""
     try:
         installed = importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
-    if tuple(int(part) for part in installed.split(".")[:2] if part.isdigit()) < minimum:
-        return (f"needs {distribution} >= {'.'.join(map(str, minimum))} (installed: {installed}; "
-                f"pip install -U {distribution})")
+    if Version(installed) < Version(minimum):
+        return f"needs {distribution} >= {minimum} (installed: {installed}; pip install -U {distribution})"
     return None
 
 

@@ -187,7 +187,7 @@ class NeoBERT(NeoBERTPreTrained):
         (int [n_docs + 1], cumulative lengths over the flattened ids); positions restart per document.
         With the `varlen` backend a padded batch is unpadded internally, so pad tokens cost no compute.
         """
-        self._check_inputs(input_ids, attention_mask, position_ids, cu_seqlens)
+        self._check_inputs(input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen)
         if cu_seqlens is not None:
             flat = input_ids.reshape(-1)
             layout = AttentionLayout.from_cu_seqlens(cu_seqlens, max_seqlen, total=flat.numel())
@@ -249,7 +249,7 @@ class NeoBERT(NeoBERTPreTrained):
             states[-1] = x  # as the hub code: the last state is after the final norm
         return x, tuple(states) if output_hidden_states else None
 
-    def _check_inputs(self, input_ids, attention_mask, position_ids, cu_seqlens) -> None:
+    def _check_inputs(self, input_ids, attention_mask, position_ids, cu_seqlens, max_seqlen=None) -> None:
         config = self.config
         if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
             raise ValueError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
@@ -276,6 +276,9 @@ class NeoBERT(NeoBERTPreTrained):
             if bool((lengths < 0).any()):
                 raise ValueError("cu_seqlens must not decrease (document lengths must be >= 0)")
             longest = int(lengths.max())
+            if max_seqlen is not None and longest > max_seqlen:  # the kernels size their work by it
+                raise ValueError(f"max_seqlen={max_seqlen} is less than the longest document's {longest} tokens "
+                                 f"(cu_seqlens); pass the longest length, or None to have it read")
         elif cu_seqlens is None:
             if input_ids.dim() != 2:
                 raise ValueError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
@@ -383,7 +386,8 @@ def padded_linear(x: Tensor, weight: Tensor, bias: Tensor | None, multiple: int)
     extra = -weight.shape[0] % multiple
     if not extra:
         return F.linear(x, weight, bias)
-    if torch.is_autocast_enabled(x.device.type):  # cast before padding: a 16-bit padded copy, not a float32 one
+    # cast before padding: a 16-bit padded copy, not a float32 one (a device without autocast, e.g. meta, has none)
+    if torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
     padded_bias = None if bias is None else F.pad(bias, (0, extra))

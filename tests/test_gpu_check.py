@@ -140,7 +140,7 @@ def check_loop_profile(check: Path, markdown: str, summary: dict, loop_notes: st
     assert 0 < len(added) <= 10 and extra == sorted(extra, reverse=True) and min(extra) > 0
     assert all(f"({names[line.split('`')[1]]}): `" in line for line in added)  # each with its category
     # the profiled steps 1-2 are not timed, nor step 3, at whose end the profiler stops: tokens/s from step 4
-    assert "steps 4-4 of 5 (steps 1-2 profiled and step 3, at whose end the profiler stopped, not timed)" in loop_notes
+    assert "steps 4-4 of 5 (steps 1-2 profiled and step 3, whose log interval holds the profiler's stop, not timed)" in loop_notes
 
 
 def test_the_names_the_loop_adds_are_ranked_per_step_of_the_ceilings_tokens():
@@ -480,3 +480,20 @@ def test_tracing_graphs_from_now_opens_a_cuda_recording_on_a_gpu_only(monkeypatc
     assert opened == []
     kernel_profile.trace_graphs_captured_from_now(torch.device("cuda"))
     assert opened == [[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]]
+
+
+def test_the_encoder_row_runs_the_loops_attention_on_padded_batches(tmp_path, monkeypatch):
+    """data.unpad=false: the loop's padded batches carry a mask that its model (no input validation: no host read)
+    always applies; the encoder row's batch and model do the same, so that the MLM head's share is the head's alone."""
+    from neobert.jobs import gpu_check_stages
+
+    plan = make_plan(parse_args(tiny_check(tmp_path, "data.unpad=false")))
+    batch, step = gpu_check_stages.ceiling_batch(plan), head_step(plan)
+    assert batch.attention_mask is not None and bool(batch.attention_mask.all())
+    assert "attention_mask" in step.batch and not step.module.model.validate_inputs
+    seen = []
+    monkeypatch.setattr(gpu_check_stages, "time_step",
+                        lambda bench, batch, *args: seen.append((bench.module.validate_inputs, batch.attention_mask))
+                        or 1.0)
+    gpu_check_stages.measure_encoder(plan)
+    assert seen and all(not validates and mask is not None for validates, mask in seen)

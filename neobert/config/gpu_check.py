@@ -57,8 +57,9 @@ class GpuCheckConfig:
     @property
     def timed_from(self) -> int:
         """The loops' first step in their tokens/s and MFU (both loops alike): after the warm-up and, with profile=true,
-        after the recipe's loop's profiled steps and the step at whose end the profiler stops and writes its tables
-        (each logged interval also holds the end of the step before it)."""
+        after the recipe's loop's profiled steps and the step after them, whose logged interval holds the profiler's
+        stop and the writing of its tables at the end of the last profiled step (each logged interval also holds the
+        end of the step before it)."""
         return self.warmup_steps + (self.profile_steps + 1 if self.profile else 0)
 
     def validate(self) -> None:

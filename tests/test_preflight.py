@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+import torch
 from test_pretrain import tiny_config
 
 from neobert.config import ConfigError, load_config
@@ -324,3 +325,35 @@ def test_the_memory_estimate_counts_the_fused_loss_only_where_the_model_runs_it(
     scored = tokens * (config.masking.highest_rate if config.model.masked_only_logits else 1.0)
     assert config_activation_bytes(config, model_config) == activation_bytes(
         model_config, tokens, resolve_precision_on_gpu(config), scored, fused_loss=runs)
+
+
+@pytest.mark.parametrize("overrides, states, bytes_per_parameter", [
+    (("trainer.strategy=ddp", "trainer.precision=bf16-mixed"), "replicated: fp32 weights, gradients, Adam moments", 16),
+    (("trainer.strategy=ddp", "trainer.precision=bf16-true"), "replicated: 16-bit weights, gradients, Adam moments", 8),
+    (("trainer.strategy=ddp", "trainer.precision=bf16-mixed", "trainer.ema.decay=0.999"),
+     "replicated: fp32 weights, gradients, Adam moments", 16 + 4),  # + the EMA's float32 copy
+])
+def test_the_model_states_follow_the_weights_dtype_and_count_the_ema(overrides, states, bytes_per_parameter):
+    from neobert.data.tokenizer import load_tokenizer
+    from neobert.jobs.preflight import GiB, Preflight, config_activation_bytes, memory_section
+    from neobert.jobs.pretrain import build_model_config
+    from neobert.model import NeoBERTForMaskedLM
+
+    config = load_config(PretrainConfig, "neobert", [*EIGHT_GPUS, *overrides])
+    model_config = build_model_config(config, load_tokenizer(config.data.tokenizer))
+    with torch.device("meta"):
+        model = NeoBERTForMaskedLM(model_config)
+    parameters = sum(p.numel() for p in model.parameters())
+    report = Preflight()
+    total = memory_section(report, config, model, parameters, "NVIDIA H100 80GB HBM3")
+    assert total == pytest.approx(bytes_per_parameter * parameters + config_activation_bytes(config, model_config))
+    text = report.text()
+    assert f"model states ({states} = {16 if 'fp32' in states else 8} bytes/parameter)" in text
+    assert ("EMA of the weights (trainer.ema, float32): " in text) == ("trainer.ema.decay=0.999" in overrides)
+
+
+def test_deepspeed_stage_1_says_which_estimator_it_takes():
+    pytest.importorskip("deepspeed")
+    text = preflight_report(load_config(PretrainConfig, "neobert", [*EIGHT_GPUS,
+                                                                    "trainer.strategy=deepspeed_stage_1"])).text()
+    assert "model states (DeepSpeed's ZeRO-2 estimator, for stage 1, 8 GPUs)" in text

@@ -349,8 +349,11 @@ def memory_section(report: Preflight, config: PretrainConfig, model, parameters:
     world, per_node = world_size(config), trainer.num_devices
     report.section("Memory per GPU")
     if is_deepspeed(trainer.strategy):
-        # DeepSpeed's own estimators (deepspeed.runtime.zero), imported here: deepspeed is a GPU extra
+        # DeepSpeed's own estimators (deepspeed.runtime.zero), imported here: deepspeed is a GPU extra. Stage 1 has
+        # none of its own: ZeRO-2's (its partitioned float32 states; the 16-bit weights and gradients whole)
         stage = 3 if trainer.strategy.startswith("deepspeed_stage_3") else 2
+        estimator = (f"ZeRO-{stage} estimator" if not trainer.strategy.startswith("deepspeed_stage_1") else
+                     "ZeRO-2 estimator, for stage 1")
         offload = "offload" in trainer.strategy
         if stage == 3:
             from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs  # a GPU extra
@@ -364,17 +367,21 @@ def memory_section(report: Preflight, config: PretrainConfig, model, parameters:
 
             _, gpu_bytes = estimate_zero2_model_states_mem_needs(parameters, per_node, trainer.num_nodes,
                                                                  cpu_offload=offload)
-        report.add(f"- model states (DeepSpeed's ZeRO-{stage} estimator, {world} GPUs"
+        report.add(f"- model states (DeepSpeed's {estimator}, {world} GPUs"
                    f"{', optimizer offloaded to CPU' if offload else ''}): {gpu_bytes / GiB:.2f} GiB")
     elif trainer.strategy == "fsdp2":
         gpu_bytes = 16 * parameters / world + 2 * 2 * max(
             sum(p.numel() for p in block.parameters()) for block in model.model.transformer_encoder)
         report.add(f"- model states (FSDP2: fp32 weights, gradients and Adam moments sharded over {world}, plus two "
                    f"gathered bf16 blocks): {gpu_bytes / GiB:.2f} GiB")
-    else:
-        gpu_bytes = 16 * parameters
-        report.add(f"- model states (replicated: fp32 weights, gradients, Adam moments = 16 bytes/parameter): "
-                   f"{gpu_bytes / GiB:.2f} GiB")
+    else:  # weights, gradients and Adam's two moments in the weights' dtype (*-true: 16-bit; *-mixed: float32)
+        width = loop_dtypes(trainer.strategy, resolve_precision_on_gpu(config))[0].itemsize
+        gpu_bytes = 4 * width * parameters
+        report.add(f"- model states (replicated: {'fp32' if width == 4 else '16-bit'} weights, gradients, Adam moments "
+                   f"= {4 * width} bytes/parameter): {gpu_bytes / GiB:.2f} GiB")
+    if trainer.ema.decay:  # neobert.lit.ema: a float32 copy of the weights on every GPU
+        report.add(f"- EMA of the weights (trainer.ema, float32): {4 * parameters / GiB:.2f} GiB")
+        gpu_bytes += 4 * parameters
     tokens = trainer.micro_batch_size * config.data.max_length
     activations = config_activation_bytes(config, model.config)
     precision, widths = resolve_precision_on_gpu(config), activation_precision(config)

@@ -497,3 +497,11 @@ def test_the_encoder_row_runs_the_loops_attention_on_padded_batches(tmp_path, mo
                         or 1.0)
     gpu_check_stages.measure_encoder(plan)
     assert seen and all(not validates and mask is not None for validates, mask in seen)
+
+
+def test_the_report_names_the_gpus_the_check_ran_on_not_all_of_the_nodes(monkeypatch):
+    from neobert.jobs.gpu_check import device_name
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert device_name(torch.device("cuda"), 2) == "2 x NVIDIA H100 80GB HBM3"  # devices=2 of the node's 8

@@ -759,3 +759,17 @@ def test_a_model_that_builds_but_fails_to_run_is_a_row_saying_why_and_the_others
         failed = rows["neobert-padded_sdpa", length]
         assert failed.tokens_per_s is None and failed.note == "failed: NotImplementedError: No kernel for this GPU"
     assert "failed: NotImplementedError" in paths["markdown"].read_text()
+
+
+def test_a_published_bf16_peak_is_no_mfu_denominator_for_float32_and_a_given_peak_says_so(monkeypatch):
+    """The published peaks are dense bf16 tensor-core rates: a float32 run has no MFU against them (on CPU the
+    measured matmul rate stands in); a peak the config gives is labelled as given."""
+    monkeypatch.setattr(job, "peak_flops", lambda device: 1e15)  # as if this device had a published bf16 peak
+    base = dict(models=["neobert"], neobert_preset="tiny", lengths=[16], batch_sizes=[2], repeats=1, device="cpu",
+                matmul_calls=1)
+    [bf16] = job.run_throughput(ThroughputConfig(dtype="bfloat16", **base))
+    assert (bf16.peak_source, bf16.peak_flops) == ("published", 1e15)
+    [fp32] = job.run_throughput(ThroughputConfig(dtype="float32", **base))
+    assert fp32.peak_source.startswith("measured matmul") and fp32.peak_flops != 1e15
+    [given] = job.run_throughput(ThroughputConfig(dtype="float32", peak_flops=2e12, **base))
+    assert (given.peak_source, given.peak_flops) == ("given (peak_flops)", 2e12)

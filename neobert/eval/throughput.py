@@ -454,7 +454,7 @@ class ThroughputRow:
     dtype: str
     note: str = ""
     peak_flops: float | None = None  # MFU's denominator: a GPU's published peak, or the CPU matmul rate measured
-    peak_source: str = ""  # "published" | "measured matmul MxKxN" | ""
+    peak_source: str = ""  # "published" | "given (peak_flops)" | "measured matmul MxKxN" | ""
     reference_standalone: float | None = None  # the measured matmul rate alone, before the models (its check)
     # profile=true: one more step of the row under torch.profiler (`profile_step`); reported in its own tables, not
     # in throughput.csv

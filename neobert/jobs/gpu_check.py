@@ -117,7 +117,7 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
         return GpuCheckResult(str(plan.device), config.config, list(rows.values()), [], False)
     enforced = config.targets.enforce if config.targets.enforce is not None else plan.device.type == "cuda"
     failures = judge(rows, config, enforced, plan.dtypes_of(plan.plain_strategy) == plan.ceiling_dtypes, plan.world)
-    result = GpuCheckResult(device_name(plan.device), config.config, list(rows.values()), failures, enforced,
+    result = GpuCheckResult(device_name(plan.device, plan.world), config.config, list(rows.values()), failures, enforced,
                             head_share=mlm_head_share(rows), profile=profiled,
                             loop_profile=profiler.result if profiler is not None else None)
     result.paths = write_reports(result, plan)
@@ -204,9 +204,10 @@ def clear_earlier_check(output_dir: Path, overwrite: bool) -> None:
     clear_output_dir(output_dir, GPU_CHECK)
 
 
-def device_name(device: torch.device) -> str:
+def device_name(device: torch.device, devices: int) -> str:
+    """The devices the check ran on (`devices` of this node's GPUs: devices=N may use fewer than it has)."""
     if device.type == "cuda":
-        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(device)}"
+        return f"{devices} x {torch.cuda.get_device_name(device)}"
     return f"CPU ({torch.get_num_threads()} threads)"
 
 

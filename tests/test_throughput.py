@@ -190,9 +190,12 @@ def test_profile_true_reports_where_each_rows_step_went_per_tflop_of_its_model(t
         matmul = next(line for line in mine if line["category"] == MATMUL)
         assert float(matmul["self_ms"]) > 0 and mine[0]["source"] == "CPU operators" and not mine[0]["device_busy_ms"]
         work_tflop = 2 * 16 * float(timed[model]["flops_per_token"]) / 1e12  # the step's real tokens x FLOPs/token
+        rounding_us = 0.05  # self_ms is written to 0.1 µs: a category of a few µs is off by up to 1-2% there
         for line in mine:
-            assert float(line["us_per_tflop"]) == pytest.approx(float(line["self_ms"]) * 1e3 / work_tflop, rel=1e-3)
-            assert float(line["us_per_1k_tokens"]) == pytest.approx(float(line["self_ms"]) * 1e6 / 32, rel=1e-3)
+            assert float(line["us_per_tflop"]) == pytest.approx(float(line["self_ms"]) * 1e3 / work_tflop, rel=1e-3,
+                                                                abs=rounding_us / work_tflop)
+            assert float(line["us_per_1k_tokens"]) == pytest.approx(float(line["self_ms"]) * 1e6 / 32, rel=1e-3,
+                                                                    abs=rounding_us * 1e3 / 32 + 1e-4)
     names = list(csv.DictReader(open(paths["profile_names"])))
     assert {(n["model"], n["name"]) for n in names if n["category"] == MATMUL} >= {("bert-base", "aten::addmm")}
     assert any(n["model"] == "neobert" and n["category"] == MATMUL and n["name"].startswith("aten::") for n in names)

@@ -8,6 +8,7 @@ import csv
 
 import lightning as L
 import pytest
+import torch
 from test_pretrain import tiny_config
 
 from neobert.eval.flops import PEAK_FLOPS, attention_flops, flops_per_token, peak_flops_of
@@ -25,6 +26,16 @@ def test_the_peak_of_a_gpu_by_its_name(name, peak):
     assert PEAK_FLOPS["h100 pcie"] < PEAK_FLOPS["h100"]
 
 
+def test_a_published_peak_is_for_16_bit_computation_only(monkeypatch):
+    from neobert.eval import flops
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    cuda = torch.device("cuda")
+    assert flops.peak_flops(cuda, torch.bfloat16) == flops.peak_flops(cuda, torch.float16) == 989e12
+    assert flops.peak_flops(cuda, torch.float32) is None  # no tensor-core bf16 rate for float32 work
+    assert flops.peak_flops(torch.device("cpu"), torch.bfloat16) is None
+
+
 def test_attention_over_real_lengths_is_the_per_token_formula_for_one_sequence():
     layers, hidden, weights, n = 28, 768, 200e6, 1000
     whole = n * flops_per_token(weights, layers, hidden, n, training=True)
@@ -37,7 +48,8 @@ def test_attention_over_real_lengths_is_the_per_token_formula_for_one_sequence()
 
 def test_train_mfu_counts_attention_at_each_batch_real_lengths(tmp_path, monkeypatch):
     peak = 1e12
-    monkeypatch.setattr(lit_pretrain, "peak_flops", lambda device: peak)  # as on a GPU torch names
+    dtypes = []  # the computation the module asks a peak for: its precision's (tiny_config: float32)
+    monkeypatch.setattr(lit_pretrain, "peak_flops", lambda device, dtype: dtypes.append(dtype) or peak)  # as on a GPU
 
     class Lengths(L.Callback):
         per_step: list = []
@@ -72,3 +84,4 @@ def test_train_mfu_counts_attention_at_each_batch_real_lengths(tmp_path, monkeyp
                                                         rel=1e-6)  # the CSV holds float32
         at_max_length = flops_per_token(0, module_flops["layers"], module_flops["hidden"], max_length, True)
         assert module_flops["attention"] * squares / tokens < at_max_length
+    assert dtypes and set(dtypes) == {torch.float32}  # tiny_config trains in 32-true: on a GPU, no train/mfu

@@ -357,3 +357,10 @@ def test_deepspeed_stage_1_says_which_estimator_it_takes():
     text = preflight_report(load_config(PretrainConfig, "neobert", [*EIGHT_GPUS,
                                                                     "trainer.strategy=deepspeed_stage_1"])).text()
     assert "model states (DeepSpeed's ZeRO-2 estimator, for stage 1, 8 GPUs)" in text
+
+
+def test_a_float32_run_gets_no_mfu_against_a_16_bit_peak():
+    text = preflight_report(load_config(PretrainConfig, "neobert", [*EIGHT_GPUS, "trainer.precision=32-true",
+                                                                    "trainer.strategy=ddp"])).text()
+    assert "this run computes in float32 (trainer.precision): train/mfu will not be logged" in text
+    assert "dense bf16 TFLOP/s per GPU" not in text

@@ -767,7 +767,12 @@ def test_a_model_that_builds_but_fails_to_run_is_a_row_saying_why_and_the_others
 def test_a_published_bf16_peak_is_no_mfu_denominator_for_float32_and_a_given_peak_says_so(monkeypatch):
     """The published peaks are dense bf16 tensor-core rates: a float32 run has no MFU against them (on CPU the
     measured matmul rate stands in); a peak the config gives is labelled as given."""
-    monkeypatch.setattr(job, "peak_flops", lambda device: 1e15)  # as if this device had a published bf16 peak
+    from neobert.eval import flops
+
+    # as if this device had a published bf16 peak (a GPU's), through the rule that leaves float32 out
+    monkeypatch.setattr(flops, "peak_flops_of", lambda name: 1e15)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "a GPU")
+    monkeypatch.setattr(job, "peak_flops", lambda device, dtype: flops.peak_flops(torch.device("cuda"), dtype))
     base = dict(models=["neobert"], neobert_preset="tiny", lengths=[16], batch_sizes=[2], repeats=1, device="cpu",
                 matmul_calls=1)
     [bf16] = job.run_throughput(ThroughputConfig(dtype="bfloat16", **base))

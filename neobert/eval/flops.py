@@ -57,9 +57,10 @@ def mfu(tokens_per_second: float, flops_per_tok: float, peak_flops: float) -> fl
     return tokens_per_second * flops_per_tok / peak_flops
 
 
-def peak_flops(device: torch.device) -> float | None:
-    """The dense bf16 peak of a known GPU (`peak_flops_of` its name); None on CPU or an unknown device."""
-    if device.type != "cuda":
+def peak_flops(device: torch.device, compute_dtype: torch.dtype) -> float | None:
+    """The dense bf16 peak of a known GPU (`peak_flops_of` its name) for 16-bit computation; None on CPU, on an
+    unknown device, and for float32 computation (no MFU against a tensor-core rate it does not run at)."""
+    if device.type != "cuda" or compute_dtype == torch.float32:
         return None
     return peak_flops_of(torch.cuda.get_device_name(device))
 

@@ -204,7 +204,7 @@ def measure_encoder(plan: Plan) -> tuple[float, float | None]:
     step = statistics.median(time_step(bench, batch, True, device, autocast)
                              for _ in range(plan.config.ceiling_repeats))
     tokens_per_s = batch.real_tokens / step
-    peak = peak_flops(device)
+    peak = peak_flops(device, autocast or weights)
     per_token = bench.batch_flops_per_token(batch, training=True)
     return tokens_per_s, (mfu(tokens_per_s, per_token, peak) if peak else None)
 
@@ -282,7 +282,7 @@ def head_ceiling_stage(plan: Plan) -> tuple[StageRow, HeadStep | None]:
             step.run()
         seconds = statistics.median(step.run() for _ in range(plan.config.ceiling_repeats))
         row.tokens_per_s = step.tokens / seconds
-        peak = peak_flops(plan.device)
+        peak = peak_flops(plan.device, step.autocast or plan.ceiling_dtypes[0])
         row.mfu = mfu(row.tokens_per_s, step.flops_per_token, peak) if peak else None
         row.peak_memory_gib = peak_memory_gib(plan.device)
         trainer, data = plan.recipe.trainer, plan.recipe.data

@@ -477,6 +477,10 @@ def mfu_section(report: Preflight, config: PretrainConfig, model, model_config, 
     if peak is None:
         report.add(f"- peak: unknown for {gpu!r}: train/mfu will not be logged")
         return None
+    if not in_16_bits(resolve_precision_on_gpu(config)):
+        report.add(f"- peak: a {gpu}'s published peak is a 16-bit tensor-core rate; this run computes in float32 "
+                   f"(trainer.precision): train/mfu will not be logged")
+        return None
     world = world_size(config)
     report.add(f"- peak of a {gpu}: {peak / 1e12:.0f} dense bf16 TFLOP/s per GPU")
     tokens_per_second = ASSUMED_MFU * peak * world / per_token

@@ -104,9 +104,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     autocast_dtype = dtype if training and dtype != torch.float32 else None
     lengths = config.lengths or default_lengths(device)
     candidates = config.batch_sizes or [2 ** i for i in range(11)]
-    # The published peaks are dense bf16 (tensor cores): no MFU against them for float32 computation
-    published = peak_flops(device) if dtype != torch.float32 else None
-    peak = config.peak_flops or published
+    peak = config.peak_flops or peak_flops(device, dtype)
     peak_source = "given (peak_flops)" if config.peak_flops else "published" if peak else ""
     reference = standalone = None
     if peak is None and device.type == "cpu" and not emulated_bf16:

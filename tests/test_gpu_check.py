@@ -374,14 +374,16 @@ def test_the_loops_run_the_recipes_steady_state_and_the_report_says_what_was_lef
     plan = make_plan(parse_args(tiny_check(tmp_path, "trainer.batch_size_warmup.start_batch_size=1",
                                            "trainer.batch_size_warmup.tokens=1000000000",
                                            "masking.rate_schedule=[[0,0.4],[100,0.2]]")))
-    assert plan.left_out == ("trainer.batch_size_warmup", "masking.rate_schedule")
+    left_out = ("trainer.batch_size_warmup", "masking.rate_schedule (its highest rate, 0.4, throughout)")
+    assert plan.left_out == left_out
     assert plan.recipe.trainer.batch_size_warmup.start_batch_size == 0 and plan.recipe.masking.rate_schedule == []
+    assert plan.recipe.masking.rate == 0.4  # the run's peak: what its memory is to fit
     main(tiny_check(tmp_path, "speed_only=true", "trainer.batch_size_warmup.start_batch_size=1",
                     "trainer.batch_size_warmup.tokens=1000000000", "masking.rate_schedule=[[0,0.4],[100,0.2]]"))
     markdown, summary = report(tmp_path)
-    assert summary["left_out"] == ["trainer.batch_size_warmup", "masking.rate_schedule"]
-    assert ("left out, so that the loops run the ceiling's micro-batch and masking rate (0.2): "
-            "trainer.batch_size_warmup, masking.rate_schedule") in markdown
+    assert summary["left_out"] == list(left_out)
+    assert ("left out, so that the loops run the ceiling's micro-batch and masking rate (0.4): "
+            "trainer.batch_size_warmup; masking.rate_schedule (its highest rate, 0.4, throughout)") in markdown
     assert make_plan(parse_args(tiny_check(tmp_path))).left_out == ()
 
 
@@ -425,6 +427,9 @@ def test_a_gpu_node_that_cannot_run_the_recipes_strategy_fails_the_check(tmp_pat
     (("plain_strategy=fsdp2", "trainer.strategy=ddp", "trainer.ema.decay=0.999"), "plain_strategy"),
     (("trainer.num_nodes=2",), "trainer.num_nodes"),
     (("trainer.devices=2",), "trainer.devices"),
+    (("model.compile=true", "data.packing=best_fit", "ceiling_warmup=0"), "ceiling_warmup"),
+    (("model.compile=true", "model.compile_mode=reduce-overhead", "data.packing=best_fit", "ceiling_warmup=1"),
+     "ceiling_warmup"),
 ])
 def test_the_check_refuses_before_any_work_naming_the_key(tmp_path, overrides, key):
     with pytest.raises(ConfigError, match=f"invalid config key '{re.escape(key)}'"):
@@ -455,7 +460,7 @@ def test_the_profilers_tracer_is_set_up_before_any_cuda_graph_is_captured(tmp_pa
     monkeypatch.setattr(gpu_check_stages, "time_step", time_step)
     monkeypatch.setattr(gpu_check_stages, "attempt", lambda row, work: work())
     with pytest.raises(Stop):
-        main(tiny_check(tmp_path, "data.packing=best_fit", "profile_steps=1", *overrides))
+        main(tiny_check(tmp_path, "data.packing=best_fit", "profile_steps=1", "ceiling_warmup=2", *overrides))
     graphs = "model.compile_mode=reduce-overhead" in overrides
     assert calls == (["trace"] if traced else []) + [("encoder step", graphs)]
 

@@ -332,6 +332,10 @@ def test_the_memory_estimate_counts_the_fused_loss_only_where_the_model_runs_it(
     (("trainer.strategy=ddp", "trainer.precision=bf16-true"), "replicated: 16-bit weights, gradients, Adam moments", 8),
     (("trainer.strategy=ddp", "trainer.precision=bf16-mixed", "trainer.ema.decay=0.999"),
      "replicated: fp32 weights, gradients, Adam moments", 16 + 4),  # + the EMA's float32 copy
+    (("trainer.strategy=ddp", "trainer.precision=bf16-true", "optimizer.name=stable_adamw"),
+     "replicated: 16-bit weights, gradients, Adam moments, Kahan compensation", 10),
+    (("trainer.strategy=ddp", "trainer.precision=bf16-mixed", "optimizer.name=stable_adamw"),
+     "replicated: fp32 weights, gradients, Adam moments", 16),  # no compensation of float32 weights
 ])
 def test_the_model_states_follow_the_weights_dtype_and_count_the_ema(overrides, states, bytes_per_parameter):
     from neobert.data.tokenizer import load_tokenizer
@@ -348,7 +352,7 @@ def test_the_model_states_follow_the_weights_dtype_and_count_the_ema(overrides, 
     total = memory_section(report, config, model, parameters, "NVIDIA H100 80GB HBM3")
     assert total == pytest.approx(bytes_per_parameter * parameters + config_activation_bytes(config, model_config))
     text = report.text()
-    assert f"model states ({states} = {16 if 'fp32' in states else 8} bytes/parameter)" in text
+    assert f"model states ({states} = {bytes_per_parameter - 4 * ('ema' in str(overrides))} bytes/parameter)" in text
     assert ("EMA of the weights (trainer.ema, float32): " in text) == ("trainer.ema.decay=0.999" in overrides)
 
 

@@ -764,6 +764,27 @@ def test_a_model_that_builds_but_fails_to_run_is_a_row_saying_why_and_the_others
     assert "failed: NotImplementedError" in paths["markdown"].read_text()
 
 
+def test_an_accelerator_error_stops_the_run_rather_than_failing_every_later_row(monkeypatch):
+    """An illegal address or a device-side assert leaves the GPU's context unusable: the rows after it would all
+    fail, blamed on models that did not."""
+    build = job.build_model
+
+    def build_failing(name, *args, **kwargs):
+        bench = build(name, *args, **kwargs)
+        if name == "neobert-padded_sdpa":
+            def failing(module, batch):
+                raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+            bench.forward = failing
+        return bench
+
+    monkeypatch.setattr(job, "build_model", build_failing)
+    config = ThroughputConfig(models=["neobert-padded_sdpa", "neobert"], neobert_preset="tiny", lengths=[8],
+                              batch_sizes=[2], repeats=1, device="cpu", matmul_calls=1)
+    with pytest.raises(torch.AcceleratorError, match="illegal memory access"):
+        job.run_throughput(config)
+
+
 def test_a_published_bf16_peak_is_no_mfu_denominator_for_float32_and_a_given_peak_says_so(monkeypatch):
     """The published peaks are dense bf16 tensor-core rates: a float32 run has no MFU against them (on CPU the
     measured matmul rate stands in); a peak the config gives is labelled as given."""

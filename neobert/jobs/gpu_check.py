@@ -149,6 +149,12 @@ def make_plan(config: GpuCheckConfig) -> Plan:
         raise ConfigError("invalid config key 'trainer.profiler': profile=true records the loop with torch.profiler "
                           "already; drop trainer.profiler=pytorch, or profile=true")
     check_log_interval(config, recipe)
+    if recipe.model.compile:  # a shape compiles at its first step; CUDA graphs are recorded at the next
+        untimed = 2 if recipe.model.compile_mode in CUDA_GRAPH_MODES else 1
+        if config.ceiling_warmup < untimed:
+            raise ConfigError(f"invalid config key 'ceiling_warmup': model.compile=true with compile_mode="
+                              f"{recipe.model.compile_mode} needs {untimed} untimed step(s), or compilation is timed; "
+                              f"got {config.ceiling_warmup}")
     # resume=true: the recipe's own output_dir may hold checkpoints; they are not refused, nor used
     tokenizer, model_config, _ = prepare(dataclasses.replace(recipe, resume=True))
     world = devices * trainer.num_nodes
@@ -162,17 +168,19 @@ def make_plan(config: GpuCheckConfig) -> Plan:
 
 
 def steady_state(recipe: PretrainConfig) -> tuple[PretrainConfig, tuple[str, ...]]:
-    """The recipe without its batch-size warm-up and masking-rate schedule, and the keys left out: the check's loops
-    of a few dozen steps would run their first steps' micro-batch and rate, while the ceilings, the FLOP count and
-    the memory estimate take trainer.micro_batch_size and masking.rate."""
+    """The recipe without its batch-size warm-up, and with its masking-rate schedule's highest rate throughout, and
+    the keys changed: the check's loops of a few dozen steps would run their first steps' micro-batch and rate,
+    while the ceilings and the FLOP count take trainer.micro_batch_size and masking.rate, and the memory estimate
+    the highest rate (the run's peak, which the check is to prove fits)."""
     left_out = []
     if recipe.trainer.batch_size_warmup != BatchSizeWarmupConfig():
         left_out.append("trainer.batch_size_warmup")
         recipe = dataclasses.replace(recipe, trainer=dataclasses.replace(recipe.trainer,
                                                                          batch_size_warmup=BatchSizeWarmupConfig()))
     if recipe.masking.rate_schedule:
-        left_out.append("masking.rate_schedule")
-        recipe = dataclasses.replace(recipe, masking=dataclasses.replace(recipe.masking, rate_schedule=[]))
+        left_out.append(f"masking.rate_schedule (its highest rate, {recipe.masking.highest_rate:g}, throughout)")
+        recipe = dataclasses.replace(recipe, masking=dataclasses.replace(recipe.masking, rate_schedule=[],
+                                                                         rate=recipe.masking.highest_rate))
     return recipe, tuple(left_out)
 
 
@@ -288,7 +296,7 @@ def markdown_report(result: GpuCheckResult, plan: Plan) -> str:
              + ("the recipe's loop only (speed_only=true)" if config.speed_only else f"resume +{config.resume_steps}")
              + f". Recipe overrides: {' '.join(config.overrides) or 'none'}"
              + (f"; left out, so that the loops run the ceiling's micro-batch and masking rate "
-                f"({recipe.masking.rate:g}): {', '.join(plan.left_out)}" if plan.left_out else "")
+                f"({recipe.masking.rate:g}): {'; '.join(plan.left_out)}" if plan.left_out else "")
              + f". Targets: loop/ceiling >= "
              f"{targets.loop_vs_ceiling:g}, strategy/plain >= {targets.strategy_vs_plain:g} "
              f"({'enforced' if result.enforced else 'reported, not enforced'}). "

@@ -376,9 +376,13 @@ def memory_section(report: Preflight, config: PretrainConfig, model, parameters:
                    f"gathered bf16 blocks): {gpu_bytes / GiB:.2f} GiB")
     else:  # weights, gradients and Adam's two moments in the weights' dtype (*-true: 16-bit; *-mixed: float32)
         width = loop_dtypes(trainer.strategy, resolve_precision_on_gpu(config))[0].itemsize
-        gpu_bytes = 4 * width * parameters
-        report.add(f"- model states (replicated: {'fp32' if width == 4 else '16-bit'} weights, gradients, Adam moments "
-                   f"= {4 * width} bytes/parameter): {gpu_bytes / GiB:.2f} GiB")
+        # torch-optimi's StableAdamW keeps a Kahan compensation of 16-bit weights (its kahan_sum default); Muon's one
+        # momentum on the hidden matrices is counted as Adam's two (an upper bound)
+        kahan = config.optimizer.name == "stable_adamw" and width == 2
+        gpu_bytes = (4 + kahan) * width * parameters
+        report.add(f"- model states (replicated: {'fp32' if width == 4 else '16-bit'} weights, gradients, Adam moments"
+                   f"{', Kahan compensation' if kahan else ''} = {(4 + kahan) * width} bytes/parameter): "
+                   f"{gpu_bytes / GiB:.2f} GiB")
     if trainer.ema.decay:  # neobert.lit.ema: a float32 copy of the weights on every GPU
         report.add(f"- EMA of the weights (trainer.ema, float32): {4 * parameters / GiB:.2f} GiB")
         gpu_bytes += 4 * parameters

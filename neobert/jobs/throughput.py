@@ -128,6 +128,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         progress(f"{layout} L={length} {name}: failed: {type(err).__name__}: {one_line(err)}")
         bench.module.zero_grad(set_to_none=True)  # a training step cut short may have left gradients
         if device.type == "cuda":
+            torch.cuda.synchronize(device)  # an error the kernel left behind stops the run here (RUN_STOPPERS)
             torch.cuda.empty_cache()
         unavailable(name, layout, length, f"failed: {type(err).__name__}: {one_line(err)}", bench)
 
@@ -220,8 +221,9 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
 
 
 # What stops the whole run rather than one row: dynamo's recompile limit means the graph count is wrong, and every
-# later row would be timed in eager (compiled_graphs)
-RUN_STOPPERS = (torch._dynamo.exc.FailOnRecompileLimitHit,)
+# later row would be timed in eager (compiled_graphs); an accelerator error (an illegal address, a device-side
+# assert) leaves the GPU's context unusable, and every later row would fail for it
+RUN_STOPPERS = (torch._dynamo.exc.FailOnRecompileLimitHit, torch.AcceleratorError)
 
 
 def check_neobert_overrides(config: ThroughputConfig) -> None:

@@ -698,8 +698,15 @@ def test_quacks_mlp_equals_the_eager_path_on_cuda(compiled, monkeypatch):
     torch.testing.assert_close(hidden[1], hidden[0], rtol=5e-2, atol=5e-2)
 
 
-def test_the_padded_decoder_runs_on_a_device_without_autocast():
-    """A meta forward (shapes only, as the encoder allows) of the padded decoder: no autocast to ask about there."""
+def test_the_padded_decoder_runs_on_meta_tensors_and_compiles_without_a_graph_break():
+    """A meta forward (shapes only, as the encoder allows) of the padded decoder: no autocast to ask about there; and
+    the check that says so is one Dynamo traces (torch.amp.is_autocast_available broke the compiled head's graph)."""
     weight = torch.empty(13, 16, device="meta")
     out = modeling.padded_linear(torch.empty(4, 16, device="meta"), weight, torch.empty(13, device="meta"), 8)
     assert out.shape == (4, 13) and out.device.type == "meta"
+    torch._dynamo.reset()
+    compiled = torch.compile(modeling.padded_linear, fullgraph=True, backend="eager")
+    x, weight = torch.randn(4, 16), torch.randn(13, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(compiled(x, weight, None, 8), modeling.padded_linear(x, weight, None, 8))
+    torch._dynamo.reset()

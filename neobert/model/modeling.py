@@ -386,8 +386,9 @@ def padded_linear(x: Tensor, weight: Tensor, bias: Tensor | None, multiple: int)
     extra = -weight.shape[0] % multiple
     if not extra:
         return F.linear(x, weight, bias)
-    # cast before padding: a 16-bit padded copy, not a float32 one (a device without autocast, e.g. meta, has none)
-    if torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type):
+    # cast before padding: a 16-bit padded copy, not a float32 one. A meta forward has no autocast to ask about
+    # (torch.amp.is_autocast_available would say so, but Dynamo cannot trace it: a graph break in a compiled head)
+    if x.device.type != "meta" and torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
     padded_bias = None if bias is None else F.pad(bias, (0, extra))

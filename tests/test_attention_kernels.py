@@ -678,3 +678,15 @@ def test_each_installed_kernel_equals_padded_sdpa_on_cuda(kernel, head_dim):
         error_chosen, error_ref = ((grad - grad_float32).norm() / grad_float32.norm()
                                    for grad in (grad_chosen, grad_ref))
         assert error_chosen <= 1.5 * error_ref + 1e-3, f"{kernel} {error_chosen:.4f} vs padded_sdpa {error_ref:.4f}"
+
+
+def test_the_preflight_words_follow_the_head_size_auto_takes_fa4_at(monkeypatch):
+    """FlashAttention 4's tiles follow the head size: on Blackwell it takes 8-128 or 256, so `auto` runs varlen_attn
+    for a head of 192, and the preflight, given the model's head size, says so."""
+    for flag, value in (("_HAS_FLASH_ATTN", False), ("_HAS_FLASH_ATTN_3", False), ("_HAS_FLASH_ATTN_4", True)):
+        monkeypatch.setattr(attention, flag, value)
+    monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: True)
+    monkeypatch.setattr(attention, "cuda_capability", lambda: (10, 0))
+    fa4, varlen = "cu_seqlens: FlashAttention 4's flash_attn_varlen_func", "cu_seqlens: PyTorch's varlen_attn"
+    assert fa4 in training_attention_kernel("best_fit", "varlen", "cuda", head_dim=64)
+    assert varlen in training_attention_kernel("best_fit", "varlen", "cuda", head_dim=192)

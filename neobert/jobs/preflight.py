@@ -409,7 +409,7 @@ def attention_section(report: Preflight, config: PretrainConfig, model_config, p
     try:
         kernel = training_attention_kernel(config.data.packing, model_config.attention_backend, "cuda",
                                            unpad=config.data.unpad, dtype=dtype, dropout=model_config.dropout,
-                                           kernel=model_config.attention_kernel)
+                                           kernel=model_config.attention_kernel, head_dim=model_config.head_dim)
     except ValueError as err:  # the chosen attention kernel cannot take this step's precision or dropout
         report.refuse("model.overrides.attention_kernel", str(err))
         return

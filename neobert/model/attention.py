@@ -214,7 +214,7 @@ def _flash_attn_4_usable() -> bool:
 
 def _flash_attn_4_runs(head_dim: int | None) -> bool:
     """Whether `auto` takes FlashAttention 4 here: installed and usable, on Hopper or Blackwell, at this head size
-    (None: not known, as in the preflight)."""
+    (None: not known)."""
     takes_head_dim = _FLASH_ATTN_4_HEAD_DIMS.get(cuda_capability()[0])
     return (_HAS_FLASH_ATTN_4 and takes_head_dim is not None and (head_dim is None or takes_head_dim(head_dim))
             and _flash_attn_4_usable())
@@ -358,9 +358,11 @@ _KERNEL_WORDS = {
 
 
 def training_attention_kernel(packing: str, attention_backend: str, device_type: str, unpad: bool = True,
-                              dtype: torch.dtype = torch.bfloat16, dropout: float = 0.0, kernel: str = "auto") -> str:
+                              dtype: torch.dtype = torch.bfloat16, dropout: float = 0.0, kernel: str = "auto",
+                              head_dim: int | None = None) -> str:
     """In words, the attention kernel of a pretraining step (data.packing, the model's attention_backend, the device
-    type, data.unpad, the compute dtype, the model's dropout and its attention_kernel). In training the batch's layout
+    type, data.unpad, the compute dtype, the model's dropout, its attention_kernel and head size: a kernel's tiles
+    follow it, and `auto` leaves out one that does not take it). In training the batch's layout
     chooses the path, not `attention_backend`: the step reads nothing from the device, so a padded batch is never
     unpadded inside. A ValueError naming the field where the chosen kernel cannot run the step."""
     chosen = f" (attention_kernel={kernel})" if kernel != "auto" else ""
@@ -370,7 +372,7 @@ def training_attention_kernel(packing: str, attention_backend: str, device_type:
         return ("padded batches (data.unpad=false): SDPA with a key-padding mask, so not the FlashAttention kernel "
                 f"(it takes no mask), and [PAD] goes through every matmul{note}{applies}")
     layout = f"packed rows ({packing})" if packing != "none" else "unpadded documents (data.unpad)"
-    picked = chosen_packed_kernel(kernel, device_type, dtype, dropout)
+    picked = chosen_packed_kernel(kernel, device_type, dtype, dropout, head_dim)
     if kernel == "auto" and device_type == "cuda" and dtype in _HALF and dropout == 0.0:
         # auto looks at the GPU it runs on: a preflight on a machine without one cannot (on one where FA4 runs but was
         # left out, its warning said why)

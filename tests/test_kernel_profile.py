@@ -178,3 +178,22 @@ def test_a_cpu_recording_leaves_out_record_function_ranges():
     assert "a range" not in times and "Optimizer.step#AdamW.step" not in times
     assert {"aten::addmm", "aten::_fused_adamw_"} <= set(times)
     assert category_of("aten::_fused_adamw_") == OPTIMIZER
+
+
+def test_a_cpu_recording_files_sdpas_math_path_under_attention():
+    """SDPA's math path (BERT's attention in training on a CPU, with dropout) runs aten::bmm and aten::_softmax: its
+    work, named after it, is attention's; a bmm of the model's own stays a matmul."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(2, 4, 16, 8)
+    with sdpa_kernel(SDPBackend.MATH), profile(activities=[ProfilerActivity.CPU]) as recording:
+        torch.nn.functional.scaled_dot_product_attention(q, q, q)
+        torch.bmm(q.flatten(0, 1), q.flatten(0, 1).transpose(1, 2))
+    times = self_times(recording.events(), on_gpu=False)
+    names = {name for name, _ in times}
+    assert "aten::_scaled_dot_product_attention_math > aten::bmm" in names and "aten::bmm" in names
+    result = summarise(times, "CPU operators", steps=1, wall_us=1.0)
+    in_attention = {entry.name for entry in result.names_in(ATTENTION)}
+    # its softmax is attention's by its own name (the rules' softmax), which is kept
+    assert {"aten::_scaled_dot_product_attention_math > aten::bmm", "aten::_softmax"} <= in_attention
+    assert "aten::bmm" in {entry.name for entry in result.names_in(MATMUL)}

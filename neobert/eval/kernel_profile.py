@@ -189,8 +189,23 @@ def self_times(events, on_gpu: bool) -> list[tuple[str, float]]:
     if on_gpu:
         return [(event.name, event.time_range.elapsed_us()) for event in events
                 if event.device_type == DeviceType.CUDA and not event.is_user_annotation]
-    return [(event.name, event.self_cpu_time_total) for event in events
+    return [(attributed_name(event), event.self_cpu_time_total) for event in events
             if event.device_type == DeviceType.CPU and not event.is_user_annotation]
+
+
+# A CPU operator called by attention's own (SDPA's math path: its aten::bmm, aten::_softmax, aten::mul) is attention's
+# work: named after its nearest such caller, so that the rules file it there, not under matmul or elementwise
+ATTENTION_CALLERS = re.compile(r"scaled_dot_product|flex_attention|_efficient_attention|_flash_attention")
+
+
+def attributed_name(event) -> str:
+    """A CPU event's name, prefixed "<caller> > " where an attention operator called it (`ATTENTION_CALLERS`)."""
+    if category_of(event.name) == ATTENTION:
+        return event.name
+    caller = event.cpu_parent
+    while caller is not None and not ATTENTION_CALLERS.search(caller.name.lower()):
+        caller = caller.cpu_parent
+    return event.name if caller is None else f"{caller.name} > {event.name}"
 
 
 def device_busy_us(events) -> float:

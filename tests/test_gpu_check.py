@@ -374,7 +374,8 @@ def test_the_loops_run_the_recipes_steady_state_and_the_report_says_what_was_lef
     plan = make_plan(parse_args(tiny_check(tmp_path, "trainer.batch_size_warmup.start_batch_size=1",
                                            "trainer.batch_size_warmup.tokens=1000000000",
                                            "masking.rate_schedule=[[0,0.4],[100,0.2]]")))
-    left_out = ("trainer.batch_size_warmup", "masking.rate_schedule (its highest rate, 0.4, throughout)")
+    left_out = ("trainer.batch_size_warmup",
+                "masking.rate_schedule (the highest of it and masking.rate, 0.4, throughout)")
     assert plan.left_out == left_out
     assert plan.recipe.trainer.batch_size_warmup.start_batch_size == 0 and plan.recipe.masking.rate_schedule == []
     assert plan.recipe.masking.rate == 0.4  # the run's peak: what its memory is to fit
@@ -383,7 +384,8 @@ def test_the_loops_run_the_recipes_steady_state_and_the_report_says_what_was_lef
     markdown, summary = report(tmp_path)
     assert summary["left_out"] == list(left_out)
     assert ("left out, so that the loops run the ceiling's micro-batch and masking rate (0.4): "
-            "trainer.batch_size_warmup; masking.rate_schedule (its highest rate, 0.4, throughout)") in markdown
+            "trainer.batch_size_warmup; masking.rate_schedule (the highest of it and masking.rate, 0.4, "
+            "throughout)") in markdown
     assert make_plan(parse_args(tiny_check(tmp_path))).left_out == ()
 
 

@@ -196,12 +196,17 @@ def test_each_test_step_selects_cuda_tests_in_files_that_exist(step, tmp_path):
     commands, _, _ = run_script(step, tmp_path, tmp_path)
     arguments = timed_run(commands, "pytest")
     files = [word for word in arguments if word.endswith(".py")]
-    assert files and "on_cuda" in arguments
+    assert files and "on_cuda or gpu_image" in arguments
     for file in files:
         assert re.search(r"^def test_\w*on_cuda\w*\(", (ROOT / file).read_text(), re.M), f"{file}: no *on_cuda test"
-    # its options and selection, as pytest reads them here: the CUDA tests it would run are collected
+    # its options and selection, as pytest reads them here: the CUDA tests it would run are collected, and those
+    # marked gpu_image (contracts of the image's torch version) beside them
     collected = subprocess.run([sys.executable, "-m", "pytest", *arguments, "--collect-only", "-q"], cwd=ROOT,
                                capture_output=True, text=True, timeout=300)
     assert collected.returncode == 0 and re.search(r"\d+/\d+ tests collected", collected.stdout), collected.stdout
+    for file in files:
+        for test in re.findall(r"^@pytest\.mark\.gpu_image\b.*\n(?:@.*\n)*def (test_\w+)", (ROOT / file).read_text(),
+                               re.M):
+            assert f"<Function {test}>" in collected.stdout, test  # -v: the collected tree
     for program in [c[2] for c in commands if c[:2] == ["python3", "-c"]]:  # tests_fa4's import check
         compile(program, step, "exec")

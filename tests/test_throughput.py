@@ -764,25 +764,33 @@ def test_a_model_that_builds_but_fails_to_run_is_a_row_saying_why_and_the_others
     assert "failed: NotImplementedError" in paths["markdown"].read_text()
 
 
-def test_an_accelerator_error_stops_the_run_rather_than_failing_every_later_row(monkeypatch):
+def test_an_accelerator_error_stops_the_run_rather_than_failing_every_later_row(monkeypatch, tmp_path):
     """An illegal address or a device-side assert leaves the GPU's context unusable: the rows after it would all
-    fail, blamed on models that did not."""
+    fail, blamed on models that did not. The rows measured before it are written."""
     build = job.build_model
 
     def build_failing(name, *args, **kwargs):
         bench = build(name, *args, **kwargs)
         if name == "neobert-padded_sdpa":
-            def failing(module, batch):
-                raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+            forward = bench.forward
+
+            def failing(module, batch):  # at 16 tokens, after the rows of 8 are measured
+                if batch.real_tokens > 2 * 8:
+                    raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+                return forward(module, batch)
 
             bench.forward = failing
         return bench
 
     monkeypatch.setattr(job, "build_model", build_failing)
-    config = ThroughputConfig(models=["neobert-padded_sdpa", "neobert"], neobert_preset="tiny", lengths=[8],
-                              batch_sizes=[2], repeats=1, device="cpu", matmul_calls=1)
+    config = ThroughputConfig(models=["neobert", "neobert-padded_sdpa"], neobert_preset="tiny", lengths=[8, 16],
+                              batch_sizes=[2], repeats=1, device="cpu", matmul_calls=1, output_dir=str(tmp_path))
     with pytest.raises(torch.AcceleratorError, match="illegal memory access"):
-        job.run_throughput(config)
+        job.run_throughput_job(config)
+    # what was measured before it (both at 8 tokens) is written, then the error
+    rows = read_csv(tmp_path / "throughput.csv")
+    assert [(row.model, row.seq_len) for row in rows] == [("neobert", 8), ("neobert-padded_sdpa", 8)]
+    assert all(row.tokens_per_s > 0 for row in rows)
 
 
 def test_a_published_bf16_peak_is_no_mfu_denominator_for_float32_and_a_given_peak_says_so(monkeypatch):

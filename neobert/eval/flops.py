@@ -59,8 +59,8 @@ def mfu(tokens_per_second: float, flops_per_tok: float, peak_flops: float) -> fl
 
 def peak_flops(device: torch.device, compute_dtype: torch.dtype) -> float | None:
     """The dense bf16 peak of a known GPU (`peak_flops_of` its name) for 16-bit computation; None on CPU, on an
-    unknown device, and for float32 computation (no MFU against a tensor-core rate it does not run at)."""
-    if device.type != "cuda" or compute_dtype == torch.float32:
+    unknown device, and for float32 or float64 computation (no MFU against a tensor-core rate it does not run at)."""
+    if device.type != "cuda" or compute_dtype not in (torch.bfloat16, torch.float16):
         return None
     return peak_flops_of(torch.cuda.get_device_name(device))
 

@@ -178,7 +178,8 @@ def steady_state(recipe: PretrainConfig) -> tuple[PretrainConfig, tuple[str, ...
         recipe = dataclasses.replace(recipe, trainer=dataclasses.replace(recipe.trainer,
                                                                          batch_size_warmup=BatchSizeWarmupConfig()))
     if recipe.masking.rate_schedule:
-        left_out.append(f"masking.rate_schedule (its highest rate, {recipe.masking.highest_rate:g}, throughout)")
+        left_out.append(f"masking.rate_schedule (the highest of it and masking.rate, {recipe.masking.highest_rate:g}, "
+                        f"throughout)")
         recipe = dataclasses.replace(recipe, masking=dataclasses.replace(recipe.masking, rate_schedule=[],
                                                                          rate=recipe.masking.highest_rate))
     return recipe, tuple(left_out)

@@ -516,6 +516,8 @@ def workers_section(report: Preflight, config: PretrainConfig, tokenizer, demand
     report.add(f"- one worker here tokenizes and masks {rate:,.0f} tokens/s ({WORKER_SAMPLE_DOCS} demo documents, "
                f"one thread of this machine's CPU: measure on the GPU nodes' CPUs for their figure)")
     if demand_per_gpu is None:
+        report.add("- workers needed: not estimated (no MFU to assume: the GPU's peak is unknown, or the run computes "
+                   "in float32; see MFU above)")
         return
     needed = math.ceil(demand_per_gpu / rate)
     report.add(f"- one GPU at {ASSUMED_MFU:.0%} MFU consumes {demand_per_gpu:,.0f} tokens/s: about {needed} worker(s) "

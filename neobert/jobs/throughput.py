@@ -48,7 +48,14 @@ log = logging.getLogger(__name__)
 def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
     """Measures, writes the reports and returns their paths ({"csv", "markdown", "plot"}, and with profile=true
     "profile", "profile_names")."""
-    return write_reports(run_throughput(config), config.output_dir)
+    rows: list[ThroughputRow] = []
+    try:
+        run_throughput(config, rows=rows)
+    except RUN_STOPPERS:
+        if rows:  # what was measured before the run stopped: kept, then the error
+            write_reports(rows, config.output_dir)
+        raise
+    return write_reports(rows, config.output_dir)
 
 
 def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path) -> dict[str, Path]:
@@ -90,7 +97,10 @@ def compiled_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Se
     return shapes * len(models)
 
 
-def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = log.info) -> list[ThroughputRow]:
+def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = log.info,
+                   rows: list[ThroughputRow] | None = None) -> list[ThroughputRow]:
+    """The rows of every model, layout and length (appended to `rows` as they are measured, when given: what a run
+    stopped by RUN_STOPPERS measured before it)."""
     config.validate()
     check_neobert_overrides(config)
     if config.threads:
@@ -115,7 +125,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         peak_source = "measured matmul " + "x".join(map(str, MATMUL_REFERENCE_SHAPE))
 
     models: dict[str, BenchModel] = {}
-    rows: list[ThroughputRow] = []
+    rows = [] if rows is None else rows
 
     def unavailable(name: str, layout: str, length: int | None, note: str, bench: BenchModel | None = None):
         params = None if bench is None else sum(p.numel() for p in bench.module.parameters())
@@ -223,7 +233,8 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
 # What stops the whole run rather than one row: dynamo's recompile limit means the graph count is wrong, and every
 # later row would be timed in eager (compiled_graphs); an accelerator error (an illegal address, a device-side
 # assert) leaves the GPU's context unusable, and every later row would fail for it
-RUN_STOPPERS = (torch._dynamo.exc.FailOnRecompileLimitHit, torch.AcceleratorError)
+RUN_STOPPERS = (torch._dynamo.exc.FailOnRecompileLimitHit,) + ((torch.AcceleratorError,)
+                                                              if hasattr(torch, "AcceleratorError") else ())  # 2.8+
 
 
 def check_neobert_overrides(config: ThroughputConfig) -> None:

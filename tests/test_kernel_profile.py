@@ -180,20 +180,27 @@ def test_a_cpu_recording_leaves_out_record_function_ranges():
     assert category_of("aten::_fused_adamw_") == OPTIMIZER
 
 
-def test_a_cpu_recording_files_sdpas_math_path_under_attention():
-    """SDPA's math path (BERT's attention in training on a CPU, with dropout) runs aten::bmm and aten::_softmax: its
-    work, named after it, is attention's; a bmm of the model's own stays a matmul."""
+def test_a_cpu_recording_files_sdpas_math_path_and_its_backward_under_attention():
+    """SDPA's math path (BERT's attention in training on a CPU, with dropout) runs aten::bmm and aten::_softmax, and
+    its backward more of them under autograd's nodes: all of it, named after it, is attention's; a bmm of the
+    model's own, and its backward, stay matmuls."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    q = torch.randn(2, 4, 16, 8)
+    q = torch.randn(2, 4, 16, 8, requires_grad=True)
     with sdpa_kernel(SDPBackend.MATH), profile(activities=[ProfilerActivity.CPU]) as recording:
-        torch.nn.functional.scaled_dot_product_attention(q, q, q)
-        torch.bmm(q.flatten(0, 1), q.flatten(0, 1).transpose(1, 2))
+        attended = torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+        own = torch.bmm(q.flatten(0, 1), q.flatten(0, 1).transpose(1, 2))
+        (attended.sum() + own.sum()).backward()
     times = self_times(recording.events(), on_gpu=False)
-    names = {name for name, _ in times}
-    assert "aten::_scaled_dot_product_attention_math > aten::bmm" in names and "aten::bmm" in names
+    calls = {}
+    for name, _ in times:
+        calls[name] = calls.get(name, 0) + 1
+    math = "aten::_scaled_dot_product_attention_math"
+    # forward: attention's two bmm; backward: two bmm for each of them; the model's own bmm: 1 + 2
+    assert calls[f"{math} > aten::bmm"] == 2 and calls[f"{math} (backward) > aten::bmm"] == 4
+    assert calls["aten::bmm"] == 3
     result = summarise(times, "CPU operators", steps=1, wall_us=1.0)
     in_attention = {entry.name for entry in result.names_in(ATTENTION)}
     # its softmax is attention's by its own name (the rules' softmax), which is kept
-    assert {"aten::_scaled_dot_product_attention_math > aten::bmm", "aten::_softmax"} <= in_attention
+    assert {f"{math} > aten::bmm", f"{math} (backward) > aten::bmm", "aten::_softmax"} <= in_attention
     assert "aten::bmm" in {entry.name for entry in result.names_in(MATMUL)}

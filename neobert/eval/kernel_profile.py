@@ -189,23 +189,41 @@ def self_times(events, on_gpu: bool) -> list[tuple[str, float]]:
     if on_gpu:
         return [(event.name, event.time_range.elapsed_us()) for event in events
                 if event.device_type == DeviceType.CUDA and not event.is_user_annotation]
-    return [(attributed_name(event), event.self_cpu_time_total) for event in events
-            if event.device_type == DeviceType.CPU and not event.is_user_annotation]
+    events = [event for event in events if event.device_type == DeviceType.CPU and not event.is_user_annotation]
+    backward_callers = {(event.thread, event.sequence_nr): caller for event in events
+                        if event.sequence_nr >= 0 and (caller := attention_caller(event))}
+    return [(attributed_name(event, backward_callers), event.self_cpu_time_total) for event in events]
 
 
-# A CPU operator called by attention's own (SDPA's math path: its aten::bmm, aten::_softmax, aten::mul) is attention's
-# work: named after its nearest such caller, so that the rules file it there, not under matmul or elementwise
+# A CPU operator called by attention's own (SDPA's math path: its aten::bmm, aten::mul) is attention's work, and so is
+# its backward: named after the nearest such caller, so that the rules file them there, not under matmul or
+# elementwise. The backward runs under autograd's nodes, which carry the forward operator's thread and sequence number
 ATTENTION_CALLERS = re.compile(r"scaled_dot_product|flex_attention|_efficient_attention|_flash_attention")
+AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
 
 
-def attributed_name(event) -> str:
-    """A CPU event's name, prefixed "<caller> > " where an attention operator called it (`ATTENTION_CALLERS`)."""
-    if category_of(event.name) == ATTENTION:
-        return event.name
+def attention_caller(event) -> str | None:
+    """The name of the nearest attention operator (`ATTENTION_CALLERS`) that called this CPU event, if any."""
     caller = event.cpu_parent
     while caller is not None and not ATTENTION_CALLERS.search(caller.name.lower()):
         caller = caller.cpu_parent
-    return event.name if caller is None else f"{caller.name} > {event.name}"
+    return None if caller is None else caller.name
+
+
+def attributed_name(event, backward_callers: dict[tuple[int, int], str]) -> str:
+    """A CPU event's name, prefixed "<caller> > " where an attention operator called it, or "<caller> (backward) > "
+    where it runs in the backward of an operator that one called (`backward_callers`: (thread, sequence number) of
+    those forward operators -> their caller)."""
+    if category_of(event.name) == ATTENTION:
+        return event.name
+    if caller := attention_caller(event):
+        return f"{caller} > {event.name}"
+    node = event
+    while node is not None:
+        if node.name.startswith(AUTOGRAD_NODE) and (node.fwd_thread, node.sequence_nr) in backward_callers:
+            return f"{backward_callers[node.fwd_thread, node.sequence_nr]} (backward) > {event.name}"
+        node = node.cpu_parent
+    return event.name
 
 
 def device_busy_us(events) -> float:

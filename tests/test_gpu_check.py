@@ -140,7 +140,8 @@ def check_loop_profile(check: Path, markdown: str, summary: dict, loop_notes: st
     assert 0 < len(added) <= 10 and extra == sorted(extra, reverse=True) and min(extra) > 0
     assert all(f"({names[line.split('`')[1]]}): `" in line for line in added)  # each with its category
     # the profiled steps 1-2 are not timed, nor step 3, at whose end the profiler stops: tokens/s from step 4
-    assert "steps 4-4 of 5 (steps 1-2 profiled and step 3, whose log interval holds the profiler's stop, not timed)" in loop_notes
+    assert ("steps 4-4 of 5 (steps 1-2 profiled and step 3, whose log interval holds the profiler's stop, not "
+            "timed)") in loop_notes
 
 
 def test_the_names_the_loop_adds_are_ranked_per_step_of_the_ceilings_tokens():

@@ -339,7 +339,7 @@ def test_the_memory_estimate_counts_the_fused_loss_only_where_the_model_runs_it(
 ])
 def test_the_model_states_follow_the_weights_dtype_and_count_the_ema(overrides, states, bytes_per_parameter):
     from neobert.data.tokenizer import load_tokenizer
-    from neobert.jobs.preflight import GiB, Preflight, config_activation_bytes, memory_section
+    from neobert.jobs.preflight import Preflight, config_activation_bytes, memory_section
     from neobert.jobs.pretrain import build_model_config
     from neobert.model import NeoBERTForMaskedLM
 

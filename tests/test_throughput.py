@@ -12,7 +12,6 @@ import torch
 from neobert.config import ConfigError
 from neobert.config.throughput import ThroughputConfig
 from neobert.eval import throughput as tp
-from neobert.eval.flops import flops_per_token
 from neobert.eval.kernel_profile import CATEGORIES, MATMUL, summarise
 from neobert.eval.throughput_report import markdown_table, profile_markdown, read_csv
 from neobert.model import kernels

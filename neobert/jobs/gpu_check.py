@@ -117,8 +117,8 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
         return GpuCheckResult(str(plan.device), config.config, list(rows.values()), [], False)
     enforced = config.targets.enforce if config.targets.enforce is not None else plan.device.type == "cuda"
     failures = judge(rows, config, enforced, plan.dtypes_of(plan.plain_strategy) == plan.ceiling_dtypes, plan.world)
-    result = GpuCheckResult(device_name(plan.device, plan.world), config.config, list(rows.values()), failures, enforced,
-                            head_share=mlm_head_share(rows), profile=profiled,
+    result = GpuCheckResult(device_name(plan.device, plan.world), config.config, list(rows.values()), failures,
+                            enforced, head_share=mlm_head_share(rows), profile=profiled,
                             loop_profile=profiler.result if profiler is not None else None)
     result.paths = write_reports(result, plan)
     print(result.paths["markdown"].read_text())

@@ -23,20 +23,19 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
-from torch.profiler import profile
 
 from neobert.config.pretrain import CUDA_GRAPH_MODES
 from neobert.config.throughput import FLEX_MODELS, ThroughputConfig
 from neobert.errors import ConfigError
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
-from neobert.eval.kernel_profile import profiler_activities, trace_graphs_captured_from_now
+from neobert.eval.kernel_profile import trace_graphs_captured_from_now
 from neobert.eval.plots import plot_throughput
-from neobert.jobs.cli import one_line
 from neobert.eval.throughput import (MATMUL_REFERENCE_SHAPE, Batch, BenchModel, MatmulReference, ModelUnavailable,
                                      ThroughputRow, build_model, is_out_of_memory, make_batch, profile_step,
                                      resolve_device, resolve_dtype, search_batch_size, time_step)
 from neobert.eval.throughput_report import (PROFILE_FAILED, markdown_table, profile_markdown, profile_was_asked,
                                             write_csv, write_profile_csvs)
+from neobert.jobs.cli import one_line
 from neobert.layout import (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
                             THROUGHPUT_PROFILE_NAMES_CSV)
 from neobert.model import NeoBERTConfig

@@ -93,3 +93,35 @@ def test_quacks_interleaved_tables_turn_q_and_k_as_apply_rope_does():
     cos, sin = cos[positions][:, None, :], sin[positions][:, None, :]
     turned = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
     torch.testing.assert_close(turned, expected, rtol=0, atol=1e-6)
+
+
+def test_a_candidate_failing_while_timed_or_checked_costs_only_its_row_with_the_first_line_of_why():
+    """An error at a variant's n-th timed call (an out-of-memory, a kernel's) or in its check against float32 is
+    that variant's: the reference and the others keep their rows; a compiler's many-line message is cut to its
+    first line, so that the lease's log keeps the table."""
+    calls = {"late": 0}
+
+    def late(seconds):
+        calls["late"] += 1
+        if calls["late"] > 3:  # two warm-ups, one timed sample, then
+            raise RuntimeError("CUDA out of memory.\nTried to allocate 2.00 GiB\nmore diagnostics")
+        return seconds
+
+    def describe(variant, median, reference):
+        if variant == "unchecked":
+            raise ValueError("mismatched layouts\nsecond line")
+        return f"{median:.1f} s"
+
+    lines = compare({"eager": 2.0, "late": "late", "unchecked": "unchecked"},
+                    lambda v: late(1.0) if v == "late" else 1.5 if v == "unchecked" else v, describe, 3, width=9)
+    assert lines == ["  late      not measured: failed at timed sample 2: RuntimeError: CUDA out of memory.",
+                     "  eager     2.0 s",
+                     "  unchecked not measured: its check against float32 failed: ValueError: mismatched layouts"]
+
+
+def test_a_sample_is_the_mean_of_calls_back_to_back():
+    from neobert.eval.ab import seconds_per_call
+
+    calls = []
+    seconds = seconds_per_call(lambda: calls.append(1), torch.device("cpu"), calls=7)
+    assert len(calls) == 7 and seconds >= 0

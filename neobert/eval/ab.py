@@ -1,11 +1,12 @@
 """Side-by-side timing of interchangeable implementations (the A/B scripts under scripts/bench, run on a GPU lease).
 
-Each variant is a callable that runs one iteration and returns its seconds. All are warmed up (twice: a compiled
-variant can compile again at its second call, when a guard sees what the first call changed, such as a cache the
-compiled code filled), then timed in alternation (A, B, C, A, B, C, ...), so that a change of clock or load falls on
-every variant alike, and the median is kept. A variant whose warm-up raises (an optional kernel library on a GPU it
-does not support, a compile error) is left out with the reason, and the others are still measured: a candidate
-cannot cost a lease its baseline.
+Each variant is a callable that runs one sample and returns its seconds per call (`seconds_per_call`: calls back to
+back, so that the device's work is timed, not the host's launches before an idle device). All are warmed up (twice:
+a compiled variant can compile again at its second call, when a guard sees what the first call changed, such as a
+cache the compiled code filled), then timed in alternation (A, B, C, A, B, C, ...), so that a change of clock or load
+falls on every variant alike, and the median is kept. A variant that raises (an optional kernel library on a GPU it
+does not support, a compile error, an error at its n-th call) is left out with the first line of the reason, and the
+others are still measured: a candidate cannot cost a lease its baseline.
 """
 
 from __future__ import annotations
@@ -13,27 +14,54 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import statistics
+import time
 from functools import partial
 from typing import Any, Callable
 
 import torch
 
+from neobert.eval.throughput import synchronize
+
+CALLS_PER_SAMPLE = 10  # back to back: a sample of a 0.1 ms kernel lasts 1 ms, and the device's queue stays full
+
+
+def seconds_per_call(step: Callable[[], Any], device: torch.device, calls: int = CALLS_PER_SAMPLE) -> float:
+    """Seconds per call of `step` (one forward + backward, say), `calls` of them back to back between two waits for
+    the device: the host queues the next call while the device runs the last, as in a model's step, so a short
+    kernel's sample is not its launch overhead before an idle device."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        step()
+    synchronize(device)
+    return (time.perf_counter() - start) / calls
+
+
+def reason(err: Exception) -> str:
+    """An exception in one line: its type and its message's first line (a compiler's runs over many)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
 
 def alternate(variants: dict[str, Callable[[], float]], repeats: int,
               warmups: int = 2) -> tuple[dict[str, float], dict[str, str]]:
-    """(median seconds by variant, why by variant for those whose warm-up raised), in `variants`' order."""
+    """(median seconds by variant, why by variant for those that raised), in `variants`' order."""
     failed: dict[str, str] = {}
     for name, run in variants.items():  # warm-up: kernels compiled or loaded, the allocator primed
         try:
             for _ in range(warmups):
                 run()
         except Exception as err:  # any failure of an optional candidate: reported, never fatal to the others
-            failed[name] = f"{type(err).__name__}: {err}"
+            failed[name] = reason(err)
     kept = {name: run for name, run in variants.items() if name not in failed}
     times: dict[str, list[float]] = {name: [] for name in kept}
-    for _ in range(repeats):
-        for name, run in kept.items():
-            times[name].append(run())
+    for repeat in range(repeats):
+        for name, run in list(kept.items()):
+            try:
+                times[name].append(run())
+            except Exception as err:  # noqa: BLE001 - as in the warm-up: this variant only
+                failed[name] = f"failed at timed sample {repeat + 1}: {reason(err)}"
+                del kept[name], times[name]
     return {name: statistics.median(samples) for name, samples in times.items()}, failed
 
 
@@ -46,8 +74,12 @@ def compare(variants: dict[str, Any], time_one: Callable[[Any], float], describe
     if reference in failed:
         raise RuntimeError(f"the reference {reference!r} failed: {failed[reference]}")
     lines = [f"  {name:{width}s} not measured: {why}" for name, why in failed.items()]
-    return lines + [f"  {name:{width}s} {describe(variants[name], median, medians[reference])}"
-                    for name, median in medians.items()]
+    for name, median in medians.items():
+        try:
+            lines.append(f"  {name:{width}s} {describe(variants[name], median, medians[reference])}")
+        except Exception as err:  # noqa: BLE001 - its time without its check would be a figure to trust: neither
+            lines.append(f"  {name:{width}s} not measured: its check against float32 failed: {reason(err)}")
+    return lines
 
 
 def optional_attribute(module: str, attribute: str) -> tuple[Any | None, str | None]:
@@ -59,7 +91,7 @@ def optional_attribute(module: str, attribute: str) -> tuple[Any | None, str | N
     try:
         return getattr(importlib.import_module(module), attribute), None
     except Exception as err:  # any failure of an optional library's import: reported, never fatal to the script
-        return None, f"{type(err).__name__}: {err}"
+        return None, reason(err)
 
 
 def device_label(device: torch.device) -> str:

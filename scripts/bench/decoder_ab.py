@@ -22,14 +22,12 @@ float32 value's largest.
 from __future__ import annotations
 
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neobert.eval.ab import compare, device_label
-from neobert.eval.throughput import synchronize
+from neobert.eval.ab import CALLS_PER_SAMPLE, compare, device_label, seconds_per_call
 from neobert.model import NeoBERTConfig
 from neobert.model.modeling import padded_linear
 
@@ -67,16 +65,12 @@ def main(rows: int = 6989, repeats: int = 20) -> None:
                 "padded_compiled": torch.compile(padded)}
     print(f"MLM decoder + cross-entropy forward + backward, {rows:,} rows x {config.hidden_size} -> "
           f"{config.vocab_size:,} (padded: {config.vocab_size + -config.vocab_size % PAD_TO:,}) bf16, "
-          f"{device_label(device)}, torch {torch.__version__}, median of {repeats}")
+          f"{device_label(device)}, torch {torch.__version__}, median of {repeats} samples of {CALLS_PER_SAMPLE} calls")
     flops = 3 * 2 * rows * config.hidden_size * config.vocab_size  # the three GEMMs at the real vocabulary
     expected = [value.float() for value in forward_backward(as_is, reference, hidden.float(), targets)]
 
     def time_one(run) -> float:
-        synchronize(device)
-        start = time.perf_counter()
-        forward_backward(run, decoder, hidden, targets)
-        synchronize(device)
-        return time.perf_counter() - start
+        return seconds_per_call(lambda: forward_backward(run, decoder, hidden, targets), device)
 
     def describe(run, median: float, reference_median: float) -> str:
         got = forward_backward(run, decoder, hidden, targets)

@@ -22,26 +22,22 @@ would show here as an error near 1).
 from __future__ import annotations
 
 import sys
-import time
 
 import torch
 
-from neobert.eval.ab import compare, device_label, optional_attribute
-from neobert.eval.throughput import synchronize
+from neobert.eval.ab import CALLS_PER_SAMPLE, compare, device_label, optional_attribute, seconds_per_call
 from neobert.model import NeoBERTConfig
 from neobert.model.kernels import liger_missing_reason
 from neobert.model.layers import SwiGLU
 
 
 def timed(run, module, x, grad) -> float:
-    """Seconds of one forward + backward."""
-    x = x.detach().requires_grad_()
-    module.zero_grad(set_to_none=True)
-    synchronize(x.device)
-    start = time.perf_counter()
-    run(module, x).backward(grad)
-    synchronize(x.device)
-    return time.perf_counter() - start
+    """Seconds per forward + backward (`seconds_per_call`), each from cleared gradients."""
+    def step():
+        module.zero_grad(set_to_none=True)
+        run(module, x.detach().requires_grad_()).backward(grad)
+
+    return seconds_per_call(step, x.device)
 
 
 def errors(run, module, reference, x, grad) -> tuple[float, float, float]:
@@ -73,10 +69,11 @@ def main(rows: int = 32768, repeats: int = 20) -> None:
 
     variants = {"eager": (module(), lambda m, x: m(x))}
     variants["compiled"] = (torch.compile(module()), lambda m, x: m(x))
-    if device.type == "cuda" and liger_missing_reason() is None:
+    liger_missing = liger_missing_reason() if device.type == "cuda" else None
+    if device.type == "cuda" and liger_missing is None:
         variants["liger"] = (module("liger"), lambda m, x: m(x))
     print(f"SwiGLU MLP forward + backward, {rows:,} x {config.hidden_size} -> 2 x {config.ffn_hidden_size} bf16, "
-          f"{device_label(device)}, torch {torch.__version__}, median of {repeats}")
+          f"{device_label(device)}, torch {torch.__version__}, median of {repeats} samples of {CALLS_PER_SAMPLE} calls")
     # the two matmuls' FLOPs, forward (2 per multiply-add) and backward (twice the forward)
     flops = 3 * 2 * rows * config.hidden_size * 3 * config.ffn_hidden_size
 
@@ -96,12 +93,14 @@ def main(rows: int = 32768, repeats: int = 20) -> None:
         print("\n".join(compare({"eager": variants["eager"], **mlps}, time_one, describe, repeats, width=14)))
 
     measure(variants)
+    if liger_missing:
+        print(f"  {'liger':14s} not measured: {liger_missing}")
     if device.type == "cuda":  # QuACK, a candidate in an alternation of its own: failing or stalling costs its row
         mlp_func, why = optional_attribute("quack.mlp", "mlp_func")
         if mlp_func is None:
             print(f"  {'quack':14s} not measured: {why}")
-        else:
-            measure({"quack": (module("quack"), lambda m, x: m(x)),
+        else:  # beside compiled eager, what kernels=quack would replace (its ratio in the same alternation)
+            measure({"compiled": variants["compiled"], "quack": (module("quack"), lambda m, x: m(x)),
                      "quack_compiled": (torch.compile(module("quack")), lambda m, x: m(x))})
 
 

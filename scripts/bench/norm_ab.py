@@ -16,13 +16,11 @@ against float32 on the same bf16 input.
 from __future__ import annotations
 
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
-from neobert.eval.ab import compare, device_label, optional_attribute
-from neobert.eval.throughput import synchronize
+from neobert.eval.ab import CALLS_PER_SAMPLE, compare, device_label, optional_attribute, seconds_per_call
 from neobert.model.kernels import liger_missing_reason, liger_rms_norm
 from neobert.model.layers import rms_norm_in_dtype
 
@@ -30,13 +28,9 @@ HIDDEN, EPS = 768, 1e-5
 
 
 def timed(norm, x, weight, grad) -> float:
-    """Seconds of one forward + backward."""
-    x, weight = x.detach().requires_grad_(), weight.detach().requires_grad_()
-    synchronize(x.device)
-    start = time.perf_counter()
-    norm(x, weight).backward(grad)
-    synchronize(x.device)
-    return time.perf_counter() - start
+    """Seconds per forward + backward (`seconds_per_call`), each on fresh leaves."""
+    return seconds_per_call(lambda: norm(x.detach().requires_grad_(), weight.detach().requires_grad_()).backward(grad),
+                            x.device)
 
 
 def errors(norm, x, weight, grad) -> tuple[float, float]:
@@ -59,10 +53,11 @@ def main(rows: int = 32768, repeats: int = 20) -> None:
     grad = torch.randn(rows, HIDDEN, device=device).to(torch.bfloat16)
     variants = {"F.rms_norm": lambda x, w: F.rms_norm(x, (HIDDEN,), w, EPS),
                 "rms_norm_in_dtype": lambda x, w: rms_norm_in_dtype(x, w, EPS)}
-    if device.type == "cuda" and liger_missing_reason() is None:
+    liger_missing = liger_missing_reason() if device.type == "cuda" else None
+    if device.type == "cuda" and liger_missing is None:
         variants["liger"] = lambda x, w: liger_rms_norm(x, w, EPS)
     print(f"RMSNorm forward + backward, {rows:,} x {HIDDEN} bf16, {device_label(device)}, "
-          f"torch {torch.__version__}, median of {repeats}")
+          f"torch {torch.__version__}, median of {repeats} samples of {CALLS_PER_SAMPLE} calls")
 
     def measure(norms: dict) -> None:
         """Times `norms` in alternation with the reference and prints each: time, ratio, errors."""
@@ -75,12 +70,14 @@ def main(rows: int = 32768, repeats: int = 20) -> None:
                                 lambda norm: timed(norm, x, weight, grad), describe, repeats, width=18)))
 
     measure(variants)
+    if liger_missing:
+        print(f"  {'liger':18s} not measured: {liger_missing}")
     if device.type == "cuda":  # QuACK, a candidate in an alternation of its own: failing or stalling costs its row
         quack_rmsnorm, why = optional_attribute("quack", "rmsnorm")
         if quack_rmsnorm is None:
             print(f"  {'quack':18s} not measured: {why}")
-        else:
-            measure({"quack": lambda x, w: quack_rmsnorm(x, w, eps=EPS)})
+        else:  # beside F.rms_norm, the eager CUDA path it would replace (its ratio in the same alternation)
+            measure({"F.rms_norm": variants["F.rms_norm"], "quack": lambda x, w: quack_rmsnorm(x, w, eps=EPS)})
 
 
 if __name__ == "__main__":

@@ -18,12 +18,10 @@ gradient's largest error against the float32 rotation, over its largest value.
 from __future__ import annotations
 
 import sys
-import time
 
 import torch
 
-from neobert.eval.ab import compare, device_label, optional_attribute
-from neobert.eval.throughput import synchronize
+from neobert.eval.ab import CALLS_PER_SAMPLE, compare, device_label, optional_attribute, seconds_per_call
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables
 
@@ -31,13 +29,8 @@ DOCUMENT = 512  # tokens per packed document
 
 
 def timed(rotate, qk, grad) -> float:
-    """Seconds of one forward + backward."""
-    qk = qk.detach().requires_grad_()
-    synchronize(qk.device)
-    start = time.perf_counter()
-    rotate(qk).backward(grad)
-    synchronize(qk.device)
-    return time.perf_counter() - start
+    """Seconds per forward + backward (`seconds_per_call`), each on a fresh leaf."""
+    return seconds_per_call(lambda: rotate(qk.detach().requires_grad_()).backward(grad), qk.device)
 
 
 def errors(rotate, reference, qk, grad) -> tuple[float, float]:
@@ -81,7 +74,8 @@ def main(tokens: int = 32768, repeats: int = 20) -> None:
 
     variants = {"eager": reference, "compiled": torch.compile(reference)}
     print(f"RoPE forward + backward of q and k, {tokens:,} tokens in documents of {DOCUMENT} x {heads} heads x "
-          f"{head_dim}, bf16, {device_label(device)}, torch {torch.__version__}, median of {repeats}")
+          f"{head_dim}, bf16, {device_label(device)}, torch {torch.__version__}, median of {repeats} samples of "
+          f"{CALLS_PER_SAMPLE} calls")
 
     def measure(rotations: dict) -> None:
         """Times `rotations` in alternation with eager and prints each: time, ratio, errors."""

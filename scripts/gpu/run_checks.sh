@@ -129,10 +129,15 @@ throughput() {
     cp "$SCRATCH"/"$name"/throughput_profile.csv "$STAGE"/"$name"_profile.csv 2>/dev/null
     cp "$SCRATCH"/"$name"/throughput_profile_names.csv "$STAGE"/"$name"_profile_names.csv 2>/dev/null
 }
-# bench NAME SECONDS [ROWS=32768]: an A/B script of scripts/bench over ROWS rows, 20 alternations, its table logged
+# bench NAME SECONDS [ROWS=32768]: an A/B script of scripts/bench over ROWS rows, 20 alternations; its output kept
+# whole as NAME.log in checks.tgz (a compiler's error runs over many lines), its exit status and its table logged
+# (the lines of its header and variants: those that start with the header's words or two spaces)
 bench() {
-    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$2" python3 scripts/bench/"$1".py "${3:-32768}" 20 2>&1 \
-        | tail -12 | tee -a "$LOG"
+    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$2" python3 scripts/bench/"$1".py "${3:-32768}" 20 \
+        > "$SCRATCH"/"$1".log 2>&1
+    echo "$1 exit $?" | tee -a "$LOG"
+    grep -E "^[A-Z][A-Za-z]* .*median of|^  [A-Za-z_.]+ " "$SCRATCH"/"$1".log | tee -a "$LOG"
+    cp "$SCRATCH"/"$1".log "$STAGE"/"$1".log
 }
 # gpu_check NAME SECONDS key=value...: experiments.gpu_check --config neobert on the prepared corpus and tokenizer
 # (attention varlen_attn unless the step names another kernel),

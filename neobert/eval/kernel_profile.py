@@ -190,9 +190,11 @@ def self_times(events, on_gpu: bool) -> list[tuple[str, float]]:
         return [(event.name, event.time_range.elapsed_us()) for event in events
                 if event.device_type == DeviceType.CUDA and not event.is_user_annotation]
     events = [event for event in events if event.device_type == DeviceType.CPU and not event.is_user_annotation]
-    backward_callers = {(event.thread, event.sequence_nr): caller for event in events
-                        if event.sequence_nr >= 0 and (caller := attention_caller(event))}
-    return [(attributed_name(event, backward_callers), event.self_cpu_time_total) for event in events]
+    callers = [attention_caller(event) for event in events]
+    backward_callers = {(event.thread, event.sequence_nr): caller for event, caller in zip(events, callers)
+                        if caller and event.sequence_nr >= 0}
+    return [(attributed_name(event, caller, backward_callers), event.self_cpu_time_total)
+            for event, caller in zip(events, callers)]
 
 
 # A CPU operator called by attention's own (SDPA's math path: its aten::bmm, aten::mul) is attention's work, and so is
@@ -210,13 +212,13 @@ def attention_caller(event) -> str | None:
     return None if caller is None else caller.name
 
 
-def attributed_name(event, backward_callers: dict[tuple[int, int], str]) -> str:
-    """A CPU event's name, prefixed "<caller> > " where an attention operator called it, or "<caller> (backward) > "
-    where it runs in the backward of an operator that one called (`backward_callers`: (thread, sequence number) of
-    those forward operators -> their caller)."""
+def attributed_name(event, caller: str | None, backward_callers: dict[tuple[int, int], str]) -> str:
+    """A CPU event's name, prefixed "<caller> > " where an attention operator called it (`caller`, its
+    `attention_caller`), or "<caller> (backward) > " where it runs in the backward of an operator that one called
+    (`backward_callers`: (thread, sequence number) of those forward operators -> their caller)."""
     if category_of(event.name) == ATTENTION:
         return event.name
-    if caller := attention_caller(event):
+    if caller:
         return f"{caller} > {event.name}"
     node = event
     while node is not None:

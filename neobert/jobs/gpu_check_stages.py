@@ -50,7 +50,7 @@ from neobert.layout import (CONFIG_NAME, EXPORT_DIR, GPU_CHECK_LOOP_PROFILE_CSV,
                             has_tokenizer, metrics_csvs, write_atomically)
 from neobert.lit.checkpoints import newest_readable_checkpoint, verify_checkpoint
 from neobert.lit.pretrain import MLMPretrainingModule, real_tokens
-from neobert.lit.strategies import is_deepspeed, loop_dtypes
+from neobert.lit.strategies import is_deepspeed, loop_compute_dtype, loop_dtypes
 from neobert.lit.trainer import resolve_precision
 from neobert.model import NeoBERT, NeoBERTForMaskedLM
 from neobert.model.modeling import IGNORE_INDEX
@@ -112,6 +112,11 @@ class Plan:
         """The strategy a loop under `strategy` runs with here: itself, or the plain loop standing in for a DeepSpeed
         that cannot run on this machine."""
         return "auto" if is_deepspeed(strategy) and unavailable(strategy, self.device) is not None else strategy
+
+    @property
+    def ceiling_compute_dtype(self) -> torch.dtype:
+        """The dtype the ceilings' matmuls compute in (`loop_compute_dtype` of the recipe's loop as it runs here)."""
+        return loop_compute_dtype(self.runs_here(self.recipe.trainer.strategy), self.precision)
 
     def dtypes_of(self, strategy: str) -> tuple[torch.dtype, torch.dtype | None]:
         """(weights, autocast) a loop under `strategy` computes with here (`loop_dtypes` of `runs_here`). The
@@ -204,7 +209,7 @@ def measure_encoder(plan: Plan) -> tuple[float, float | None]:
     step = statistics.median(time_step(bench, batch, True, device, autocast)
                              for _ in range(plan.config.ceiling_repeats))
     tokens_per_s = batch.real_tokens / step
-    peak = peak_flops(device, autocast or weights)
+    peak = peak_flops(device, plan.ceiling_compute_dtype)
     per_token = bench.batch_flops_per_token(batch, training=True)
     return tokens_per_s, (mfu(tokens_per_s, per_token, peak) if peak else None)
 
@@ -282,7 +287,7 @@ def head_ceiling_stage(plan: Plan) -> tuple[StageRow, HeadStep | None]:
             step.run()
         seconds = statistics.median(step.run() for _ in range(plan.config.ceiling_repeats))
         row.tokens_per_s = step.tokens / seconds
-        peak = peak_flops(plan.device, step.autocast or plan.ceiling_dtypes[0])
+        peak = peak_flops(plan.device, plan.ceiling_compute_dtype)
         row.mfu = mfu(row.tokens_per_s, step.flops_per_token, peak) if peak else None
         row.peak_memory_gib = peak_memory_gib(plan.device)
         trainer, data = plan.recipe.trainer, plan.recipe.data

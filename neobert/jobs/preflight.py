@@ -438,7 +438,8 @@ def kernels_section(report: Preflight, config: PretrainConfig, model_config) -> 
     blocks = ("Inductor's fused kernels" if compiled else
               "Liger-Kernel's RMSNorm and fused SwiGLU" if liger else "PyTorch's eager ops")
     # The estimate's rule (`mlp_kernels_that_run`), so that the text names what the memory estimate counted
-    if mlp_kernels_that_run(config, model_config, activation_precision(config)) == "quack" \
+    precision = activation_precision(config)
+    if mlp_kernels_that_run(config, model_config, precision) == "quack" \
             and model_config.activation == "swiglu":  # the GELU MLP stays eager
         report.add(f"- the MLP: QuACK's GEMMs, SwiGLU in their epilogues; norms and RoPE: {blocks}")
     else:
@@ -446,8 +447,8 @@ def kernels_section(report: Preflight, config: PretrainConfig, model_config) -> 
                                                                         else ""))
         if model_config.kernels == "quack":
             why = ("QuACK's MLP is a SwiGLU one; this model's is GELU" if model_config.activation != "swiglu" else
-                   f"QuACK's GEMMs compute in bf16 or fp16 only, and this run computes in "
-                   f"{activation_precision(config)} (trainer.precision)")
+                   f"QuACK's GEMMs compute in bf16 or fp16 only, and this run computes in {precision} "
+                   f"(trainer.precision)")
             report.add(f"- model.overrides.kernels=quack does not apply: {why}")
     if compiled and scope == "model":
         head = "compiled with the forward (Inductor)"

@@ -17,7 +17,7 @@ from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.eval.flops import attention_flops, flops_per_token, matmul_params, mfu, peak_flops
 from neobert.lit.checkpoints import CHECKPOINT_KEY
 from neobert.lit.optim import configure_optimizers, lr_factor
-from neobert.lit.strategies import deepspeed_grad_norm, fsdp2_shard, is_deepspeed, loop_dtypes
+from neobert.lit.strategies import deepspeed_grad_norm, fsdp2_shard, is_deepspeed, loop_compute_dtype
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model.modeling import IGNORE_INDEX
 
@@ -246,8 +246,7 @@ class MLMPretrainingModule(L.LightningModule):
         if self._interval_started is not None:
             tokens_per_second = interval_tokens * world / (now - self._interval_started)
             metrics["train/tokens_per_sec"] = tokens_per_second
-            weights, autocast = loop_dtypes(self.config.trainer.strategy, self.trainer.precision)
-            peak = peak_flops(self.device, autocast or weights)
+            peak = peak_flops(self.device, loop_compute_dtype(self.config.trainer.strategy, self.trainer.precision))
             if peak and interval_tokens:
                 per_token = self.training_flops_per_token(interval_tokens, self._interval_squared_lengths)
                 metrics["train/mfu"] = mfu(tokens_per_second / world, per_token, peak)

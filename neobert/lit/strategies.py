@@ -82,6 +82,12 @@ def loop_dtypes(strategy: str, precision: str) -> tuple[torch.dtype, torch.dtype
     return WEIGHT_DTYPES.get(precision, torch.float32), AUTOCAST_DTYPES.get(precision)
 
 
+def loop_compute_dtype(strategy: str, precision: str) -> torch.dtype:
+    """The dtype a training loop's matmuls compute in (`loop_dtypes`): its autocast's, else its weights'."""
+    weights, autocast = loop_dtypes(strategy, precision)
+    return autocast or weights
+
+
 def deepspeed_strategy(name: str, precision: str, micro_batch_size: int | None = None,
                        tuning: DeepSpeedConfig | None = None) -> NeoBERTDeepSpeedStrategy:
     """Lightning's registered DeepSpeed strategy `name` (deepspeed_stage_2, ..._offload, ...) with its own settings

@@ -445,6 +445,23 @@ def test_quack_runs_where_its_gemms_do_and_the_eager_mlp_elsewhere(monkeypatch):
     assert not kernels.use_quack("quack", cuda_tensor(), (768, 2048))
 
 
+@pytest.mark.gpu_image  # torch 2.11's Dynamo could not compare the capability's tuple; 2.13's can
+def test_quacks_check_traces_in_a_compiled_graph(monkeypatch):
+    """use_quack runs inside every compiled block of kernels="quack": its checks, the GPU's capability read as the
+    real reader gives it (a constant result), trace without an error or a graph break."""
+    from neobert.model import kernels
+
+    monkeypatch.setattr(kernels, "cuda_capability", torch.compiler.assume_constant_result(lambda: (9, 0)))
+    torch._dynamo.reset()
+    takes = torch.compile(lambda x: x + kernels.quack_takes(torch.bfloat16, (768, 2048)), fullgraph=True,
+                          backend="eager")
+    assert takes(torch.zeros(1)).item() == 1
+    monkeypatch.setattr(kernels, "cuda_capability", torch.compiler.assume_constant_result(lambda: (7, 5)))
+    torch._dynamo.reset()
+    assert takes(torch.zeros(1)).item() == 0
+    torch._dynamo.reset()
+
+
 def test_the_padded_decoder_under_autocast_pads_a_16_bit_copy_of_the_weight():
     """bf16-mixed training: float32 weights under autocast. The weight is cast before it is padded (a padded float32
     copy, then its cast, would move twice the bytes), and its gradient reaches the float32 weight."""

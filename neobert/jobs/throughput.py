@@ -83,7 +83,7 @@ def compiled_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Se
                     candidates: Sequence[int]) -> int:
     """How many graphs dynamo may compile of one code object in this run: the limit it is given (past its own, 8, and
     256 for a code object all told, it would fall back to eager without a word, and time that; with
-    fail_on_recompile_limit_hit a miscount stops the run instead). Each model compiles once per shape it runs (the
+    fail_on_recompile_limit_hit a miscount costs the model that hits it its rows instead). Each model compiles once per shape it runs (the
     searched sizes of every layout and length), and dynamo counts the graphs of one code object together: neobert
     and its neobert-<kernel> rows run the same forward. A FlexAttention row (FLEX_MODELS) compiles inside
     transformers even without compile=true: its block mask and its kernel, each twice a shape (the full and the
@@ -131,10 +131,16 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         rows.append(ThroughputRow(name, config.mode, layout, length or 0, None, None, None, None, None, None, params,
                                   device.type, str(dtype).removeprefix("torch."), note))
 
+    given_up: dict[str, str] = {}  # model -> why its later rows are not run
+
     def failed(name: str, layout: str, length: int, err: Exception, bench: BenchModel) -> None:
-        """A model that built but failed to run at this length: its row says why, the other rows go on."""
+        """A model that built but failed to run at this length: its row says why, the other rows go on. Past dynamo's
+        recompile limit, its later rows are not run either: each would compile until the same error."""
         log.warning("%s L=%d %s failed", layout, length, name, exc_info=err)
         progress(f"{layout} L={length} {name}: failed: {type(err).__name__}: {one_line(err)}")
+        if isinstance(err, torch._dynamo.exc.FailOnRecompileLimitHit):
+            given_up[name] = (f"not run: past the recompile limit at {layout} L={length} (more graphs of one code "
+                              f"object than the {torch._dynamo.config.recompile_limit} this run allows it)")
         bench.module.zero_grad(set_to_none=True)  # a training step cut short may have left gradients
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # an error the kernel left behind stops the run here (RUN_STOPPERS)
@@ -171,6 +177,9 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
             for length in lengths:
                 chosen: dict[str, tuple[int, Batch]] = {}
                 for name, bench in models.items():
+                    if name in given_up:
+                        unavailable(name, layout, length, given_up[name], bench)
+                        continue
                     if length > bench.max_length:
                         unavailable(name, layout, length, f"max length {bench.max_length}", bench)
                         continue
@@ -229,11 +238,11 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     return rows
 
 
-# What stops the whole run rather than one row: dynamo's recompile limit means the graph count is wrong, and every
-# later row would be timed in eager (compiled_graphs); an accelerator error (an illegal address, a device-side
-# assert) leaves the GPU's context unusable, and every later row would fail for it
-RUN_STOPPERS = (torch._dynamo.exc.FailOnRecompileLimitHit,) + ((torch.AcceleratorError,)
-                                                              if hasattr(torch, "AcceleratorError") else ())  # 2.8+
+# What stops the whole run rather than one row: an accelerator error (an illegal address, a device-side assert) leaves
+# the GPU's context unusable, and every later row would fail for it. Dynamo's recompile limit costs the model that
+# hit it its rows (fail_on_recompile_limit_hit: never a row timed in eager): on the H100 (2026-11-26) ModernBERT with
+# FA4, compiled, hit it inside transformers' attention and stopped a run whose NeoBERT rows had compiled
+RUN_STOPPERS = (torch.AcceleratorError,) if hasattr(torch, "AcceleratorError") else ()  # 2.8+
 
 
 def check_neobert_overrides(config: ThroughputConfig) -> None:

@@ -11,7 +11,7 @@ bf16, forward + backward, as the pretraining step runs them, and with the decode
   zero-filled gradient of the slice) and gives (aligned GEMMs);
 * compiled, padded_compiled: both under `torch.compile` (Inductor may pad or fuse on its own).
 
-The head alone; run_checks.sh's step `check_decoder_padded` measures the switch in the pretraining loop. Each on the
+The head alone; run_checks.sh's step `check_decoder_as_is` measures the switch in the pretraining loop. Each on the
 same rows, alternated, the median of `repeats`; and the loss's,
 the rows' gradient's and the weight gradient's largest error against float32 on the same bf16 input, over the
 float32 value's largest.

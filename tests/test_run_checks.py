@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,31 @@ def test_each_test_step_selects_cuda_tests_in_files_that_exist(step, tmp_path):
             assert f"<Function {test}>" in collected.stdout, test  # -v: the collected tree
     for program in [c[2] for c in commands if c[:2] == ["python3", "-c"]]:  # tests_fa4's import check
         compile(program, step, "exec")
+
+
+def test_a_throughput_steps_reports_profile_tables_and_traces_come_back_in_the_archive(tmp_path):
+    """What a throughput step packs into checks.tgz, from what the job writes in its run folder (the job stood in for
+    by a stub that writes those files): the CSV, the profile tables, the log and each profiled row's trace."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "timeout").write_text('#!/usr/bin/env bash\nshift\nexec "$@"\n')
+    (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\n")
+    (bin_dir / "python3").write_text("""#!/usr/bin/env bash
+for word in "$@"; do case $word in output_dir=*) out=${word#output_dir=} ;; esac; done
+mkdir -p "$out"/throughput_traces
+for file in throughput.csv throughput.md throughput_profile.csv throughput_profile_names.csv; do
+    echo x > "$out/$file"
+done
+echo trace > "$out"/throughput_traces/inference_full_512_neobert.json.gz
+echo "the job's log"
+""")
+    for stub in bin_dir.iterdir():
+        stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUN_CHECKS_SCRATCH": str(tmp_path / "scratch"),
+           "RUN_CHECKS_SITE": str(tmp_path / "site-packages"), "TMPDIR": str(tmp_path)}
+    subprocess.run(["bash", str(SCRIPT), str(tmp_path), str(tmp_path / "results"), "infer"], env=env, check=True,
+                   capture_output=True, timeout=60)
+    with tarfile.open(tmp_path / "results" / "checks.tgz") as archive:
+        names = {name.removeprefix("./") for name in archive.getnames()}
+    assert {"throughput_inference.csv", "throughput_inference_profile.csv", "throughput_inference_profile_names.csv",
+            "throughput_inference.log", "throughput_inference_traces/inference_full_512_neobert.json.gz"} <= names

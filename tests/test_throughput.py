@@ -4,7 +4,10 @@ run (neobert.jobs.throughput)."""
 from __future__ import annotations
 
 import csv
+import gzip
+import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -167,6 +170,7 @@ def test_tiny_end_to_end_writes_csv_png_markdown(tmp_path):
     assert "% of the matmul rate measured in this run" in table and "Matmul reference (measured" in table
     assert "standalone before the models" in table
     assert "profile" not in paths and not (out / "throughput_profile.csv").exists()  # profile=false: none
+    assert not (out / "throughput_traces").exists()
     assert "where the time goes" not in table
 
 
@@ -198,6 +202,12 @@ def test_profile_true_reports_where_each_rows_step_went_per_tflop_of_its_model(t
     names = list(csv.DictReader(open(paths["profile_names"])))
     assert {(n["model"], n["name"]) for n in names if n["category"] == MATMUL} >= {("bert-base", "aten::addmm")}
     assert any(n["model"] == "neobert" and n["category"] == MATMUL and n["name"].startswith("aten::") for n in names)
+    # each profiled step's Chrome trace, for the gaps a device waits in (Perfetto, chrome://tracing)
+    traces = sorted(path.name for path in paths["traces"].iterdir())
+    assert traces == ["inference_full_16_bert-base.json.gz", "inference_full_16_neobert.json.gz"]
+    with gzip.open(paths["traces"] / traces[1], "rt") as trace:
+        events = json.load(trace)["traceEvents"]
+    assert any(event.get("name") == "aten::linear" for event in events)
     table = paths["markdown"].read_text()
     assert "### where the time goes: inference, full batches, 16 tokens (CPU operators, one step)" in table
     assert "| neobert (2) |" in table and "| bert-base (2) |" in table and "operators / profiled step" in table
@@ -256,7 +266,7 @@ def test_a_gpu_recording_without_a_kernel_is_a_failed_profile_and_a_failed_train
     row = tp.ThroughputRow("neobert", "training", "full", 8, 2, 1.0, 1.0, 1.0, None, None, None, "cuda", "bfloat16",
                            note="attention: sdpa (no mask)")
     monkeypatch.setattr(job, "profile_step", lambda *a: summarise([], "CUDA kernels", 1, 10.0, 0.0, 16))
-    job._profile_row(row, bench, batch, True, torch.device("cuda"), None)
+    job._profile_row(row, bench, batch, True, torch.device("cuda"), None, Path("unused.json.gz"))
     assert row.profile is None
     assert row.note == "attention: sdpa (no mask); profile failed: the recording holds no CUDA kernel"
 
@@ -265,7 +275,7 @@ def test_a_gpu_recording_without_a_kernel_is_a_failed_profile_and_a_failed_train
         raise RuntimeError("the profiler stopped")
 
     monkeypatch.setattr(job, "profile_step", fails_after_the_backward)
-    job._profile_row(row, bench, batch, True, torch.device("cpu"), None)
+    job._profile_row(row, bench, batch, True, torch.device("cpu"), None, Path("unused.json.gz"))
     assert all(p.grad is None for p in bench.module.parameters())  # the next step starts from no gradient
     assert row.note.endswith("profile failed: RuntimeError: the profiler stopped")
 

@@ -352,12 +352,16 @@ def time_step(model: BenchModel, batch: Batch, training: bool, device: torch.dev
 
 
 def profile_step(model: BenchModel, batch: Batch, training: bool, device: torch.device,
-                 autocast_dtype: torch.dtype | None = None) -> KernelProfile:
+                 autocast_dtype: torch.dtype | None = None, trace_path: str | Path | None = None) -> KernelProfile:
     """One more `time_step` under torch.profiler: where its time went, by kind of kernel (on a GPU; the CPU's
     operators otherwise), and on a GPU how much of the step's wall time the device was busy (the rest it waited for
-    the host: launches, Python). Called after a row's timed steps: the profiler's overhead is in no timing."""
+    the host: launches, Python). Called after a row's timed steps: the profiler's overhead is in no timing.
+    `trace_path`: the step's Chrome trace written there too (gzip-compressed where it ends in .gz), for when the
+    device waits: the gaps between its kernels, and what the host ran meanwhile."""
     with profile(activities=profiler_activities(device)) as recording:
         wall = time_step(model, batch, training, device, autocast_dtype)
+    if trace_path is not None:
+        recording.export_chrome_trace(str(trace_path))
     return summarise_events(recording.events(), device.type == "cuda", 1, wall * 1e6, batch.real_tokens)
 
 

@@ -37,7 +37,7 @@ from neobert.eval.throughput_report import (PROFILE_FAILED, markdown_table, prof
                                             write_csv, write_profile_csvs)
 from neobert.jobs.cli import one_line
 from neobert.layout import (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
-                            THROUGHPUT_PROFILE_NAMES_CSV)
+                            THROUGHPUT_PROFILE_NAMES_CSV, THROUGHPUT_TRACES_DIR)
 from neobert.model import NeoBERTConfig
 from neobert.model.config import HEAD_FIELDS, PRESETS, ModelFieldError
 
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
     """Measures, writes the reports and returns their paths ({"csv", "markdown", "plot"}, and with profile=true
-    "profile", "profile_names")."""
+    "profile", "profile_names" and the folder of the profiled steps' traces, "traces")."""
     rows: list[ThroughputRow] = []
     try:
         run_throughput(config, rows=rows)
@@ -68,6 +68,7 @@ def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path) -> dict
         paths["profile"], paths["profile_names"] = (output_dir / THROUGHPUT_PROFILE_CSV,
                                                     output_dir / THROUGHPUT_PROFILE_NAMES_CSV)
         write_profile_csvs(rows, paths["profile"], paths["profile_names"])
+        paths["traces"] = output_dir / THROUGHPUT_TRACES_DIR
         text += "\n" + profile_markdown(rows)
     paths["markdown"].write_text(text + "\n")
     paths["plot"] = plot_throughput(rows, output_dir / THROUGHPUT_PLOT)
@@ -235,8 +236,12 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     if config.profile:
                         to_profile.append((rows[-1], bench, batch))
         # After every timing: a profiler's kernel tracer may stay attached once it has run, and slow what follows
+        traces = Path(config.output_dir) / THROUGHPUT_TRACES_DIR
+        if to_profile:
+            traces.mkdir(parents=True, exist_ok=True)
         for row, bench, batch in to_profile:
-            _profile_row(row, bench, batch, training, device, autocast_dtype)
+            _profile_row(row, bench, batch, training, device, autocast_dtype,
+                         traces / f"{row.mode}_{row.layout}_{row.seq_len}_{row.model}.json.gz")
     return rows
 
 
@@ -265,11 +270,12 @@ def check_neobert_overrides(config: ThroughputConfig) -> None:
 
 
 def _profile_row(row: ThroughputRow, bench: BenchModel, batch: Batch, training: bool, device: torch.device,
-                 autocast_dtype: torch.dtype | None) -> None:
-    """Sets `row.profile` from one more step of its model; a failure, or a GPU recording without a kernel, is said in
-    its note and the log instead: a diagnosis must not cost the row its timing."""
+                 autocast_dtype: torch.dtype | None, trace_path: Path) -> None:
+    """Sets `row.profile` from one more step of its model, and writes the step's Chrome trace to `trace_path`; a
+    failure, or a GPU recording without a kernel, is said in its note and the log instead: a diagnosis must not cost
+    the row its timing."""
     try:
-        row.profile = profile_step(bench, batch, training, device, autocast_dtype)
+        row.profile = profile_step(bench, batch, training, device, autocast_dtype, trace_path)
         if device.type == "cuda" and not row.profile.total_us:
             row.profile, failure = None, f"{PROFILE_FAILED}: the recording holds no CUDA kernel"
     except Exception as err:  # noqa: BLE001 - reported in the row's note and the log

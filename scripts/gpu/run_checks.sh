@@ -112,7 +112,7 @@ say() { echo "=== $(date -u +%T) $*" | tee -a "$LOG"; }
 # throughput NAME SECONDS key=value...: one experiments.throughput run, profiled (once every row is timed, one more
 # step per row: where its time goes, by kind of kernel); its report (throughput.md: the tables, then the profile's)
 # logged, or where it did not finish the run's last lines (each row's tokens/s as it was timed); its CSV kept as
-# NAME.csv, its profile tables as NAME_profile.csv and NAME_profile_names.csv. Nothing of an earlier run of the step
+# NAME.csv, its profile tables as NAME_profile.csv and NAME_profile_names.csv, its rows' traces in NAME_traces/. Nothing of an earlier run of the step
 # on this machine is kept or reported.
 throughput() {
     local name=$1 seconds=$2
@@ -130,6 +130,8 @@ throughput() {
     cp "$SCRATCH"/"$name"/throughput.csv "$STAGE"/"$name".csv 2>/dev/null
     cp "$SCRATCH"/"$name"/throughput_profile.csv "$STAGE"/"$name"_profile.csv 2>/dev/null
     cp "$SCRATCH"/"$name"/throughput_profile_names.csv "$STAGE"/"$name"_profile_names.csv 2>/dev/null
+    # each profiled row's Chrome trace (gzip, a few hundred KB a row): where the device waited on the host
+    [ -d "$SCRATCH"/"$name"/throughput_traces ] && cp -r "$SCRATCH"/"$name"/throughput_traces "$STAGE"/"$name"_traces
 }
 # bench NAME SECONDS [ROWS=32768]: an A/B script of scripts/bench over ROWS rows, 20 alternations; its output kept
 # whole as NAME.log in checks.tgz (a compiler's error runs over many lines), its exit status and its table logged

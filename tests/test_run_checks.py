@@ -214,8 +214,9 @@ def test_each_test_step_selects_cuda_tests_in_files_that_exist(step, tmp_path):
 
 
 def test_a_throughput_steps_reports_profile_tables_and_traces_come_back_in_the_archive(tmp_path):
-    """What a throughput step packs into checks.tgz, from what the job writes in its run folder (the job stood in for
-    by a stub that writes those files): the CSV, the profile tables, the log and each profiled row's trace."""
+    """What a throughput step packs, from what the job writes in its run folder (the job stood in for by a stub that
+    writes those files): into checks.tgz the CSV, the profile tables and the log; into traces.tar each profiled row's
+    trace."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "timeout").write_text('#!/usr/bin/env bash\nshift\nexec "$@"\n')
@@ -238,4 +239,8 @@ echo "the job's log"
     with tarfile.open(tmp_path / "results" / "checks.tgz") as archive:
         names = {name.removeprefix("./") for name in archive.getnames()}
     assert {"throughput_inference.csv", "throughput_inference_profile.csv", "throughput_inference_profile_names.csv",
-            "throughput_inference.log", "throughput_inference_traces/inference_full_512_neobert.json.gz"} <= names
+            "throughput_inference.log"} <= names
+    # the traces in an archive of their own: should they pass a returned file's 16 MiB, they alone are lost
+    with tarfile.open(tmp_path / "results" / "traces.tar") as archive:
+        assert "throughput_inference/inference_full_512_neobert.json.gz" in {
+            name.removeprefix("./") for name in archive.getnames()}

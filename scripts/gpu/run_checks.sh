@@ -4,9 +4,11 @@
 # /tmp/site-packages when present), or scripts/gpu/prepare_fa4.sh's archive (unpacked there: PREPARED=.gpu_fa4).
 # RESULTS (default: $OUT, else runs/gpu_checks) gets these files, so that a device call brings all back (it returns
 # at most 8):
-# log.txt (every step's summary and report), tests.txt and tests_fa4.txt (the CUDA tests' whole output) and
-# checks.tgz (each gpu_check's report, JSON and profile tables, each throughput run's CSV, profile tables and log),
-# packed again after every step so that a call cut short still returns what finished.
+# log.txt (every step's summary and report), tests.txt and tests_fa4.txt (the CUDA tests' whole output),
+# checks.tgz (each gpu_check's report, JSON and profile tables, each throughput run's CSV, profile tables and log)
+# and traces.tar (each throughput run's Chrome traces, apart: a returned file holds 16 MiB at most, and should the
+# traces pass that, only they are lost), packed again after every step so that a call cut short still returns what
+# finished.
 #   bash scripts/gpu/run_checks.sh [PREPARED=.gpu] [RESULTS] [STEP ...]
 # STEPs, most wanted first (the default: all of them in this order; a device call runs 10 minutes at most, so name
 # the ones that fit):
@@ -82,6 +84,7 @@ RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
 STEPS=${*:-tests tests_fa4 norms mlp rope decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_as_is check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled compiled infer_compiled infer_graphs infer_quack_fa4 train_quack_fa4}
 STAGE=$(mktemp -d)
+TRACES=$(mktemp -d)
 # Named site-packages on purpose: QuACK tells library code from user code by '/site-packages/' in a function's file
 # (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
 # raised a TypeError (on the H200, 2026-11-26). RUN_CHECKS_SITE (a path ending in site-packages): a rehearsal's own
@@ -112,7 +115,8 @@ say() { echo "=== $(date -u +%T) $*" | tee -a "$LOG"; }
 # throughput NAME SECONDS key=value...: one experiments.throughput run, profiled (once every row is timed, one more
 # step per row: where its time goes, by kind of kernel); its report (throughput.md: the tables, then the profile's)
 # logged, or where it did not finish the run's last lines (each row's tokens/s as it was timed); its CSV kept as
-# NAME.csv, its profile tables as NAME_profile.csv and NAME_profile_names.csv, its rows' traces in NAME_traces/. Nothing of an earlier run of the step
+# NAME.csv, its profile tables as NAME_profile.csv and NAME_profile_names.csv, its rows' traces in traces.tar as
+# NAME/. Nothing of an earlier run of the step
 # on this machine is kept or reported.
 throughput() {
     local name=$1 seconds=$2
@@ -130,8 +134,8 @@ throughput() {
     cp "$SCRATCH"/"$name"/throughput.csv "$STAGE"/"$name".csv 2>/dev/null
     cp "$SCRATCH"/"$name"/throughput_profile.csv "$STAGE"/"$name"_profile.csv 2>/dev/null
     cp "$SCRATCH"/"$name"/throughput_profile_names.csv "$STAGE"/"$name"_profile_names.csv 2>/dev/null
-    # each profiled row's Chrome trace (gzip, a few hundred KB a row): where the device waited on the host
-    [ -d "$SCRATCH"/"$name"/throughput_traces ] && cp -r "$SCRATCH"/"$name"/throughput_traces "$STAGE"/"$name"_traces
+    # each profiled row's Chrome trace (gzip): where the device waited on the host
+    [ -d "$SCRATCH"/"$name"/throughput_traces ] && cp -r "$SCRATCH"/"$name"/throughput_traces "$TRACES"/"$name"
 }
 # bench NAME SECONDS [ROWS=32768]: an A/B script of scripts/bench over ROWS rows, 20 alternations; its output kept
 # whole as NAME.log in checks.tgz (a compiler's error runs over many lines), its exit status and its table logged
@@ -254,5 +258,8 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
     esac
     # written aside, then renamed: a call cut short during the packing still returns the last whole archive
     tar czf "$RESULTS"/checks.tgz.part -C "$STAGE" . && mv "$RESULTS"/checks.tgz.part "$RESULTS"/checks.tgz
+    if [ -n "$(ls -A "$TRACES")" ]; then  # the traces are gzip already: stored as they are
+        tar cf "$RESULTS"/traces.tar.part -C "$TRACES" . && mv "$RESULTS"/traces.tar.part "$RESULTS"/traces.tar
+    fi
 done
 say done

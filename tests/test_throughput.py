@@ -627,6 +627,10 @@ def test_a_model_past_its_recompile_limit_loses_its_rows_and_none_is_timed_eager
     assert count(config, ["neobert"] * 5, [128, 256, 512, 1024, 2048, 4096], list(range(11))) == 660
     config = ThroughputConfig(layouts=["full"])
     assert count(config, ["neobert", "modernbert-base-flex"], [512], [1, 2]) == 2 * (1 * 1 * 2 * 2 + 4)
+    # transformers' FA4 attention, compiled: a graph break, and a resumed frame per layer (ModernBERT's 22) a shape
+    assert count(config, ["neobert", "modernbert-base-fa4"], [1024], [16]) == 2
+    config = ThroughputConfig(layouts=["full"], compile=True)
+    assert count(config, ["neobert", "modernbert-base-fa4"], [1024, 2048], [16]) == 2 * (1 + 22)
 
 
 def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_start_a_step_per_call(monkeypatch, compiled):

@@ -113,6 +113,14 @@ def _hf_config(name: str):
     return ModernBertConfig()  # the defaults are ModernBERT-base: 22 x 768, 8,192 positions
 
 
+def compiled_graphs_per_shape(name: str) -> int:
+    """How many graphs of one code object a row compiles per shape under compile=true: 1, but for transformers'
+    FlashAttention 4 rows, whose attention function breaks the graph (CuTe DSL's DLTensorWrapper) and whose resumed
+    frame torch 2.11's Dynamo compiles once per layer (it guards `module.layer_idx`): ModernBERT with FA4 hit 9 graphs
+    at its first shape on the H100 (2026-11-26), and a CPU model of the break recompiled once per layer."""
+    return _hf_config(name).num_hidden_layers if WINDOWED_MODELS.get(name) == "flash_attention_4" else 1
+
+
 def _hf_max_length(name: str, config) -> int:
     # RoBERTa's positions start after the padding index: 514 embeddings hold 512 tokens.
     return config.max_position_embeddings - (2 if name == "roberta-base" else 0)

@@ -31,7 +31,7 @@ from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
 from neobert.eval.kernel_profile import trace_graphs_captured_from_now
 from neobert.eval.plots import plot_throughput
 from neobert.eval.throughput import (MATMUL_REFERENCE_SHAPE, Batch, BenchModel, MatmulReference, ModelUnavailable,
-                                     ThroughputRow, build_model, is_out_of_memory, make_batch, profile_step,
+                                     ThroughputRow, build_model, compiled_graphs_per_shape, is_out_of_memory, make_batch, profile_step,
                                      resolve_device, resolve_dtype, search_batch_size, time_step)
 from neobert.eval.throughput_report import (PROFILE_FAILED, markdown_table, profile_markdown, profile_was_asked,
                                             write_csv, write_profile_csvs)
@@ -88,13 +88,14 @@ def compiled_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Se
     per shape it runs (the searched sizes of every layout and length), and dynamo counts the graphs of one code
     object together: neobert and its neobert-<kernel> rows run the same forward. A FlexAttention row (FLEX_MODELS)
     compiles inside transformers even without compile=true: its block mask and its kernel, each twice a shape (the
-    full and the sliding-window mask), and again for grad mode. Automatic dynamic shapes are off: every shape gets
-    its own static graph, as compile=true's dynamic=False gives, not the dynamic graph dynamo would switch to at the
-    second shape (which row timed which depended on the search's order)."""
+    full and the sliding-window mask), and again for grad mode. A compiled FlashAttention 4 row of transformers
+    compiles its attention once per layer (compiled_graphs_per_shape). Automatic dynamic shapes are off: every shape
+    gets its own static graph, as compile=true's dynamic=False gives, not the dynamic graph dynamo would switch to at
+    the second shape (which row timed which depended on the search's order)."""
     flex = any(name in FLEX_MODELS for name in models)
     sizes = len(set(candidates)) if config.compile or flex else 1
     shapes = len(config.layouts) * len(lengths) * sizes * (2 if flex else 1) + (4 if flex else 0)
-    return shapes * len(models)
+    return shapes * sum(compiled_graphs_per_shape(name) if config.compile else 1 for name in models)
 
 
 def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = log.info,

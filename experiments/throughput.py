@@ -8,7 +8,8 @@
     python -m experiments.throughput --models neobert-flash_attn_4 neobert_overrides.kernels=quack compile=true
 
 Writes throughput.csv, throughput.md (Table 9 layout, ratios per length) and throughput.png (Figure 3); with
-profile=true, throughput_profile.csv and throughput_profile_names.csv (docs/ablations.md).
+profile=true, throughput_profile.csv, throughput_profile_names.csv and each profiled step's Chrome trace in
+throughput_traces/ (docs/ablations.md).
 """
 
 from __future__ import annotations

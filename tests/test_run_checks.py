@@ -234,13 +234,21 @@ echo "the job's log"
         stub.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUN_CHECKS_SCRATCH": str(tmp_path / "scratch"),
            "RUN_CHECKS_SITE": str(tmp_path / "site-packages"), "TMPDIR": str(tmp_path)}
-    subprocess.run(["bash", str(SCRIPT), str(tmp_path), str(tmp_path / "results"), "infer"], env=env, check=True,
-                   capture_output=True, timeout=60)
+    # a step named twice: its second run's files, not the first's beside them
+    subprocess.run(["bash", str(SCRIPT), str(tmp_path), str(tmp_path / "results"), "infer", "infer"], env=env,
+                   check=True, capture_output=True, timeout=60)
     with tarfile.open(tmp_path / "results" / "checks.tgz") as archive:
         names = {name.removeprefix("./") for name in archive.getnames()}
     assert {"throughput_inference.csv", "throughput_inference_profile.csv", "throughput_inference_profile_names.csv",
             "throughput_inference.log"} <= names
     # the traces in an archive of their own: should they pass a returned file's 16 MiB, they alone are lost
     with tarfile.open(tmp_path / "results" / "traces.tar") as archive:
-        assert "throughput_inference/inference_full_512_neobert.json.gz" in {
-            name.removeprefix("./") for name in archive.getnames()}
+        traces = {name.removeprefix("./") for name in archive.getnames() if name.endswith(".gz")}
+    assert traces == {"throughput_inference/inference_full_512_neobert.json.gz"}
+    # traces that would take the archive past its limit are left out, saying so: the archive returns whole
+    (tmp_path / "results").rename(tmp_path / "first results")
+    run = subprocess.run(["bash", str(SCRIPT), str(tmp_path), str(tmp_path / "results"), "infer"],
+                         env={**env, "RUN_CHECKS_TRACES_LIMIT": "3"}, check=True, capture_output=True, text=True,
+                         timeout=60)
+    assert "throughput_inference: its traces left out of traces.tar" in run.stdout
+    assert not (tmp_path / "results" / "traces.tar").exists() and (tmp_path / "results" / "checks.tgz").exists()

@@ -178,6 +178,8 @@ def test_profile_true_reports_where_each_rows_step_went_per_tflop_of_its_model(t
     from experiments.throughput import main
 
     out = tmp_path / "bench"
+    (out / "throughput_traces").mkdir(parents=True)
+    (out / "throughput_traces" / "training_full_16_roberta-base.json.gz").write_bytes(b"")  # an earlier run's
     paths = main(["--models", "neobert,bert-base", "--lengths", "16", "--output-dir", str(out), "neobert_preset=tiny",
                   "batch_sizes=[2]", "repeats=1", "matmul_calls=2", "device=cpu", "profile=true"])
     timed = {r["model"]: r for r in csv.DictReader(open(paths["csv"]))}
@@ -838,3 +840,17 @@ def test_a_published_bf16_peak_is_no_mfu_denominator_for_float32_and_a_given_pea
     assert fp32.peak_source.startswith("measured matmul") and fp32.peak_flops != 1e15
     [given] = job.run_throughput(ThroughputConfig(dtype="float32", peak_flops=2e12, **base))
     assert (given.peak_source, given.peak_flops) == ("given (peak_flops)", 2e12)
+
+
+def test_a_trace_that_cannot_be_written_costs_the_profile_nothing(monkeypatch, tmp_path, caplog):
+    """The trace is a help to the profile's figures, which stand without it (a full disk, an exporter's error)."""
+    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
+    batch = tp.make_batch(2, 8, "full", bench.vocab_size, bench.pad_token_id, torch.device("cpu"))
+
+    def fails(self, path, *args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", fails)
+    summary = tp.profile_step(bench, batch, False, torch.device("cpu"), trace_path=tmp_path / "step.json.gz")
+    assert summary.tokens == 16 and summary.total_us > 0
+    assert "trace was not written" in caplog.text and not (tmp_path / "step.json.gz").exists()

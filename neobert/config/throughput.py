@@ -72,7 +72,8 @@ class ThroughputConfig:
     compile_mode: str = "default"
     # One more step of every timed row under torch.profiler, once every row is timed: its kernels' (GPU) or operators'
     # (CPU) self time by kind (matmul, attention, norm, elementwise, ...) per TFLOP of the model's work, so that two
-    # models' categories compare; throughput_profile.csv, throughput_profile_names.csv and throughput.md
+    # models' categories compare; throughput_profile.csv, throughput_profile_names.csv, throughput.md, and each step's
+    # Chrome trace in throughput_traces/
     profile: bool = False
     threads: int = 0  # torch CPU threads; 0 = leave as is
     seed: int = 0

@@ -19,6 +19,7 @@ is `neobert.jobs.throughput.run_throughput`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ from neobert.model.attention import attention_kernel_missing_reason, chosen_pack
 from neobert.model.kernels import liger_missing_reason, quack_missing_reason, quack_takes
 
 OFFICIAL_HUB_NAME = "chandar-lab/NeoBERT"
+
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -368,9 +371,13 @@ def profile_step(model: BenchModel, batch: Batch, training: bool, device: torch.
     device waits: the gaps between its kernels, and what the host ran meanwhile."""
     with profile(activities=profiler_activities(device)) as recording:
         wall = time_step(model, batch, training, device, autocast_dtype)
+    summary = summarise_events(recording.events(), device.type == "cuda", 1, wall * 1e6, batch.real_tokens)
     if trace_path is not None:
-        recording.export_chrome_trace(str(trace_path))
-    return summarise_events(recording.events(), device.type == "cuda", 1, wall * 1e6, batch.real_tokens)
+        try:
+            recording.export_chrome_trace(str(trace_path))
+        except Exception as err:  # noqa: BLE001 - the trace is a help to the summary, whose figures stand without it
+            log.warning("the profiled step's trace was not written to %s: %s", trace_path, err)
+    return summary
 
 
 # The reference matmul of a CPU's rate: the shape of a 768-wide encoder's FFN input projection on 4,096 tokens.

@@ -12,12 +12,14 @@ The run (`run_throughput`), with the measurement's pieces from `neobert.eval.thr
 * a model that cannot be built or run at a (layout, length) is a row with its reason in `note`; a measured NeoBERT
   row's note names the attention kernel that ran (`neobert` with the auto choice, `neobert-<kernel>` with that one);
 * with `profile`, every timed row runs one more step under torch.profiler once every row is timed: where its time
-  goes by kind of kernel, in throughput_profile.csv, throughput_profile_names.csv and throughput.md.
+  goes by kind of kernel, in throughput_profile.csv, throughput_profile_names.csv and throughput.md, and each
+  step's Chrome trace in throughput_traces/.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import statistics
 from pathlib import Path
 from typing import Callable, Sequence
@@ -31,8 +33,9 @@ from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
 from neobert.eval.kernel_profile import trace_graphs_captured_from_now
 from neobert.eval.plots import plot_throughput
 from neobert.eval.throughput import (MATMUL_REFERENCE_SHAPE, Batch, BenchModel, MatmulReference, ModelUnavailable,
-                                     ThroughputRow, build_model, compiled_graphs_per_shape, is_out_of_memory, make_batch, profile_step,
-                                     resolve_device, resolve_dtype, search_batch_size, time_step)
+                                     ThroughputRow, build_model, compiled_graphs_per_shape, is_out_of_memory,
+                                     make_batch, profile_step, resolve_device, resolve_dtype, search_batch_size,
+                                     time_step)
 from neobert.eval.throughput_report import (PROFILE_FAILED, markdown_table, profile_markdown, profile_was_asked,
                                             write_csv, write_profile_csvs)
 from neobert.jobs.cli import one_line
@@ -238,8 +241,10 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                         to_profile.append((rows[-1], bench, batch))
         # After every timing: a profiler's kernel tracer may stay attached once it has run, and slow what follows
         traces = Path(config.output_dir) / THROUGHPUT_TRACES_DIR
+        if config.profile:  # an earlier run's traces in the same output_dir are not this run's
+            shutil.rmtree(traces, ignore_errors=True)
         if to_profile:
-            traces.mkdir(parents=True, exist_ok=True)
+            traces.mkdir(parents=True)
         for row, bench, batch in to_profile:
             _profile_row(row, bench, batch, training, device, autocast_dtype,
                          traces / f"{row.mode}_{row.layout}_{row.seq_len}_{row.model}.json.gz")

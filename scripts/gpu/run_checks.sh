@@ -85,6 +85,7 @@ shift $(( $# < 2 ? $# : 2 ))
 STEPS=${*:-tests tests_fa4 norms mlp rope decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_as_is check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled compiled infer_compiled infer_graphs infer_quack_fa4 train_quack_fa4}
 STAGE=$(mktemp -d)
 TRACES=$(mktemp -d)
+TRACES_LIMIT=${RUN_CHECKS_TRACES_LIMIT:-15000000}  # bytes: a device call returns a file of 16 MiB at most
 # Named site-packages on purpose: QuACK tells library code from user code by '/site-packages/' in a function's file
 # (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
 # raised a TypeError (on the H200, 2026-11-26). RUN_CHECKS_SITE (a path ending in site-packages): a rehearsal's own
@@ -134,8 +135,17 @@ throughput() {
     cp "$SCRATCH"/"$name"/throughput.csv "$STAGE"/"$name".csv 2>/dev/null
     cp "$SCRATCH"/"$name"/throughput_profile.csv "$STAGE"/"$name"_profile.csv 2>/dev/null
     cp "$SCRATCH"/"$name"/throughput_profile_names.csv "$STAGE"/"$name"_profile_names.csv 2>/dev/null
-    # each profiled row's Chrome trace (gzip): where the device waited on the host
-    [ -d "$SCRATCH"/"$name"/throughput_traces ] && cp -r "$SCRATCH"/"$name"/throughput_traces "$TRACES"/"$name"
+    # each profiled row's Chrome trace (gzip): where the device waited on the host. Left out where they would take
+    # traces.tar past TRACES_LIMIT bytes: the archive returns whole or not at all
+    rm -rf "${TRACES:?}"/"$name"
+    if [ -d "$SCRATCH"/"$name"/throughput_traces ]; then
+        cp -r "$SCRATCH"/"$name"/throughput_traces "$TRACES"/"$name"
+        if [ "$(du -sb "$TRACES" | cut -f1)" -gt "$TRACES_LIMIT" ]; then
+            rm -rf "${TRACES:?}"/"$name"
+            echo "$name: its traces left out of traces.tar (past $TRACES_LIMIT bytes with the earlier steps')" \
+                | tee -a "$LOG"
+        fi
+    fi
 }
 # bench NAME SECONDS [ROWS=32768]: an A/B script of scripts/bench over ROWS rows, 20 alternations; its output kept
 # whole as NAME.log in checks.tgz (a compiler's error runs over many lines), its exit status and its table logged

@@ -635,6 +635,23 @@ def test_a_model_past_its_recompile_limit_loses_its_rows_and_none_is_timed_eager
     assert count(config, ["neobert", "modernbert-base-fa4"], [1024, 2048], [16]) == 2 * (1 + 22)
 
 
+def test_eager_models_stay_eager_beside_the_compiled_rows_and_say_so(compiled):
+    """compile=true with eager_models: those rows are a reference at their best in the same run (bert-base compiled
+    ran 0.39x its eager speed on the H100), the others compiled; each row's note says which."""
+    _, calls = compiled
+    config = ThroughputConfig(models=["neobert", "bert-base"], eager_models=["bert-base"], neobert_preset="tiny",
+                              lengths=[16], batch_sizes=[2], repeats=1, warmup=1, compile=True, device="cpu",
+                              matmul_calls=1)
+    rows = {row.model: row for row in job.run_throughput(config)}
+    assert len(calls) == 1  # neobert's
+    assert rows["bert-base"].tokens_per_s > 0 and rows["bert-base"].note.endswith("; eager (eager_models)")
+    assert rows["neobert"].tokens_per_s > 0 and "eager" not in rows["neobert"].note
+    with pytest.raises(ConfigError, match="'eager_models'.*set compile=true too"):
+        ThroughputConfig(models=["neobert", "bert-base"], eager_models=["bert-base"]).validate()
+    with pytest.raises(ConfigError, match=r"'eager_models'.*\['roberta-base'\] not in models"):
+        ThroughputConfig(models=["neobert"], eager_models=["roberta-base"], compile=True).validate()
+
+
 def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_start_a_step_per_call(monkeypatch, compiled):
     """compile_mode=reduce-overhead compiles with that mode, and each timed call begins a new step of the CUDA graphs
     (on CPU Inductor records none, so this runs here); a mode without compile=true, or an unknown one, is refused."""

@@ -67,6 +67,9 @@ class ThroughputConfig:
     peak_flops: Optional[float] = None
     matmul_calls: int = 20  # timed matmuls of that reference after every repetition of the models (the median of all)
     compile: bool = False  # torch.compile every model first (compilation is not timed)
+    # With compile=true, the rows that stay eager: a reference at its best, side by side with compiled rows in one
+    # run. bert-base compiled ran 0.39x its eager speed on the H100 (Inductor lowers its masked SDPA to float32 GEMMs)
+    eager_models: List[str] = field(default_factory=list)
     # torch.compile's mode (model.compile_mode's choices): reduce-overhead replays each shape's CUDA graphs (no launch
     # per kernel); max-autotune-no-cudagraphs searches matmul tiles (minutes per shape); both compilation, not timed
     compile_mode: str = "default"
@@ -98,6 +101,10 @@ class ThroughputConfig:
         require(self.compile or self.compile_mode == "default", "compile_mode",
                 f"{self.compile_mode!r} is a mode of torch.compile: set compile=true too")
         require(self.warmup >= 0, "warmup", f"must be 0 or more untimed steps, got {self.warmup}")
+        strays = [name for name in self.eager_models if name not in self.models]
+        require(not strays, "eager_models", f"{strays} not in models {list(self.models)}")
+        require(self.compile or not self.eager_models, "eager_models",
+                "names the rows that stay eager when the others are compiled: set compile=true too")
         if self.compile:  # a shape compiles at its first step; reduce-overhead records its CUDA graphs at the next
             untimed = 2 if self.compile_mode in CUDA_GRAPH_MODES else 1
             require(self.warmup >= untimed, "warmup", f"compile=true with compile_mode={self.compile_mode} needs "

@@ -156,17 +156,21 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
 
     torch.manual_seed(config.seed)
     for name in config.models:
+        compiled = config.compile and name not in config.eager_models
         try:
             models[name] = build_model(name, device, weights_dtype, config.neobert_preset, config.official_code_dir,
                                        compute_dtype=autocast_dtype or weights_dtype, training=training,
-                                       neobert_overrides=config.neobert_overrides, compiled=config.compile)
+                                       neobert_overrides=config.neobert_overrides, compiled=compiled)
         except ModelUnavailable as err:
             progress(f"{name}: not available: {err}")
             for layout in config.layouts:
                 for length in lengths:
                     unavailable(name, layout, length, f"not available: {err}")
             continue
-        if config.compile:
+        if config.compile and not compiled:  # a reference kept at its best beside the compiled rows
+            models[name].attention = {layout: f"{note}; eager (eager_models)"
+                                      for layout, note in models[name].attention.items()}
+        if compiled:
             # One static graph per batch shape, what a deployment of fixed shapes runs. Left to itself, dynamo makes
             # the graph dynamic at the search's second batch size (automatic dynamic shapes), so the timed graph
             # depended on how many sizes the search had tried.

@@ -68,7 +68,9 @@
 #                    too)                                                                                ~3.5 min
 #   infer_flex_compiled  infer_flex's lengths compiled: neobert (SDPA), with FA4, and ModernBERT with FA4's window
 #                    (Figure 3 with both compiled; needs FA4 unpacked)                                  ~3.5 min
-#   compiled         throughput training compiled: neobert, neobert-quack where unpacked, bert-base      ~2 min
+#   compiled         throughput training compiled: neobert, neobert-quack where unpacked, against bert-base
+#                    eager (eager_models: compiled, Inductor lowered its masked SDPA to float32 GEMMs on the
+#                    H100, 0.39x its eager speed; so in every compiled step below)                     ~2 min
 #   infer_compiled   throughput inference compiled at 512: neobert, with FA4 and with QuACK's MLP where unpacked,
 #                    bert-base (the per-FLOP target)                                                     ~2 min
 #   infer_graphs     the same with compile_mode=reduce-overhead (CUDA graphs: no launch per kernel)       ~2 min
@@ -250,16 +252,16 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                                  'batch_sizes=[16]' search_top=1 repeats=3 compile=true ;;
         compiled) throughput throughput_compiled 130 mode=training 'lengths=[512]' \
                       'models=[neobert,neobert-quack,bert-base]' \
-                      'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
+                      'batch_sizes=[64]' search_top=1 repeats=5 compile=true 'eager_models=[bert-base]' ;;
         infer_compiled) throughput throughput_inference_compiled 150 mode=inference 'lengths=[512]' \
                             'models=[neobert,neobert-flash_attn_4,neobert-quack,bert-base]' 'batch_sizes=[64]' \
-                            search_top=1 repeats=5 compile=true ;;
+                            search_top=1 repeats=5 compile=true 'eager_models=[bert-base]' ;;
         infer_graphs) throughput throughput_inference_graphs 180 mode=inference 'lengths=[512]' \
                           'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
-                          compile=true compile_mode=reduce-overhead warmup=2 ;;
+                          compile=true compile_mode=reduce-overhead warmup=2 'eager_models=[bert-base]' ;;
         infer_quack_fa4) throughput throughput_inference_quack_fa4 180 mode=inference 'lengths=[512]' \
                              'models=[neobert,neobert-quack,bert-base]' neobert_overrides.attention_kernel=flash_attn_4 \
-                             'batch_sizes=[64]' search_top=1 repeats=5 compile=true ;;
+                             'batch_sizes=[64]' search_top=1 repeats=5 compile=true 'eager_models=[bert-base]' ;;
         train_quack_fa4) throughput throughput_training_quack_fa4 330 mode=training 'lengths=[1024]' \
                              'layouts=[full,unpadded]' 'models=[neobert,neobert-quack]' \
                              neobert_overrides.attention_kernel=flash_attn_4 'batch_sizes=[32]' search_top=1 repeats=5 \

@@ -261,7 +261,8 @@ def test_speed_only_measures_the_ceilings_and_the_recipes_loop_and_skips_the_res
     measured; the plain loop, the resume and the export are reported as skipped and never run."""
     # profiled, with two micro-batches a step: the loop's recording spans both micro-batches of its one step
     assert run_cli(main, tiny_check(tmp_path, "trainer.strategy=ddp", "speed_only=true", "profile=true",
-                                    "profile_steps=1", "trainer.accumulate_grad_batches=2")) == 0
+                                    "profile_steps=1", "trainer.accumulate_grad_batches=2",
+                                    "model.overrides.decoder_pad_multiple=8")) == 0
     markdown, summary = report(tmp_path)
     assert summary["loop_profile"]["steps"] == 1 and 4 * 32 < summary["loop_profile"]["tokens"] <= 2 * 4 * 32
     assert summary["loop_profile"]["self_ms"]["optimizer"] > 0 and summary["timed_from"] == 3
@@ -273,6 +274,8 @@ def test_speed_only_measures_the_ceilings_and_the_recipes_loop_and_skips_the_res
     assert not (tmp_path / "check" / GPU_CHECK_PLAIN_RUN).exists() and summary["passed"]
     # a variant's report says what it was: the loop only, and the recipe's overrides
     assert "the recipe's loop only (speed_only=true)" in markdown and "trainer.strategy=ddp" in markdown
+    assert "the model's, as run (the recipe's file and these): decoder_pad_multiple=8" in markdown
+    assert summary["model_overrides"]["decoder_pad_multiple"] == 8
 
 
 @pytest.mark.parametrize("strategy, precision, device, expected", [

@@ -269,6 +269,7 @@ def write_reports(result: GpuCheckResult, plan: Plan) -> dict[str, Path]:
     paths = {"markdown": plan.output_dir / GPU_CHECK_MD, "json": plan.output_dir / GPU_CHECK_JSON}
     write_atomically(paths["markdown"], [markdown_report(result, plan)])
     summary = {"device": result.device, "recipe": result.recipe, "overrides": plan.config.overrides,
+               "model_overrides": dict(plan.recipe.model.overrides),
                "steps": plan.config.steps, "warmup_steps": plan.config.warmup_steps,
                "timed_from": plan.config.timed_from,
                "resume_steps": plan.config.resume_steps, "micro_batch_size": plan.recipe.trainer.micro_batch_size,
@@ -285,6 +286,13 @@ def write_reports(result: GpuCheckResult, plan: Plan) -> dict[str, Path]:
     return paths
 
 
+def model_overrides_text(recipe) -> str:
+    """The model's overrides the run resolved, from the recipe's file as well as the command line: the machine's
+    choices (kernels, attention kernel, the decoder's padding) change the speed, and a recipe's file may set them
+    (configs/neobert.yaml pads the decoder since 2026-11-26; the H200's checks ran it as is)."""
+    return " ".join(f"{key}={value}" for key, value in sorted(recipe.model.overrides.items())) or "none"
+
+
 def markdown_report(result: GpuCheckResult, plan: Plan) -> str:
     config, recipe = plan.config, plan.recipe
     targets = config.targets
@@ -296,6 +304,7 @@ def markdown_report(result: GpuCheckResult, plan: Plan) -> str:
              + (f", {config.profile_steps} profiled and the profiler's stop" if config.profile else "") + "), "
              + ("the recipe's loop only (speed_only=true)" if config.speed_only else f"resume +{config.resume_steps}")
              + f". Recipe overrides: {' '.join(config.overrides) or 'none'}"
+             + f"; the model's, as run (the recipe's file and these): {model_overrides_text(recipe)}"
              + (f"; left out, so that the loops run the ceiling's micro-batch and masking rate "
                 f"({recipe.masking.rate:g}): {'; '.join(plan.left_out)}" if plan.left_out else "")
              + f". Targets: loop/ceiling >= "

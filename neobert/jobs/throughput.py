@@ -248,7 +248,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         if config.profile:  # an earlier run's traces in the same output_dir are not this run's
             shutil.rmtree(traces, ignore_errors=True)
         if to_profile:
-            traces.mkdir(parents=True)
+            traces.mkdir(parents=True, exist_ok=True)  # (what rmtree could not remove: not worth the run)
         for row, bench, batch in to_profile:
             _profile_row(row, bench, batch, training, device, autocast_dtype,
                          traces / f"{row.mode}_{row.layout}_{row.seq_len}_{row.model}.json.gz")

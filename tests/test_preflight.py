@@ -356,6 +356,43 @@ def test_the_model_states_follow_the_weights_dtype_and_count_the_ema(overrides, 
     assert ("EMA of the weights (trainer.ema, float32): " in text) == ("trainer.ema.decay=0.999" in overrides)
 
 
+@pytest.mark.parametrize("precision, width", [("bf16-mixed", 4), ("bf16-true", 2)])
+def test_muons_states_are_counted_as_the_optimizer_keeps_them(precision, width):
+    """Muon keeps one momentum on the hidden matrices and AdamW two moments on the rest: counted so, and equal to
+    what the real optimizer holds after a step (on the tiny model here), not Adam's two everywhere."""
+    from neobert.config.pretrain import OptimizerConfig
+    from neobert.data.tokenizer import load_tokenizer
+    from neobert.jobs.preflight import Preflight, config_activation_bytes, memory_section
+    from neobert.jobs.pretrain import build_model_config
+    from neobert.lit.optim import build_muon, muon_split
+    from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
+
+    config = load_config(PretrainConfig, "neobert", [*EIGHT_GPUS, "trainer.strategy=ddp",
+                                                     f"trainer.precision={precision}", "optimizer.name=muon"])
+    model_config = build_model_config(config, load_tokenizer(config.data.tokenizer))
+    with torch.device("meta"):
+        model = NeoBERTForMaskedLM(model_config)
+    parameters = sum(p.numel() for p in model.parameters())
+    hidden = sum(p.numel() for p in muon_split(model)[0].values())
+    assert 0.5 * parameters < hidden < parameters  # qkv, wo, w12, w3 of the 28 blocks; not embeddings or decoder
+    report = Preflight()
+    total = memory_section(report, config, model, parameters, "NVIDIA H100 80GB HBM3")
+    states = width * (2 * parameters + 2 * (parameters - hidden) + hidden)
+    assert total == pytest.approx(states + config_activation_bytes(config, model_config))
+    assert f"Muon's momentum on the {hidden / 1e6:.1f}M parameters of the hidden matrices" in report.text()
+    # the formula against the optimizer itself: its states after one step, beside the weights and gradients
+    tiny = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
+    optimizer = build_muon(tiny, OptimizerConfig(name="muon"))
+    for param in tiny.parameters():
+        param.grad = torch.randn_like(param)
+    optimizer.step()
+    kept = sum(t.numel() for state in optimizer.state.values() for t in state.values()
+               if isinstance(t, torch.Tensor) and t.dim() > 0)  # not AdamW's step counters
+    tiny_parameters = sum(p.numel() for p in tiny.parameters())
+    tiny_hidden = sum(p.numel() for p in muon_split(tiny)[0].values())
+    assert kept == 2 * (tiny_parameters - tiny_hidden) + tiny_hidden
+
+
 def test_deepspeed_stage_1_says_which_estimator_it_takes():
     pytest.importorskip("deepspeed")
     text = preflight_report(load_config(PretrainConfig, "neobert", [*EIGHT_GPUS,

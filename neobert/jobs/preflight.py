@@ -33,6 +33,7 @@ from neobert.eval.flops import flops_per_token, matmul_params, peak_flops_of
 from neobert.hub import hub_reachable
 from neobert.jobs.phases import plan_phases
 from neobert.jobs.pretrain import build_model_config
+from neobert.lit.optim import muon_split
 from neobert.lit.strategies import is_deepspeed, loop_dtypes
 from neobert.lit.trainer import build_strategy
 from neobert.model import NeoBERTForMaskedLM
@@ -376,13 +377,19 @@ def memory_section(report: Preflight, config: PretrainConfig, model, parameters:
                    f"gathered bf16 blocks): {gpu_bytes / GiB:.2f} GiB")
     else:  # weights, gradients and Adam's two moments in the weights' dtype (*-true: 16-bit; *-mixed: float32)
         width = loop_dtypes(trainer.strategy, resolve_precision_on_gpu(config))[0].itemsize
-        # torch-optimi's StableAdamW keeps a Kahan compensation of 16-bit weights (its kahan_sum default); Muon's one
-        # momentum on the hidden matrices is counted as Adam's two (an upper bound)
+        # torch-optimi's StableAdamW keeps a Kahan compensation of 16-bit weights (its kahan_sum default)
         kahan = config.optimizer.name == "stable_adamw" and width == 2
-        gpu_bytes = (4 + kahan) * width * parameters
-        report.add(f"- model states (replicated: {'fp32' if width == 4 else '16-bit'} weights, gradients, Adam moments"
-                   f"{', Kahan compensation' if kahan else ''} = {(4 + kahan) * width} bytes/parameter): "
-                   f"{gpu_bytes / GiB:.2f} GiB")
+        if config.optimizer.name == "muon":  # one momentum on the hidden matrices (muon_split), AdamW's two elsewhere
+            hidden = sum(p.numel() for p in muon_split(model)[0].values())
+            gpu_bytes = width * (2 * parameters + 2 * (parameters - hidden) + hidden)
+            report.add(f"- model states (replicated: {'fp32' if width == 4 else '16-bit'} weights, gradients, "
+                       f"Muon's momentum on the {hidden / 1e6:.1f}M parameters of the hidden matrices, AdamW's two "
+                       f"moments on the other {(parameters - hidden) / 1e6:.1f}M): {gpu_bytes / GiB:.2f} GiB")
+        else:
+            gpu_bytes = (4 + kahan) * width * parameters
+            report.add(f"- model states (replicated: {'fp32' if width == 4 else '16-bit'} weights, gradients, Adam "
+                       f"moments{', Kahan compensation' if kahan else ''} = {(4 + kahan) * width} bytes/parameter): "
+                       f"{gpu_bytes / GiB:.2f} GiB")
     if trainer.ema.decay:  # neobert.lit.ema: a float32 copy of the weights on every GPU
         report.add(f"- EMA of the weights (trainer.ema, float32): {4 * parameters / GiB:.2f} GiB")
         gpu_bytes += 4 * parameters

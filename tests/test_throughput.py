@@ -650,6 +650,12 @@ def test_eager_models_stay_eager_beside_the_compiled_rows_and_say_so(compiled):
         ThroughputConfig(models=["neobert", "bert-base"], eager_models=["bert-base"]).validate()
     with pytest.raises(ConfigError, match=r"'eager_models'.*\['roberta-base'\] not in models"):
         ThroughputConfig(models=["neobert"], eager_models=["roberta-base"], compile=True).validate()
+    with pytest.raises(ConfigError, match="'eager_models'.*names every model"):
+        ThroughputConfig(models=["bert-base"], eager_models=["bert-base"], compile=True).validate()
+    # an eager row compiles nothing of its own: not counted as a compiled FA4 row of transformers
+    config = ThroughputConfig(models=["neobert", "modernbert-base-fa4"], eager_models=["modernbert-base-fa4"],
+                              layouts=["full"], compile=True)
+    assert job.compiled_graphs(config, config.models, [1024], [16]) == 2
 
 
 def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_start_a_step_per_call(monkeypatch, compiled):

@@ -105,6 +105,8 @@ class ThroughputConfig:
         require(not strays, "eager_models", f"{strays} not in models {list(self.models)}")
         require(self.compile or not self.eager_models, "eager_models",
                 "names the rows that stay eager when the others are compiled: set compile=true too")
+        require(not self.compile or set(self.models) - set(self.eager_models), "eager_models",
+                "names every model, so compile=true compiles none: leave one out, or set compile=false")
         if self.compile:  # a shape compiles at its first step; reduce-overhead records its CUDA graphs at the next
             untimed = 2 if self.compile_mode in CUDA_GRAPH_MODES else 1
             require(self.warmup >= untimed, "warmup", f"compile=true with compile_mode={self.compile_mode} needs "

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from neobert.config.pretrain import CUDA_GRAPH_MODES
-from neobert.config.throughput import FLEX_MODELS, ThroughputConfig
+from neobert.config.throughput import FLEX_MODELS, LAYOUTS, ThroughputConfig
 from neobert.errors import ConfigError
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
 from neobert.eval.kernel_profile import trace_graphs_captured_from_now
@@ -98,7 +98,8 @@ def compiled_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Se
     flex = any(name in FLEX_MODELS for name in models)
     sizes = len(set(candidates)) if config.compile or flex else 1
     shapes = len(config.layouts) * len(lengths) * sizes * (2 if flex else 1) + (4 if flex else 0)
-    return shapes * sum(compiled_graphs_per_shape(name) if config.compile else 1 for name in models)
+    compiled = [name for name in models if config.compile and name not in config.eager_models]
+    return shapes * sum(compiled_graphs_per_shape(name) if name in compiled else 1 for name in models)
 
 
 def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = log.info,
@@ -168,8 +169,9 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     unavailable(name, layout, length, f"not available: {err}")
             continue
         if config.compile and not compiled:  # a reference kept at its best beside the compiled rows
-            models[name].attention = {layout: f"{note}; eager (eager_models)"
-                                      for layout, note in models[name].attention.items()}
+            notes = models[name].attention
+            models[name].attention = {layout: "; ".join(filter(None, (notes.get(layout), "eager (eager_models)")))
+                                      for layout in LAYOUTS}
         if compiled:
             # One static graph per batch shape, what a deployment of fixed shapes runs. Left to itself, dynamo makes
             # the graph dynamic at the search's second batch size (automatic dynamic shapes), so the timed graph

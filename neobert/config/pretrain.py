@@ -25,6 +25,13 @@ PACKING_BOOLEANS = {"true": "greedy", "false": "none"}
 STATIC_SHAPES = ("auto", "true", "false")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that record CUDA graphs
+
+
+def compile_warmup_steps(compile_mode: str) -> int:
+    """The untimed steps of a batch shape a compiled model needs before it is timed: a shape compiles at its first
+    step, and a CUDA graph mode records its graphs at the next."""
+    return 2 if compile_mode in CUDA_GRAPH_MODES else 1
+
 # What torch.compile compiles (NeoBERTPreTrained.compile's scope): the whole forward, or each encoder block on its own
 COMPILE_SCOPES = ("model", "blocks")
 

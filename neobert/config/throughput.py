@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from neobert.config.loader import require
-from neobert.config.pretrain import COMPILE_MODES, CUDA_GRAPH_MODES
+from neobert.config.pretrain import COMPILE_MODES, compile_warmup_steps
 
 # neobert-liger: our encoder with NeoBERTConfig.kernels="liger" (CUDA with liger-kernel installed; else a row saying why)
 DEFAULT_MODELS = ("neobert", "neobert-liger", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
@@ -82,6 +82,10 @@ class ThroughputConfig:
     seed: int = 0
     output_dir: str = "runs/throughput"
 
+    def compiles(self, model: str) -> bool:
+        """Whether this run compiles the row of `model` (compile=true, and not one of eager_models)."""
+        return self.compile and model not in self.eager_models
+
     def validate(self) -> None:
         unknown = sorted(set(self.models) - set(MODEL_NAMES))
         require(not unknown, "models", f"unknown {unknown}; known: {list(MODEL_NAMES)}")
@@ -105,9 +109,9 @@ class ThroughputConfig:
         require(not strays, "eager_models", f"{strays} not in models {list(self.models)}")
         require(self.compile or not self.eager_models, "eager_models",
                 "names the rows that stay eager when the others are compiled: set compile=true too")
-        require(not self.compile or set(self.models) - set(self.eager_models), "eager_models",
+        require(not self.compile or any(map(self.compiles, self.models)), "eager_models",
                 "names every model, so compile=true compiles none: leave one out, or set compile=false")
-        if self.compile:  # a shape compiles at its first step; reduce-overhead records its CUDA graphs at the next
-            untimed = 2 if self.compile_mode in CUDA_GRAPH_MODES else 1
+        if self.compile:
+            untimed = compile_warmup_steps(self.compile_mode)
             require(self.warmup >= untimed, "warmup", f"compile=true with compile_mode={self.compile_mode} needs "
                     f"{untimed} untimed step(s) of each batch, or compilation is timed; got {self.warmup}")

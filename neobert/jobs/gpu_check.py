@@ -49,7 +49,7 @@ import torch
 
 from neobert.config import ConfigError
 from neobert.config.gpu_check import GpuCheckConfig
-from neobert.config.pretrain import CUDA_GRAPH_MODES, BatchSizeWarmupConfig, PretrainConfig
+from neobert.config.pretrain import CUDA_GRAPH_MODES, BatchSizeWarmupConfig, PretrainConfig, compile_warmup_steps
 from neobert.eval.kernel_profile import CATEGORIES, KernelProfile, trace_graphs_captured_from_now
 from neobert.jobs.gpu_check_stages import (BELOW_TARGET, CEILING, ENCODER, EXPORT, FAILED, OK, PLAIN_LOOP, PROFILE,
                                            RECIPE_LOOP, RESUME, SKIPPED,
@@ -149,8 +149,8 @@ def make_plan(config: GpuCheckConfig) -> Plan:
         raise ConfigError("invalid config key 'trainer.profiler': profile=true records the loop with torch.profiler "
                           "already; drop trainer.profiler=pytorch, or profile=true")
     check_log_interval(config, recipe)
-    if recipe.model.compile:  # a shape compiles at its first step; CUDA graphs are recorded at the next
-        untimed = 2 if recipe.model.compile_mode in CUDA_GRAPH_MODES else 1
+    if recipe.model.compile:
+        untimed = compile_warmup_steps(recipe.model.compile_mode)
         if config.ceiling_warmup < untimed:
             raise ConfigError(f"invalid config key 'ceiling_warmup': model.compile=true with compile_mode="
                               f"{recipe.model.compile_mode} needs {untimed} untimed step(s), or compilation is timed; "

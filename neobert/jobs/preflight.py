@@ -379,15 +379,16 @@ def memory_section(report: Preflight, config: PretrainConfig, model, parameters:
         width = loop_dtypes(trainer.strategy, resolve_precision_on_gpu(config))[0].itemsize
         # torch-optimi's StableAdamW keeps a Kahan compensation of 16-bit weights (its kahan_sum default)
         kahan = config.optimizer.name == "stable_adamw" and width == 2
+        weights = "fp32" if width == 4 else "16-bit"
         if config.optimizer.name == "muon":  # one momentum on the hidden matrices (muon_split), AdamW's two elsewhere
             hidden = sum(p.numel() for p in muon_split(model)[0].values())
             gpu_bytes = width * (2 * parameters + 2 * (parameters - hidden) + hidden)
-            report.add(f"- model states (replicated: {'fp32' if width == 4 else '16-bit'} weights, gradients, "
+            report.add(f"- model states (replicated: {weights} weights, gradients, "
                        f"Muon's momentum on the {hidden / 1e6:.1f}M parameters of the hidden matrices, AdamW's two "
                        f"moments on the other {(parameters - hidden) / 1e6:.1f}M): {gpu_bytes / GiB:.2f} GiB")
         else:
             gpu_bytes = (4 + kahan) * width * parameters
-            report.add(f"- model states (replicated: {'fp32' if width == 4 else '16-bit'} weights, gradients, Adam "
+            report.add(f"- model states (replicated: {weights} weights, gradients, Adam "
                        f"moments{', Kahan compensation' if kahan else ''} = {(4 + kahan) * width} bytes/parameter): "
                        f"{gpu_bytes / GiB:.2f} GiB")
     if trainer.ema.decay:  # neobert.lit.ema: a float32 copy of the weights on every GPU

@@ -98,8 +98,7 @@ def compiled_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Se
     flex = any(name in FLEX_MODELS for name in models)
     sizes = len(set(candidates)) if config.compile or flex else 1
     shapes = len(config.layouts) * len(lengths) * sizes * (2 if flex else 1) + (4 if flex else 0)
-    compiled = [name for name in models if config.compile and name not in config.eager_models]
-    return shapes * sum(compiled_graphs_per_shape(name) if name in compiled else 1 for name in models)
+    return shapes * sum(compiled_graphs_per_shape(name) if config.compiles(name) else 1 for name in models)
 
 
 def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = log.info,
@@ -143,7 +142,8 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         """A model that built but failed to run at this length: its row says why, the other rows go on. Past dynamo's
         recompile limit, its later rows are not run either: each would compile until the same error."""
         log.warning("%s L=%d %s failed", layout, length, name, exc_info=err)
-        progress(f"{layout} L={length} {name}: failed: {type(err).__name__}: {one_line(err)}")
+        why = f"failed: {type(err).__name__}: {one_line(err)}"
+        progress(f"{layout} L={length} {name}: {why}")
         if isinstance(err, torch._dynamo.exc.FailOnRecompileLimitHit):
             limits = torch._dynamo.config  # inside the run's patch: the limits it gave
             given_up[name] = (f"not run: past the recompile limit at {layout} L={length} (more graphs of one code "
@@ -153,11 +153,11 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # an error the kernel left behind stops the run here (RUN_STOPPERS)
             torch.cuda.empty_cache()
-        unavailable(name, layout, length, f"failed: {type(err).__name__}: {one_line(err)}", bench)
+        unavailable(name, layout, length, why, bench)
 
     torch.manual_seed(config.seed)
     for name in config.models:
-        compiled = config.compile and name not in config.eager_models
+        compiled = config.compiles(name)
         try:
             models[name] = build_model(name, device, weights_dtype, config.neobert_preset, config.official_code_dir,
                                        compute_dtype=autocast_dtype or weights_dtype, training=training,

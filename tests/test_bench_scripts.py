@@ -63,7 +63,7 @@ def test_optional_attribute_says_why_a_candidate_library_is_missing_or_fails(mon
 @pytest.mark.parametrize("script, size, variants", [
     ("norm_ab", 512, ["rms_norm_in_dtype", "F.rms_norm"]),
     ("mlp_ab", 256, ["eager", "compiled"]),
-    ("rope_ab", 1024, ["eager", "compiled"]),
+    ("rope_ab", 1024, ["eager", "complex", "compiled"]),
     ("decoder_ab", 64, ["as_is", "padded", "compiled", "padded_compiled"]),
 ])
 def test_each_bench_runs_on_cpu_and_prints_every_variant_with_its_errors(capsys, script, size, variants):

@@ -2,6 +2,10 @@
 
 * eager: `neobert.model.attention.apply_rope`, what the model runs (q and k side by side in one pass over the fused
   projection's view: a copy for the swapped pairs, then a multiply and a fused multiply-add);
+* complex: q and k copied to float32 and turned by one complex multiply, then cast back: the float32 path of
+  `apply_rope` (the official code's arithmetic), a candidate for the eager bf16 path on a GPU, where the eager path's
+  three kernels over the strided view took 27% of eager inference's kernel time on the H100 (its `mul` and
+  `addcmul` ran PyTorch's non-vectorized elementwise kernel, its `flip` an index kernel);
 * compiled: the same under `torch.compile` (one fused kernel each way);
 * quack: QuACK's `apply_rotary_emb` (Dao-AILab's CuTe DSL kernel, `quack-kernels`, which comes with
   scripts/gpu/prepare_fa4.sh's archive): `interleaved=True` rotates adjacent pairs, NeoBERT's layout (Liger's RoPE
@@ -72,7 +76,10 @@ def main(tokens: int = 32768, repeats: int = 20) -> None:
     def reference(x):
         return apply_rope(x, tables)
 
-    variants = {"eager": reference, "compiled": torch.compile(reference)}
+    def complex_rotation(x):
+        return apply_rope(x.float(), tables).type_as(x)
+
+    variants = {"eager": reference, "complex": complex_rotation, "compiled": torch.compile(reference)}
     print(f"RoPE forward + backward of q and k, {tokens:,} tokens in documents of {DOCUMENT} x {heads} heads x "
           f"{head_dim}, bf16, {device_label(device)}, torch {torch.__version__}, median of {repeats} samples of "
           f"{CALLS_PER_SAMPLE} calls")

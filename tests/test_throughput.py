@@ -282,6 +282,43 @@ def test_a_gpu_recording_without_a_kernel_is_a_failed_profile_and_a_failed_train
     assert row.note.endswith("profile failed: RuntimeError: the profiler stopped")
 
 
+def test_a_gpu_rows_profile_reads_where_the_device_waited_from_its_trace(monkeypatch, tmp_path, caplog):
+    """The profiled step's trace (here one as torch.profiler writes it, with FlashAttention 4's op launching late) is
+    read into row.host_waits, and throughput.md says it; a trace that cannot be read costs the profile nothing."""
+    from test_host_waits import compiled_step
+
+    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
+    batch = tp.make_batch(2, 8, "full", bench.vocab_size, bench.pad_token_id, torch.device("cpu"))
+    trace_path = tmp_path / "inference_full_8_neobert.json.gz"
+
+    def profile_step(*args):
+        with gzip.open(args[-1], "wt") as handle:
+            json.dump(compiled_step(), handle)
+        return summarise([("flash_fwd", 10.0), ("nvjet_gemm", 18.0)], "CUDA kernels", 1, 95.0, 33.0, 16)
+
+    monkeypatch.setattr(job, "profile_step", profile_step)
+    row = tp.ThroughputRow("neobert", "inference", "full", 8, 2, 1.0, 1e-4, 1.0, None, None, None, "cuda", "bfloat16")
+    job._profile_row(row, bench, batch, False, torch.device("cuda"), None, trace_path)
+    assert row.profile is not None and row.host_waits.late_us == 58 and row.host_waits.queued_us == 4
+    text = job.write_reports([row], tmp_path)["markdown"].read_text()
+    assert ("### where the device waited on the host: inference, full batches, 8 tokens, neobert (2), the profiled "
+            "step") in text
+    assert "- device idle 0.06 ms of the step's 0.10 ms (65%; the profiler slows the host)" in text
+    assert ("neobert::flash_attn_4_varlen (in Torch-Compiled Region: 0/0) 0.05 ms over 1 gaps; aten::mm (in "
+            "Torch-Compiled Region: 0/0) 0.01 ms over 1 gaps") in text
+    assert ("- operators whose host time exceeds their kernels': neobert::flash_attn_4_varlen 1 calls, host 0.06 ms "
+            "against kernels 0.01 ms; aten::add 1 calls") in text
+    assert "host_waits" not in (tmp_path / "throughput.csv").read_text()
+
+    monkeypatch.setattr(job, "profile_step", lambda *args: (args[-1].write_text("{not json"), profile_step(
+        *args[:-1], tmp_path / "elsewhere.json.gz"))[1])
+    row = tp.ThroughputRow("neobert", "inference", "full", 8, 2, 1.0, 1e-4, 1.0, None, None, None, "cuda", "bfloat16")
+    job._profile_row(row, bench, batch, False, torch.device("cuda"), None, tmp_path / "broken.json")
+    assert row.profile is not None and row.host_waits is None and "profile failed" not in row.note
+    assert "the host's waits were not read from" in caplog.text
+    assert "where the device waited" not in job.write_reports([row], tmp_path / "broken")["markdown"].read_text()
+
+
 def test_a_gpu_profile_table_takes_a_unit_that_fits_and_says_how_busy_the_device_was():
     rows = []
     for model, flops, tokens, kernels, step_s, busy_us in (

@@ -30,14 +30,15 @@ from neobert.config.pretrain import CUDA_GRAPH_MODES
 from neobert.config.throughput import FLEX_MODELS, LAYOUTS, ThroughputConfig
 from neobert.errors import ConfigError
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
+from neobert.eval.host_waits import host_waits, read_trace
 from neobert.eval.kernel_profile import trace_graphs_captured_from_now
 from neobert.eval.plots import plot_throughput
 from neobert.eval.throughput import (MATMUL_REFERENCE_SHAPE, Batch, BenchModel, MatmulReference, ModelUnavailable,
                                      ThroughputRow, build_model, compiled_graphs_per_shape, is_out_of_memory,
                                      make_batch, profile_step, resolve_device, resolve_dtype, search_batch_size,
                                      time_step)
-from neobert.eval.throughput_report import (PROFILE_FAILED, markdown_table, profile_markdown, profile_was_asked,
-                                            write_csv, write_profile_csvs)
+from neobert.eval.throughput_report import (PROFILE_FAILED, host_waits_markdown, markdown_table, profile_markdown,
+                                            profile_was_asked, write_csv, write_profile_csvs)
 from neobert.jobs.cli import one_line
 from neobert.layout import (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
                             THROUGHPUT_PROFILE_NAMES_CSV, THROUGHPUT_TRACES_DIR)
@@ -73,6 +74,8 @@ def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path) -> dict
         write_profile_csvs(rows, paths["profile"], paths["profile_names"])
         paths["traces"] = output_dir / THROUGHPUT_TRACES_DIR
         text += "\n" + profile_markdown(rows)
+        if waits := host_waits_markdown(rows):
+            text += "\n" + waits
     paths["markdown"].write_text(text + "\n")
     paths["plot"] = plot_throughput(rows, output_dir / THROUGHPUT_PLOT)
     return paths
@@ -290,12 +293,22 @@ def _profile_row(row: ThroughputRow, bench: BenchModel, batch: Batch, training: 
         row.profile = profile_step(bench, batch, training, device, autocast_dtype, trace_path)
         if device.type == "cuda" and not row.profile.total_us:
             row.profile, failure = None, f"{PROFILE_FAILED}: the recording holds no CUDA kernel"
+        elif device.type == "cuda" and trace_path.exists():
+            _read_host_waits(row, trace_path)
     except Exception as err:  # noqa: BLE001 - reported in the row's note and the log
         bench.module.zero_grad(set_to_none=True)  # a training step cut short may have left gradients
         failure = f"{PROFILE_FAILED}: {type(err).__name__}: {err}"
     if row.profile is None:
         row.note = "; ".join(filter(None, (row.note, failure)))
         log.warning("%s L=%d %s: %s", row.layout, row.seq_len, row.model, failure)
+
+
+def _read_host_waits(row: ThroughputRow, trace_path: Path) -> None:
+    """Sets `row.host_waits` from the profiled step's trace; a trace that cannot be read is logged, the profile kept."""
+    try:
+        row.host_waits = host_waits(read_trace(trace_path))
+    except Exception as err:  # noqa: BLE001 - a help to the profile, whose figures stand without it
+        log.warning("the host's waits were not read from %s: %s: %s", trace_path, type(err).__name__, err)
 
 
 def _search(bench: BenchModel, layout: str, length: int, candidates: Sequence[int], config: ThroughputConfig,

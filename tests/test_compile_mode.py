@@ -31,6 +31,19 @@ def test_cuda_graphs_are_refused_for_batches_of_changing_shape(tmp_path, shapes)
     tiny_config(tmp_path, "model.compile=true", "model.compile_mode=max-autotune-no-cudagraphs", *shapes)  # no graphs
 
 
+@pytest.mark.parametrize("strategy", ["auto", "ddp", "fsdp2", "deepspeed_stage_3"])
+def test_cuda_graphs_with_gradient_accumulation_need_a_strategy_that_copies_the_gradients_out(tmp_path, strategy):
+    """A CUDA graph's outputs (the gradients AccumulateGrad keeps as param.grad) live in memory the next micro-batch's
+    replay reuses: accumulated there they would be silently wrong. ZeRO 1-2 copy them out in their hooks."""
+    graphs = (*PACKED, "model.compile_mode=reduce-overhead")
+    with pytest.raises(ConfigError, match=r"model\.compile_mode.*accumulate_grad_batches=4 under "
+                                          rf"trainer\.strategy={strategy}.*deepspeed_stage_2"):
+        tiny_config(tmp_path, *graphs, "trainer.accumulate_grad_batches=4", f"trainer.strategy={strategy}")
+    tiny_config(tmp_path, *graphs, "trainer.accumulate_grad_batches=1", f"trainer.strategy={strategy}")
+    tiny_config(tmp_path, *PACKED, "trainer.accumulate_grad_batches=4", f"trainer.strategy={strategy}")  # no graphs
+    tiny_config(tmp_path, *graphs, "trainer.accumulate_grad_batches=4", "trainer.strategy=deepspeed_stage_2")
+
+
 def test_the_mode_reaches_torch_compile_and_each_forward_begins_a_cuda_graph_step(tmp_path, monkeypatch):
     config = tiny_config(tmp_path, *PACKED, "model.compile_mode=reduce-overhead")
     assert config.data.static_shapes == "true"  # auto follows model.compile
@@ -142,3 +155,43 @@ def test_compiled_training_steps_equal_eager_on_cuda(scope, mode):
         torch.testing.assert_close(losses[1], losses[0], rtol=2e-2, atol=2e-2, msg=f"step {step}")
         for grad_compiled, grad_eager in zip(grads[1], grads[0]):
             assert (grad_compiled - grad_eager).abs().max() / grad_eager.abs().max().clamp(min=1e-6) < 5e-2
+
+
+@pytest.mark.parametrize("device, mode, enforced", [("cuda", "reduce-overhead", True), ("cuda", "max-autotune", True),
+                                                    ("cuda", "default", False), ("cpu", "reduce-overhead", False)])
+def test_where_cuda_graphs_are_measured_a_graph_inductor_would_run_without_them_raises(device, mode, enforced):
+    """cuda_graphs_or_error: Inductor's cudagraph_or_error on, for a GPU under a CUDA-graph mode only, and restored."""
+    import torch._inductor.config as inductor_config
+
+    from neobert.eval.kernel_profile import cuda_graphs_or_error
+
+    assert inductor_config.triton.cudagraph_or_error is False
+    with cuda_graphs_or_error(torch.device(device), mode):
+        assert inductor_config.triton.cudagraph_or_error is enforced
+    assert inductor_config.triton.cudagraph_or_error is False
+
+
+def test_the_throughput_job_and_the_gpu_check_measure_under_cuda_graphs_or_error(tmp_path, monkeypatch):
+    from test_gpu_check import tiny_check
+
+    from experiments.gpu_check import parse_args as gpu_check_args
+    from neobert.config.throughput import ThroughputConfig
+    from neobert.jobs import gpu_check, throughput
+
+    asked = []
+
+    def record(device, mode):
+        asked.append((device.type, mode))
+        raise RuntimeError("stop here")
+
+    for job in (throughput, gpu_check):
+        monkeypatch.setattr(job, "cuda_graphs_or_error", record)
+    config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16], batch_sizes=[2], repeats=1,
+                              device="cpu", compile=True, compile_mode="reduce-overhead", warmup=2,
+                              output_dir=str(tmp_path / "t"))
+    with pytest.raises(RuntimeError, match="stop here"):
+        throughput.run_throughput(config)
+    with pytest.raises(RuntimeError, match="stop here"):
+        gpu_check.run_gpu_check(gpu_check_args(tiny_check(tmp_path, "data.packing=best_fit", "model.compile=true",
+                                                          "model.compile_mode=reduce-overhead", "ceiling_warmup=2")))
+    assert asked == [("cpu", "reduce-overhead"), ("cpu", "reduce-overhead")]

@@ -164,6 +164,49 @@ def test_the_names_the_loop_adds_are_ranked_per_step_of_the_ceilings_tokens():
                       f"- +0.20 ms ({category_of('aten::silu')}): `aten::silu`"]
 
 
+def test_the_plain_loop_is_checked_only_where_it_runs(tmp_path):
+    """The plain strategy's config is checked before any loop, where the plain loop runs: with the recipe's CUDA graphs
+    and accumulation only a strategy that copies the gradients out can run it (the recipe's DeepSpeed); with
+    speed_only=true no plain loop runs, and nothing of it is refused."""
+    graphs = ("data.packing=best_fit", "model.compile=true", "model.compile_mode=reduce-overhead",
+              "trainer.accumulate_grad_batches=2", "trainer.strategy=deepspeed_stage_2", "ceiling_warmup=2")
+    with pytest.raises(ConfigError, match=r"'plain_strategy': auto cannot run this recipe: .*accumulate_grad_batches"):
+        make_plan(parse_args(tiny_check(tmp_path, *graphs)))
+    assert make_plan(parse_args(tiny_check(tmp_path, *graphs, "speed_only=true"))).plain_strategy == "auto"
+
+
+def test_a_gpu_recordings_host_waits_are_read_from_its_trace_and_reported(tmp_path, caplog):
+    """On a GPU each recording's trace is read (neobert.eval.host_waits): the report lists where the device waited
+    in each subject's recording and gpu_check.json carries the figures; an unreadable trace is logged, the rest of
+    the profile kept."""
+    import gzip
+    import json
+
+    from test_host_waits import compiled_step
+
+    from neobert.jobs.gpu_check import profile_summary
+    from neobert.jobs.gpu_check_stages import LOOP_PROFILE_FILES
+
+    ceiling = summarise([("nvjet_gemm", 18.0), ("flash_fwd", 10.0)], "CUDA kernels", steps=1, wall_us=95.0,
+                        busy_us=33.0, tokens=128)
+    loop = summarise([("nvjet_gemm", 18.0)], "CUDA kernels", steps=1, wall_us=95.0, busy_us=18.0, tokens=128)
+    with gzip.open(tmp_path / "trace.json.gz", "wt") as handle:
+        json.dump(compiled_step(), handle)
+    ceiling.read_host_waits(tmp_path / "trace.json.gz")
+    (tmp_path / "loop.json").write_text("{cut short")
+    loop.read_host_waits(tmp_path / "loop.json")
+    assert loop.host_waits is None and "where the device waited was not read from" in caplog.text
+    lines = profile_section(ceiling, loop)
+    at = lines.index("Where the device waited on the host in the ceiling's recording (all its steps; "
+                     "neobert.eval.host_waits):")
+    assert lines[at + 2].startswith("- device idle 0.06 ms of the step's 0.10 ms (65%")
+    assert lines[at + 3].startswith("- waiting for a launch, by the operators around it: neobert::flash_attn_4_varlen")
+    assert not any("in the loop's recording" in line for line in lines)
+    summary = profile_summary(ceiling, LOOP_PROFILE_FILES)["host_waits"]
+    assert summary["late_us"] == 58 and summary["waits"][0]["innermost"] == "neobert::flash_attn_4_varlen"
+    assert json.loads(json.dumps(summary)) == summary  # gpu_check.json takes it as it is
+
+
 def test_the_ceilings_step_is_the_loops_step(tmp_path):
     """The batch built by the loop's masker at masking.rate, the module's own forward (masked-only logits at the
     collator's masked_index, or full logits), its FLOP count; a step computes the loss's gradients and clears them."""

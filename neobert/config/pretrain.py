@@ -25,6 +25,9 @@ PACKING_BOOLEANS = {"true": "greedy", "false": "none"}
 STATIC_SHAPES = ("auto", "true", "false")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that record CUDA graphs
+# the strategies that copy each micro-batch's gradients out of param.grad into buffers of their own (ZeRO 1-2's
+# gradient hooks), so that an accumulation never keeps them in a CUDA graph's memory
+GRADIENT_COPYING_STRATEGIES = ("deepspeed_stage_1", "deepspeed_stage_2")
 
 
 def compile_warmup_steps(compile_mode: str) -> int:
@@ -348,6 +351,16 @@ class PretrainConfig:
                 and data.packing != "none", "model.compile_mode",
                 f"{model.compile_mode!r} records CUDA graphs, which need batches of one shape: packed batches "
                 "(data.packing=greedy or best_fit) with data.static_shapes true or auto")
+        # Inductor's CUDA graph trees hand a step's gradients out in their memory pool, which the next replay reuses:
+        # kept across micro-batches, a gradient is overwritten under the accumulation (pytorch/pytorch#96693,
+        # #169545). DeepSpeed ZeRO 1-2 copy each micro-batch's gradients into their own buckets in its hooks.
+        require(model.compile_mode not in CUDA_GRAPH_MODES or self.trainer.accumulate_grad_batches == 1
+                or self.trainer.strategy.startswith(GRADIENT_COPYING_STRATEGIES), "model.compile_mode",
+                f"{model.compile_mode!r} replays CUDA graphs whose output memory the next micro-batch reuses, and "
+                f"trainer.accumulate_grad_batches={self.trainer.accumulate_grad_batches} under "
+                f"trainer.strategy={self.trainer.strategy} would keep the accumulating gradients in it (silently "
+                f"wrong): use a DeepSpeed strategy of stage 1 or 2 (deepspeed_stage_2, the recipe's; it copies each "
+                f"micro-batch's gradients out), trainer.accumulate_grad_batches=1, or model.compile_mode=default")
         require(data.static_documents_per_row >= 0, "data.static_documents_per_row",
                 "must be >= 0 (0 = max(8, data.max_length // 32))")
         require(masking.pad_to_multiple_of >= 1, "masking.pad_to_multiple_of", "must be >= 1")

@@ -159,3 +159,22 @@ def _operator_times(device: list[dict], launches: dict, around: dict[int, tuple[
     times = [OperatorTimes(name, calls[name], host_us[name], device_us[name]) for name in launching
              if name != NO_HOST_OP]
     return sorted(times, key=lambda op: -(op.host_us - op.device_us))
+
+
+def host_wait_lines(report: HostWaitReport, shown: int = 5) -> list[str]:
+    """A report as Markdown list items: the idle time and its two parts, the host's by operator, and the operators
+    whose host time exceeded their kernels' (the `shown` largest of each)."""
+    def ms(us: float) -> str:
+        return f"{us / 1e3:,.2f} ms"
+
+    lines = [f"- device idle {ms(report.idle_us)} of the step's {ms(report.span_us)} "
+             f"({report.idle_us / report.span_us:.0%}; the profiler slows the host): {ms(report.late_us)} waiting "
+             f"for a launch, {ms(report.queued_us)} with kernels already queued"]
+    if report.waits:
+        lines.append("- waiting for a launch, by the operators around it: " + "; ".join(
+            f"{w.innermost} (in {w.outermost}) {ms(w.idle_us)} over {w.gaps:,} gaps" for w in report.waits[:shown]))
+    slower = [o for o in report.operators if o.host_us > o.device_us][:shown]
+    if slower:
+        lines.append("- operators whose host time exceeds their kernels': " + "; ".join(
+            f"{o.name} {o.calls:,} calls, host {ms(o.host_us)} against kernels {ms(o.device_us)}" for o in slower))
+    return lines

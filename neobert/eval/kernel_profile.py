@@ -11,13 +11,21 @@ Categories by name only: a pointwise kernel of the eager RMSNorm (a multiply, an
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable
 
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
+
+from neobert.config.pretrain import CUDA_GRAPH_MODES
+from neobert.eval.host_waits import HostWaitReport, host_waits, read_trace
+
+log = logging.getLogger(__name__)
 
 MATMUL, ATTENTION, MLM_LOSS, NORM, ELEMENTWISE, COPY, OPTIMIZER, COMMUNICATION, OTHER = (
     "matmul (GEMM)", "attention", "MLM loss", "norm", "elementwise", "copy/cast", "optimizer", "communication",
@@ -112,6 +120,16 @@ class KernelProfile:
     # the host. None for a CPU recording (its operators run on the host itself).
     busy_us: float | None = None
     tokens: int | None = None  # the tokens the recorded steps trained on, where the recorder counted them
+    # On a GPU, read from the recording's Chrome trace: where the device waited on the host (`read_host_waits`)
+    host_waits: HostWaitReport | None = None
+
+    def read_host_waits(self, trace_path: str | Path) -> None:
+        """Sets `host_waits` from the recording's exported trace; a trace that cannot be read is logged, the rest of
+        the profile kept (a help to it, whose figures stand without)."""
+        try:
+            self.host_waits = host_waits(read_trace(trace_path))
+        except Exception as err:  # noqa: BLE001 - logged; the profile's own figures stand
+            log.warning("where the device waited was not read from %s: %s: %s", trace_path, type(err).__name__, err)
 
     def share(self, category: str) -> float:
         return self.self_us[category] / self.total_us if self.total_us else 0.0
@@ -168,6 +186,15 @@ def trace_graphs_captured_from_now(device: torch.device) -> None:
     if device.type == "cuda":
         with profile(activities=profiler_activities(device)):
             pass
+
+
+def cuda_graphs_or_error(device: torch.device, compile_mode: str) -> contextlib.AbstractContextManager:
+    """Where a run measures CUDA graphs (compile_mode reduce-overhead or max-autotune, on a GPU), a graph that
+    Inductor would run without them (a CPU tensor in it, an op it deems unsafe to capture) raises with Inductor's
+    reason instead of logging a warning: no figure under such a mode is timed without its graphs."""
+    if device.type == "cuda" and compile_mode in CUDA_GRAPH_MODES:
+        return torch._inductor.config.patch({"triton.cudagraph_or_error": True})
+    return contextlib.nullcontext()
 
 
 def summarise_events(events, on_gpu: bool, steps: int, wall_us: float, tokens: int | None = None) -> KernelProfile:

@@ -34,7 +34,6 @@ from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, Ro
 
 from neobert.config.throughput import ATTENTION_KERNEL_MODELS, KERNEL_MODELS, LAYOUTS, WINDOWED_MODELS
 from neobert.eval.flops import attention_flops, flops_per_token, matmul_params
-from neobert.eval.host_waits import HostWaitReport
 from neobert.eval.kernel_profile import KernelProfile, profiler_activities, summarise_events
 from neobert.model import NeoBERT, NeoBERTConfig
 from neobert.model.attention import attention_kernel_missing_reason, chosen_packed_kernel, flash_attn_packages
@@ -479,8 +478,6 @@ class ThroughputRow:
     # profile=true: one more step of the row under torch.profiler (`profile_step`); reported in its own tables, not
     # in throughput.csv
     profile: KernelProfile | None = field(default=None, repr=False, compare=False)
-    # and on a GPU, from that step's Chrome trace: where its device waited on the host (neobert.eval.host_waits)
-    host_waits: HostWaitReport | None = field(default=None, repr=False, compare=False)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from neobert.config.throughput import LAYOUTS, MODEL_NAMES, MODES
+from neobert.eval.host_waits import host_wait_lines
 from neobert.eval.kernel_profile import CATEGORIES, NAME_COLUMNS
 from neobert.eval.throughput import WINDOW_NOTE, ThroughputRow
 
-# the profile and the host's waits have their own tables
-CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow) if f.name not in ("profile", "host_waits")]
+CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow) if f.name != "profile"]  # the profile has its own
 PROFILE_KEYS = ["model", "mode", "layout", "seq_len", "batch_size"]  # which row a profile line belongs to
 
 
@@ -121,30 +121,15 @@ def profile_markdown(rows: Sequence[ThroughputRow]) -> str:
     return "\n".join(out)
 
 
-def host_waits_markdown(rows: Sequence[ThroughputRow], shown: int = 5) -> str:
-    """Per profiled GPU row, where its device waited in the profiled step (`neobert.eval.host_waits`): the idle time,
-    the host's share of it by the operators around each late launch, and the operators whose host time exceeded
-    their kernels' device time. Empty where no row has a trace's reading."""
+def host_waits_markdown(rows: Sequence[ThroughputRow]) -> str:
+    """Per profiled GPU row, where its device waited in the profiled step (`neobert.eval.host_waits`). Empty where
+    no row has a trace's reading."""
     out = []
-    for row in rows:
-        waits = row.host_waits
-        if waits is None:
-            continue
-        ms = lambda us: f"{us / 1e3:.2f} ms"  # noqa: E731
-        out += [f"### where the device waited on the host: {row.mode}, {row.layout} batches, {row.seq_len} tokens, "
-                f"{row.model} ({row.batch_size}), the profiled step\n",
-                f"- device idle {ms(waits.idle_us)} of the step's {ms(waits.span_us)} "
-                f"({waits.idle_us / waits.span_us:.0%}; the profiler slows the host): {ms(waits.late_us)} waiting "
-                f"for a launch, {ms(waits.queued_us)} with kernels already queued"]
-        if waits.waits:
-            out.append("- waiting for a launch, by the operators around it: " + "; ".join(
-                f"{w.innermost} (in {w.outermost}) {ms(w.idle_us)} over {w.gaps:,} gaps" for w in waits.waits[:shown]))
-        slower = [o for o in waits.operators if o.host_us > o.device_us][:shown]
-        if slower:
-            out.append("- operators whose host time exceeds their kernels': " + "; ".join(
-                f"{o.name} {o.calls:,} calls, host {ms(o.host_us)} against kernels {ms(o.device_us)}"
-                for o in slower))
-        out.append("")
+    for row in profiled(rows):
+        if row.profile.host_waits is not None:
+            out += [f"### where the device waited on the host: {row.mode}, {row.layout} batches, {row.seq_len} "
+                    f"tokens, {row.model} ({row.batch_size}), the profiled step\n",
+                    *host_wait_lines(row.profile.host_waits), ""]
     return "\n".join(out)
 
 

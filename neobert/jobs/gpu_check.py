@@ -50,7 +50,9 @@ import torch
 from neobert.config import ConfigError
 from neobert.config.gpu_check import GpuCheckConfig
 from neobert.config.pretrain import CUDA_GRAPH_MODES, BatchSizeWarmupConfig, PretrainConfig, compile_warmup_steps
-from neobert.eval.kernel_profile import CATEGORIES, KernelProfile, trace_graphs_captured_from_now
+from neobert.eval.host_waits import host_wait_lines
+from neobert.eval.kernel_profile import (CATEGORIES, KernelProfile, cuda_graphs_or_error,
+                                         trace_graphs_captured_from_now)
 from neobert.jobs.gpu_check_stages import (BELOW_TARGET, CEILING, ENCODER, EXPORT, FAILED, OK, PLAIN_LOOP, PROFILE,
                                            RECIPE_LOOP, RESUME, SKIPPED,
                                            CEILING_PROFILE_FILES, LOOP_PROFILE_FILES, Plan, ProfileFiles, StageRow,
@@ -83,6 +85,12 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
     """Runs every stage (see the module docstring), writes the reports and returns them with the failures."""
     config.validate()
     plan = make_plan(config)  # config errors end here, before any stage
+    model = plan.recipe.model
+    with cuda_graphs_or_error(plan.device, model.compile_mode if model.compile else "default"):
+        return _run_stages(config, plan)
+
+
+def _run_stages(config: GpuCheckConfig, plan: Plan) -> GpuCheckResult:
     rank_zero = is_global_zero()
     if rank_zero:
         clear_earlier_check(plan.output_dir, config.overwrite)
@@ -159,10 +167,11 @@ def make_plan(config: GpuCheckConfig) -> Plan:
     tokenizer, model_config, _ = prepare(dataclasses.replace(recipe, resume=True))
     world = devices * trainer.num_nodes
     plain = config.plain_strategy if config.plain_strategy != "auto" else ("auto" if world == 1 else "ddp")
-    try:  # the plain loop's config, checked now rather than after the recipe's loop has run
-        dataclasses.replace(recipe, trainer=dataclasses.replace(recipe.trainer, strategy=plain)).validate()
-    except ConfigError as err:
-        raise ConfigError(f"invalid config key 'plain_strategy': {plain} cannot run this recipe: {err}") from err
+    if not config.speed_only:  # the plain loop's config, checked now rather than after the recipe's loop has run
+        try:
+            dataclasses.replace(recipe, trainer=dataclasses.replace(recipe.trainer, strategy=plain)).validate()
+        except ConfigError as err:
+            raise ConfigError(f"invalid config key 'plain_strategy': {plain} cannot run this recipe: {err}") from err
     return Plan(config, recipe, tokenizer, model_config, torch.device("cuda" if on_gpu else "cpu"), plain,
                 Path(config.output_dir), left_out=left_out)
 
@@ -337,7 +346,8 @@ def profile_summary(profile: KernelProfile, files: ProfileFiles) -> dict:
             "wall_ms": profile.wall_us / 1e3, "total_ms": profile.total_us / 1e3,
             "busy_ms": None if profile.busy_us is None else profile.busy_us / 1e3, "tokens": profile.tokens,
             "self_ms": {category: us / 1e3 for category, us in profile.self_us.items()},
-            "other_names": [dataclasses.asdict(entry) for entry in profile.other_names()]}
+            "other_names": [dataclasses.asdict(entry) for entry in profile.other_names()],
+            "host_waits": None if profile.host_waits is None else dataclasses.asdict(profile.host_waits)}
 
 
 def profile_section(ceiling: KernelProfile | None, loop: KernelProfile | None, top: int = 10) -> list[str]:
@@ -378,6 +388,10 @@ def profile_section(ceiling: KernelProfile | None, loop: KernelProfile | None, t
         if added:
             lines += ["", f"Where the loop spends more than the ceiling, by name (ms per step, {len(added)}):", ""]
             lines += [f"- +{extra:,.2f} ms ({category}): `{_short(name)}`" for name, category, extra in added]
+    for title, recording in subjects:
+        if recording.host_waits is not None:
+            lines += ["", f"Where the device waited on the host in the {title}'s recording (all its steps; "
+                          f"neobert.eval.host_waits):", "", *host_wait_lines(recording.host_waits)]
     for title, recording in subjects:
         others = recording.other_names(top)
         if others:

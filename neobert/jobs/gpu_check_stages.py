@@ -346,6 +346,8 @@ def summarise_recording(recording: profile, device: torch.device, steps: int, wa
     output_dir.mkdir(parents=True, exist_ok=True)
     recording.export_chrome_trace(str(output_dir / files.trace))
     result = summarise_events(recording.events(), device.type == "cuda", steps, wall_s * 1e6, tokens)
+    if device.type == "cuda":
+        result.read_host_waits(output_dir / files.trace)
     write_profile_tables(result, output_dir, files)
     return result
 

@@ -30,8 +30,7 @@ from neobert.config.pretrain import CUDA_GRAPH_MODES
 from neobert.config.throughput import FLEX_MODELS, LAYOUTS, ThroughputConfig
 from neobert.errors import ConfigError
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
-from neobert.eval.host_waits import host_waits, read_trace
-from neobert.eval.kernel_profile import trace_graphs_captured_from_now
+from neobert.eval.kernel_profile import cuda_graphs_or_error, trace_graphs_captured_from_now
 from neobert.eval.plots import plot_throughput
 from neobert.eval.throughput import (MATMUL_REFERENCE_SHAPE, Batch, BenchModel, MatmulReference, ModelUnavailable,
                                      ThroughputRow, build_model, compiled_graphs_per_shape, is_out_of_memory,
@@ -188,7 +187,8 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, graphs),
                                     accumulated_recompile_limit=max(torch._dynamo.config.accumulated_recompile_limit,
                                                                     graphs),
-                                    fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False):
+                                    fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False), \
+            cuda_graphs_or_error(device, config.compile_mode if config.compile else "default"):
         for layout in config.layouts:
             for length in lengths:
                 chosen: dict[str, tuple[int, Batch]] = {}
@@ -294,21 +294,13 @@ def _profile_row(row: ThroughputRow, bench: BenchModel, batch: Batch, training: 
         if device.type == "cuda" and not row.profile.total_us:
             row.profile, failure = None, f"{PROFILE_FAILED}: the recording holds no CUDA kernel"
         elif device.type == "cuda" and trace_path.exists():
-            _read_host_waits(row, trace_path)
+            row.profile.read_host_waits(trace_path)
     except Exception as err:  # noqa: BLE001 - reported in the row's note and the log
         bench.module.zero_grad(set_to_none=True)  # a training step cut short may have left gradients
         failure = f"{PROFILE_FAILED}: {type(err).__name__}: {err}"
     if row.profile is None:
         row.note = "; ".join(filter(None, (row.note, failure)))
         log.warning("%s L=%d %s: %s", row.layout, row.seq_len, row.model, failure)
-
-
-def _read_host_waits(row: ThroughputRow, trace_path: Path) -> None:
-    """Sets `row.host_waits` from the profiled step's trace; a trace that cannot be read is logged, the profile kept."""
-    try:
-        row.host_waits = host_waits(read_trace(trace_path))
-    except Exception as err:  # noqa: BLE001 - a help to the profile, whose figures stand without it
-        log.warning("the host's waits were not read from %s: %s: %s", trace_path, type(err).__name__, err)
 
 
 def _search(bench: BenchModel, layout: str, length: int, candidates: Sequence[int], config: ThroughputConfig,

@@ -73,7 +73,9 @@
 #                    H100, 0.39x its eager speed; so in every compiled step below)                     ~2 min
 #   infer_compiled   throughput inference compiled at 512: neobert, with FA4 and with QuACK's MLP where unpacked,
 #                    bert-base (the per-FLOP target)                                                     ~2 min
-#   infer_graphs     the same with compile_mode=reduce-overhead (CUDA graphs: no launch per kernel)       ~2 min
+#   infer_graphs     the same with compile_mode=reduce-overhead (CUDA graphs: no launch per kernel), not
+#                    profiled (with CUDA graphs the profiler's tracer is attached before any timing, and would
+#                    time eager BERT with it)                                                            ~2 min
 #   infer_quack_fa4  inference at 512 compiled, FA4 in every NeoBERT row (neobert_overrides): neobert (eager MLP)
 #                    and neobert-quack (QuACK's MLP) side by side, against bert-base (needs FA4 and QuACK
 #                    unpacked: else FA4's absence stops the run, naming the key)                          ~2.5 min
@@ -81,7 +83,8 @@
 #                    FA4, neobert and neobert-quack side by side                                         ~4 min
 #   train_graphs     train_quack_fa4 with compile_mode=reduce-overhead (CUDA graphs): whether the host is what
 #                    keeps the target's row under 40% (on the H100 its device was busy 93% of the timed step,
-#                    and its kernels alone came to 41.7% MFU; unpadded, 81%)                              ~5 min
+#                    and its kernels alone came to 41.7% MFU; unpadded, 81%); not profiled, as
+#                    infer_graphs                                                                        ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
@@ -128,7 +131,7 @@ throughput() {
     local name=$1 seconds=$2
     shift 2
     rm -rf "$SCRATCH"/"$name"
-    timeout "$seconds" python3 -m experiments.throughput "$@" profile=true output_dir="$SCRATCH"/"$name" \
+    timeout "$seconds" python3 -m experiments.throughput profile=true "$@" output_dir="$SCRATCH"/"$name" \
         > "$SCRATCH"/"$name".log 2>&1
     echo "$name exit $?" | tee -a "$LOG"
     if [ -f "$SCRATCH"/"$name"/throughput.md ]; then
@@ -261,7 +264,8 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                             search_top=1 repeats=5 compile=true 'eager_models=[bert-base]' ;;
         infer_graphs) throughput throughput_inference_graphs 180 mode=inference 'lengths=[512]' \
                           'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
-                          compile=true compile_mode=reduce-overhead warmup=2 'eager_models=[bert-base]' ;;
+                          compile=true compile_mode=reduce-overhead warmup=2 'eager_models=[bert-base]' \
+                          profile=false ;;
         infer_quack_fa4) throughput throughput_inference_quack_fa4 180 mode=inference 'lengths=[512]' \
                              'models=[neobert,neobert-quack,bert-base]' neobert_overrides.attention_kernel=flash_attn_4 \
                              'batch_sizes=[64]' search_top=1 repeats=5 compile=true 'eager_models=[bert-base]' ;;
@@ -272,7 +276,7 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         train_graphs) throughput throughput_training_graphs 420 mode=training 'lengths=[1024]' \
                           'layouts=[full,unpadded]' 'models=[neobert,neobert-quack]' \
                           neobert_overrides.attention_kernel=flash_attn_4 'batch_sizes=[32]' search_top=1 repeats=5 \
-                          compile=true compile_mode=reduce-overhead warmup=2 ;;
+                          compile=true compile_mode=reduce-overhead warmup=2 profile=false ;;
         *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;
     esac
     # written aside, then renamed: a call cut short during the packing still returns the last whole archive

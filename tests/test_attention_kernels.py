@@ -515,6 +515,36 @@ def test_flash_attn_4_compiles_into_one_graph_with_the_model(monkeypatch):
         torch.testing.assert_close(grad, grads_ref[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_flash_attn_4s_compiled_graphs_are_ones_cuda_graphs_can_take(monkeypatch):
+    """Under compile_mode=reduce-overhead Inductor records a graph as CUDA graphs only where no node of it is one they
+    cannot take (a read of a device value, an op tagged cudagraph_unsafe, a CPU tensor) and its inputs are tensors or
+    sizes: the model's forward and backward graphs through FlashAttention 4's ops pass Inductor's own check, so the
+    rows of run_checks' graph steps are recorded, not skipped (which cuda_graphs_or_error would make an error)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.utils import get_first_incompatible_cudagraph_node
+
+    graphs = []
+
+    def keep(kind):
+        def compiler(graph_module, example_inputs):
+            graphs.append((kind, graph_module, example_inputs))
+            return make_boxed_func(graph_module.forward)
+        return compiler
+
+    torch._dynamo.reset()
+    reference = NeoBERT(NeoBERTConfig.from_preset("tiny"))
+    StandInKernels(monkeypatch)
+    _packed_training_step(NeoBERTConfig.from_preset("tiny", attention_kernel="flash_attn_4"), reference,
+                          compile_backend=aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward")))
+    assert [kind for kind, _, _ in graphs] == ["forward", "backward"]
+    for kind, graph_module, inputs in graphs:
+        targets = [str(node.target) for node in graph_module.graph.nodes if node.op == "call_function"]
+        assert sum("flash_attn_4_varlen" in target for target in targets) == reference.config.num_hidden_layers, kind
+        assert get_first_incompatible_cudagraph_node(graph_module) is None, kind
+        assert all(isinstance(value, (torch.Tensor, torch.SymInt)) for value in inputs), kind
+
+
 FLASH_ATTN_2 = ["flash_attn/__init__.py", "flash_attn/cute/__init__.py", "flash_attn/cute/interface.py"]  # 2.8.3's
 FLASH_ATTN_4 = ["flash_attn/cute/__init__.py", "flash_attn/cute/interface.py",
                 "flash_attn_4-4.0.0b36.dist-info/METADATA"]

@@ -162,14 +162,83 @@ def test_the_activation_estimate_is_what_the_model_keeps_for_its_backward(precis
     rows = (128 - 64) / 4
     measured_head = ((saved_bytes(mlm, 128, precision, 4) - saved_bytes(mlm, 64, precision, 4))
                      - (saved_bytes(mlm.model, 128, precision) - saved_bytes(mlm.model, 64, precision))) / rows
-    gradient = 4 * configs[1].vocab_size  # in the estimate: the log-probabilities' gradient, not saved but alive
+    gradient = 8 * configs[1].vocab_size  # in the estimate: the two gradients of the head's peak, alive, not saved
     estimated_head = (activation_bytes(configs[1], 0, precision, rows) - rows * gradient) / rows
     assert measured_head == pytest.approx(estimated_head, rel=0.03)
 
 
+class LiveBytes:
+    """The bytes of the tensors alive (every storage an operator made, until it is freed) when each operator returns,
+    the largest for each operator's name in `at`: a CPU's view of what a step holds at a given point."""
+
+    def __init__(self):
+        import weakref
+
+        import torch
+        import torch.utils._pytree as pytree
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        live = self
+        self.alive: dict[int, int] = {}
+        self.now = 0
+        self.at: dict[str, int] = {}
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for tensor in pytree.tree_leaves(out):
+                    if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().nbytes():
+                        storage = tensor.untyped_storage()
+                        if storage.data_ptr() not in live.alive:
+                            live.alive[storage.data_ptr()] = storage.nbytes()
+                            live.now += storage.nbytes()
+                            weakref.finalize(storage, live.free, storage.data_ptr())
+                name = str(func.overloadpacket)
+                live.at[name] = max(live.at.get(name, 0), live.now)
+                return out
+
+        self.mode = Mode()
+
+    def free(self, key: int) -> None:
+        self.now -= self.alive.pop(key, 0)
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true", "32-true"])
+def test_the_heads_estimate_is_what_the_step_holds_at_the_log_softmaxs_backward(precision):
+    """The MLM head's term per scored row against the live tensors of a forward + backward on a CPU when the
+    log-softmax's backward returns (the head's peak, with every activation of the encoder still held), two masking
+    densities over the same tokens differenced (the encoder's and the weights' bytes cancel): the kept decoder input
+    and log-probabilities, and two float32 vocabulary-wide gradients, the log-probabilities' and the logits'
+    (the estimate counted one until 2026-11-26)."""
+    import torch
+
+    from neobert.jobs.preflight import activation_bytes
+    from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
+
+    torch.manual_seed(0)
+    config = NeoBERTConfig.from_preset("tiny")
+    model = NeoBERTForMaskedLM(config).to(torch.bfloat16 if precision == "bf16-true" else torch.float32)
+    ids = torch.randint(5, 1000, (1, 128))
+
+    def held_at_the_heads_backward(scored_every: int) -> int:
+        index = torch.arange(0, ids.numel(), scored_every)
+        labels = torch.full_like(ids, -100)
+        labels.view(-1)[index] = ids.view(-1)[index]
+        live = LiveBytes()
+        with live.mode, torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            model(ids, labels=labels, masked_index=index).loss.backward()
+        model.zero_grad(set_to_none=True)
+        return live.at["aten._log_softmax_backward_data"]
+
+    rows = 128 / 2 - 128 / 8
+    measured = (held_at_the_heads_backward(2) - held_at_the_heads_backward(8)) / rows
+    estimated = activation_bytes(config, 0, precision, rows) / rows
+    assert measured == pytest.approx(estimated, rel=0.03)
+
+
 def test_with_the_fused_loss_the_heads_estimate_keeps_no_logits(monkeypatch):
     """Liger's fused linear cross-entropy keeps no row of logits: its head costs the same per masked row whatever
-    the vocabulary, where the eager head keeps two float32 vocabulary-wide rows."""
+    the vocabulary, where the eager head holds three float32 vocabulary-wide rows at its peak."""
     from neobert.jobs.preflight import activation_bytes
     from neobert.model import NeoBERTConfig
     from neobert.model import config as model_config_module
@@ -182,7 +251,7 @@ def test_with_the_fused_loss_the_heads_estimate_keeps_no_logits(monkeypatch):
             per_row[fused, vocab] = (activation_bytes(config, 0, "bf16-mixed", 2, fused_loss=fused)
                                      - activation_bytes(config, 0, "bf16-mixed", 1, fused_loss=fused))
     assert per_row[True, 1000] == per_row[True, 30522] == 4 * NeoBERTConfig.from_preset("tiny").hidden_size
-    assert per_row[False, 30522] - per_row[False, 1000] == 8 * (30522 - 1000)
+    assert per_row[False, 30522] - per_row[False, 1000] == 12 * (30522 - 1000)
 
 
 def test_the_activation_estimate_takes_the_highest_masking_rate_of_the_schedule():

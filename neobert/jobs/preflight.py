@@ -157,9 +157,10 @@ def activation_bytes(model_config, tokens: int, precision: str, scored_rows: flo
         # it computed in the forward: its input's (the final norm's output, residual width) and a float32 one of the
         # decoder's weight and bias.
         return encoder + scored_rows * residual * h + 4 * vocab * (h + 1)
-    # The head: the decoder's input, the float32 log-probabilities the loss keeps, and their float32 gradient, alive
-    # when the backward starts.
-    head = scored_rows * (width * h + 4 * vocab + 4 * vocab)
+    # The head: the decoder's input and the float32 log-probabilities the loss keeps; at the log-softmax's backward,
+    # the head's peak, also their float32 gradient and the one it makes of the logits (two float32 vocabulary-wide
+    # rows beyond what is kept: tests/test_preflight.py measures that peak on a CPU).
+    head = scored_rows * (width * h + 4 * vocab + 8 * vocab)
     return encoder + head
 
 

@@ -300,3 +300,95 @@ def test_bf16_mixed_clips_with_the_fused_optimizer():
     assert float(weights.grad[0]) == pytest.approx(3 * scale)
     fp16.clip_gradients(optimizer, 1.0)
     assert float(weights.grad.norm()) == pytest.approx(1.0, rel=1e-4)  # clipped after unscaling, not before
+
+
+REPLAY_SCRIPT = r'''
+"""Each micro-batch's gradient handed back in one buffer that the next "replay" overwrites, as Inductor's CUDA graph
+trees hand out a graph's outputs (a cached tensor: AccumulateGrad takes it over as param.grad); four micro-batches
+accumulated by DeepSpeed's real engine under each ZeRO setting. Printed: whether the accumulated gradient is right."""
+import json, os, sys
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+import torch, deepspeed
+torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+torch._C._set_cached_tensors_enabled(True)
+ACCUMULATE = 4
+
+
+class Replayed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(64))
+        self.buffer = None
+
+    def forward(self, x):
+        module = self
+
+        class Product(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, w):
+                return (w * x).sum()
+
+            @staticmethod
+            def backward(ctx, grad):
+                if module.buffer is None:
+                    module.buffer = torch.empty(64, dtype=torch.bfloat16)
+                    torch._C._add_cached_tensor(module.buffer)
+                module.buffer.copy_(grad * x)  # the replay writes the same memory every time
+                return module.buffer
+
+        return Product.apply(self.w)
+
+
+results = {}
+for stage, contiguous, offload in ((1, True, False), (2, True, False), (2, False, False), (2, True, True)):
+    net = Replayed()
+    zero = {"stage": stage, "contiguous_gradients": contiguous, "overlap_comm": True}
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": ACCUMULATE, "bf16": {"enabled": True},
+              "gradient_clipping": 0.0, "zero_allow_untested_optimizer": True, "zero_optimization": zero}
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu"}
+        config["zero_force_ds_cpu_optimizer"] = False
+    engine, *_ = deepspeed.initialize(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.0),
+                                      dist_init_required=False, config=config)
+    xs = [torch.full((64,), float(i + 1)) for i in range(ACCUMULATE)]
+    for x in xs:
+        engine.backward(engine(x.bfloat16()))
+        engine.step()
+    expected = float(torch.stack(xs).sum(0).norm()) / ACCUMULATE  # the engine divides the loss by the accumulation
+    name = f"deepspeed_stage_{stage}" + "_offload" * offload
+    results[f"{name} {contiguous}"] = abs(float(engine.get_global_grad_norm()) - expected) < 1e-3 * expected
+print("RESULT" + json.dumps(results))
+'''
+
+
+def test_cuda_graphs_with_accumulation_are_allowed_exactly_where_deepspeed_copies_the_replayed_gradients_out(
+        tmp_path):
+    """model.compile_mode=reduce-overhead with accumulation is allowed for the DeepSpeed settings whose accumulated
+    gradient stays right when every micro-batch's gradient comes in the same overwritten buffer (CUDA graph trees'
+    outputs), and refused for the others."""
+    from test_pretrain import tiny_config
+
+    from neobert.config import ConfigError
+
+    script = tmp_path / "replay.py"
+    script.write_text(REPLAY_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    port = str(30500 + os.getpid() % 1000)
+    done = subprocess.run([sys.executable, str(script), port], capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
+    right = json.loads(lines[-1].removeprefix("RESULT"))
+    assert right == {"deepspeed_stage_1 True": False, "deepspeed_stage_2 True": True,
+                     "deepspeed_stage_2 False": False, "deepspeed_stage_2_offload True": True}
+    for case, correct in right.items():
+        strategy, contiguous = case.split()
+        keys = ("data.packing=best_fit", "model.compile=true", "model.compile_mode=reduce-overhead",
+                "trainer.accumulate_grad_batches=4", f"trainer.strategy={strategy}",
+                f"trainer.deepspeed.contiguous_gradients={contiguous.lower()}")
+        if correct:
+            tiny_config(tmp_path, *keys)
+        else:
+            with pytest.raises(ConfigError, match="model.compile_mode"):
+                tiny_config(tmp_path, *keys)

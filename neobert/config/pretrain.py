@@ -25,9 +25,10 @@ PACKING_BOOLEANS = {"true": "greedy", "false": "none"}
 STATIC_SHAPES = ("auto", "true", "false")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that record CUDA graphs
-# the strategies that copy each micro-batch's gradients out of param.grad into buffers of their own (ZeRO 1-2's
-# gradient hooks), so that an accumulation never keeps them in a CUDA graph's memory
-GRADIENT_COPYING_STRATEGIES = ("deepspeed_stage_1", "deepspeed_stage_2")
+# the strategy that copies each micro-batch's gradients out of param.grad into a buffer of its own (ZeRO-2's gradient
+# hooks, with contiguous gradients; its _offload variant too), so that an accumulation never keeps them in a CUDA
+# graph's memory
+GRADIENT_COPYING_STRATEGY = "deepspeed_stage_2"
 
 
 def compile_warmup_steps(compile_mode: str) -> int:
@@ -352,15 +353,22 @@ class PretrainConfig:
                 f"{model.compile_mode!r} records CUDA graphs, which need batches of one shape: packed batches "
                 "(data.packing=greedy or best_fit) with data.static_shapes true or auto")
         # Inductor's CUDA graph trees hand a step's gradients out in their memory pool, which the next replay reuses:
-        # kept across micro-batches, a gradient is overwritten under the accumulation (pytorch/pytorch#96693,
-        # #169545). DeepSpeed ZeRO 1-2 copy each micro-batch's gradients into their own buckets in its hooks.
-        require(model.compile_mode not in CUDA_GRAPH_MODES or self.trainer.accumulate_grad_batches == 1
-                or self.trainer.strategy.startswith(GRADIENT_COPYING_STRATEGIES), "model.compile_mode",
+        # kept across micro-batches, a gradient is overwritten under the accumulation (wrong, or an error:
+        # pytorch/pytorch#96693, #169545). DeepSpeed ZeRO-2 with contiguous gradients copies each micro-batch's
+        # gradients into its own buffer in its hooks (0.19.8, stage_1_and_2.py:1452-1461); ZeRO-1, or ZeRO-2 without
+        # contiguous gradients, keeps them in param.grad until the accumulation's last micro-batch (a CPU
+        # simulation of a replayed gradient buffer: ZeRO-2 as the recipe builds it summed right, those two did not).
+        trainer = self.trainer
+        copies_gradients_out = (trainer.strategy.startswith(GRADIENT_COPYING_STRATEGY)
+                                and trainer.deepspeed.contiguous_gradients is not False)
+        require(model.compile_mode not in CUDA_GRAPH_MODES or trainer.accumulate_grad_batches == 1
+                or copies_gradients_out, "model.compile_mode",
                 f"{model.compile_mode!r} replays CUDA graphs whose output memory the next micro-batch reuses, and "
-                f"trainer.accumulate_grad_batches={self.trainer.accumulate_grad_batches} under "
-                f"trainer.strategy={self.trainer.strategy} would keep the accumulating gradients in it (silently "
-                f"wrong): use a DeepSpeed strategy of stage 1 or 2 (deepspeed_stage_2, the recipe's; it copies each "
-                f"micro-batch's gradients out), trainer.accumulate_grad_batches=1, or model.compile_mode=default")
+                f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} under trainer.strategy="
+                f"{trainer.strategy}{' without contiguous gradients' * trainer.strategy.startswith('deepspeed')} "
+                f"would keep the accumulating gradients in it (wrong, or an error): use trainer.strategy="
+                f"deepspeed_stage_2 (the recipe's; with trainer.deepspeed.contiguous_gradients left on, it copies "
+                f"each micro-batch's gradients out), trainer.accumulate_grad_batches=1, or model.compile_mode=default")
         require(data.static_documents_per_row >= 0, "data.static_documents_per_row",
                 "must be >= 0 (0 = max(8, data.max_length // 32))")
         require(masking.pad_to_multiple_of >= 1, "masking.pad_to_multiple_of", "must be >= 1")

@@ -189,9 +189,11 @@ def trace_graphs_captured_from_now(device: torch.device) -> None:
 
 
 def cuda_graphs_or_error(device: torch.device, compile_mode: str) -> contextlib.AbstractContextManager:
-    """Where a run measures CUDA graphs (compile_mode reduce-overhead or max-autotune, on a GPU), a graph that
-    Inductor would run without them (a CPU tensor in it, an op it deems unsafe to capture) raises with Inductor's
-    reason instead of logging a warning: no figure under such a mode is timed without its graphs."""
+    """Where a run measures CUDA graphs (compile_mode reduce-overhead or max-autotune, on a GPU), Inductor's
+    `cudagraph_or_error`: what Inductor reports as skipping its CUDA graphs with a warning (an input mutated outside
+    the graph, too many re-recordings, several devices) raises with its reason instead. Not everything: with graph
+    partitioning (on by default in torch 2.11) a CPU node or an op unsafe to capture is split out to run eagerly
+    between graphs without a word, and a graph with non-tensor inputs runs without graphs unreported."""
     if device.type == "cuda" and compile_mode in CUDA_GRAPH_MODES:
         return torch._inductor.config.patch({"triton.cudagraph_or_error": True})
     return contextlib.nullcontext()

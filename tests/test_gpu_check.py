@@ -199,8 +199,9 @@ def test_a_gpu_recordings_host_waits_are_read_from_its_trace_and_reported(tmp_pa
     lines = profile_section(ceiling, loop)
     at = lines.index("Where the device waited on the host in the ceiling's recording (all its steps; "
                      "neobert.eval.host_waits):")
-    assert lines[at + 2].startswith("- device idle 0.06 ms of the step's 0.10 ms (65%")
-    assert lines[at + 3].startswith("- waiting for a launch, by the operators around it: neobert::flash_attn_4_varlen")
+    assert lines[at + 2].startswith("- device idle 0.06 ms of the recording's 0.10 ms (65%")
+    assert lines[at + 3].startswith("- waiting for the host, by the operators around the late launch: "
+                                    "neobert::flash_attn_4_varlen")
     assert not any("in the loop's recording" in line for line in lines)
     summary = profile_summary(ceiling, LOOP_PROFILE_FILES)["host_waits"]
     assert summary["late_us"] == 58 and summary["waits"][0]["innermost"] == "neobert::flash_attn_4_varlen"

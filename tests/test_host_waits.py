@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from neobert.eval.host_waits import NO_HOST_OP, NO_LAUNCH, HostWait, host_waits, read_trace
+from neobert.eval.host_waits import (AFTER_SYNC, NO_HOST_OP, NO_LAUNCH, HostWait, host_wait_lines, host_waits,
+                                    read_trace)
 
 
 def op(name, ts, dur, tid=1, cat="cpu_op"):
@@ -56,7 +57,7 @@ def test_each_launching_operators_host_time_is_set_against_its_kernels_device_ti
     operators = {o.name: o for o in host_waits(compiled_step()).operators}
     assert set(operators) == {"aten::mm", "neobert::flash_attn_4_varlen", "aten::add"}  # aten::empty launched nothing
     fa4 = operators["neobert::flash_attn_4_varlen"]
-    assert (fa4.calls, fa4.host_us, fa4.device_us) == (1, 60, 10)
+    assert (fa4.calls, fa4.host_us, fa4.device_us) == (1, 60 - 2, 10)  # its own time: aten::empty's 2 left out
     assert [o.name for o in host_waits(compiled_step()).operators][0] == "neobert::flash_attn_4_varlen"  # most over
 
 
@@ -104,3 +105,90 @@ def test_absolute_timestamps_change_nothing(shift):
         e["ts"] += shift
     report = host_waits(trace)
     assert (report.late_us, report.queued_us, report.busy_us) == (58, 4, 33)
+
+
+def test_what_a_real_trace_holds_beside_kernels_changes_nothing():
+    """A GPU-side annotation spanning kernels, flow events, the trace's own span, a sync that launched nothing, a copy
+    tied to its cudaMemcpyAsync and a CUDA graph's replay (its kernels share the launch's correlation): busy is the
+    kernels' union, the replay's kernels are launched by the graph's launch."""
+    trace = compiled_step()
+    trace["traceEvents"] += [
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "## Call CompiledFxGraph ##", "pid": 0, "tid": 7, "ts": 0,
+         "dur": 120},
+        {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": 1, "pid": 1, "tid": 1, "ts": 10},
+        {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": 1, "pid": 0, "tid": 7, "ts": 12, "bp": "e"},
+        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler", "pid": "Spans", "tid": "PyTorch Profiler", "ts": -50,
+         "dur": 300},
+        op("aten::copy_", 96, 4), launch(97, 4, name="cudaMemcpyAsync"),
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": 7, "ts": 98, "dur": 2,
+         "args": {"correlation": 4}},
+        op("CUDAGraph::replay", 101, 3), launch(102, 5, name="cudaGraphLaunch"),
+        kernel(103, 3, 5, "graph_kernel_a"), kernel(106, 2, 5, "graph_kernel_b"),
+    ]
+    report = host_waits(trace)
+    assert report.busy_us == 18 + 10 + 5 + 2 + 5  # the annotation's 120 µs counted nowhere
+    assert report.span_us == 108 and report.unlaunched == 0 and report.dropped == 0
+    waits = {w.innermost: w.idle_us for w in report.waits}
+    assert waits["aten::copy_"] == 3 and waits["CUDAGraph::replay"] == 3  # idle 95-98 and 100-103
+
+
+def test_idle_while_the_host_sat_in_a_sync_is_blamed_on_the_sync_not_the_next_launch():
+    """An .item() after the first kernel: the host blocks in cudaStreamSynchronize until the device is done, then
+    runs Python before its next launch. The idle between is the read's."""
+    trace = {"traceEvents": [
+        op("aten::mm", 0, 2), launch(1, 1), kernel(2, 20, 1),
+        op("aten::item", 3, 25), op("aten::_local_scalar_dense", 3, 25), launch(4, 9, name="cudaMemcpyAsync"),
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1, "tid": 1, "ts": 5, "dur": 18},
+        op("aten::add", 40, 5), launch(42, 2), kernel(44, 3, 2),
+    ]}
+    report = host_waits(trace)
+    assert report.waits == [HostWait(AFTER_SYNC + "aten::_local_scalar_dense", "aten::item", 22, 1),
+                            HostWait("aten::mm", "aten::mm", 2, 1)]  # the step's start: not after a sync
+
+
+def test_a_launch_still_in_its_call_when_the_device_went_idle_is_the_hosts():
+    trace = {"traceEvents": [op("aten::mm", 0, 5), launch(1, 1), kernel(2, 8, 1),
+                             op("CUDAGraph::replay", 5, 30),
+                             {**launch(6, 2, name="cudaGraphLaunch"), "dur": 20}, kernel(27, 3, 2)]}
+    report = host_waits(trace)  # launched from 6 to 26; the device idle from 10
+    assert report.queued_us == 0 and report.waits[0] == HostWait("CUDAGraph::replay", "CUDAGraph::replay", 17, 1)
+
+
+def test_operator_times_count_a_calls_own_time_and_only_calls_that_launched():
+    """A nested same-name operator is one launching call, its time less its child's; a call that launched nothing
+    (a CPU copy) is not counted; an operator ending exactly at a launch does not hold it."""
+    trace = {"traceEvents": [
+        op("aten::sum", 0, 55), op("aten::sum", 10, 38), launch(20, 1), kernel(21, 5, 1),
+        op("aten::copy_", 60, 30),
+        op("aten::empty", 95, 5), op("aten::mul", 90, 20), launch(100, 2), kernel(101, 5, 2),
+    ]}
+    operators = {o.name: o for o in host_waits(trace).operators}
+    assert set(operators) == {"aten::sum", "aten::mul"}
+    assert (operators["aten::sum"].calls, operators["aten::sum"].host_us) == (1, 38)
+    assert operators["aten::mul"].host_us == 20 - 5
+
+
+def test_a_wrapper_range_is_never_the_outermost_operator():
+    """Lightning runs the whole closure inside the optimizer's step range: the outermost is what is inside it."""
+    trace = {"traceEvents": [op("Optimizer.step#AdamW.step", 0, 100), op("[pl][module]model", 1, 90),
+                             op("Torch-Compiled Region: 0/0", 2, 80), op("aten::mm", 10, 10), launch(15, 1),
+                             kernel(16, 5, 1)]}
+    assert host_waits(trace).waits == [HostWait("aten::mm", "Torch-Compiled Region: 0/0", 16, 1)]
+
+
+def test_a_device_event_stamped_before_the_recording_is_left_out_and_counted():
+    trace = compiled_step()
+    trace["traceEvents"].append(kernel(-1e9, 5, 77))
+    report = host_waits(trace)
+    assert report.dropped == 1 and report.span_us == 95 and report.late_us == 58
+    assert "1 stamped before the recording began (left out)" in host_wait_lines(report)[1]
+
+
+def test_the_lines_survive_an_empty_span_and_name_each_wait_once():
+    trace = {"traceEvents": [kernel(5, 0, 1)]}  # one zero-length kernel, no host event
+    lines = host_wait_lines(host_waits(trace))
+    assert lines[0].startswith("- device idle 0.00 ms of the recording's 0.00 ms (the profiler")
+    lines = "\n".join(host_wait_lines(host_waits(compiled_step())))
+    assert "; aten::mm (in Torch-Compiled Region: 0/0) 0.01 ms over 1 gap\n" in lines
+    assert "over 2 gaps" in "\n".join(host_wait_lines(host_waits({"traceEvents": [
+        op("aten::mm", 0, 30), launch(1, 1), kernel(2, 1, 1), launch(10, 2), kernel(12, 1, 2)]})))

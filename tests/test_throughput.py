@@ -303,11 +303,11 @@ def test_a_gpu_rows_profile_reads_where_the_device_waited_from_its_trace(monkeyp
     text = job.write_reports([row], tmp_path)["markdown"].read_text()
     assert ("### where the device waited on the host: inference, full batches, 8 tokens, neobert (2), the profiled "
             "step") in text
-    assert "- device idle 0.06 ms of the step's 0.10 ms (65%; the profiler slows the host)" in text
-    assert ("neobert::flash_attn_4_varlen (in Torch-Compiled Region: 0/0) 0.05 ms over 1 gaps; aten::mm (in "
-            "Torch-Compiled Region: 0/0) 0.01 ms over 1 gaps") in text
-    assert ("- operators whose host time exceeds their kernels': neobert::flash_attn_4_varlen 1 calls, host 0.06 ms "
-            "against kernels 0.01 ms; aten::add 1 calls") in text
+    assert "- device idle 0.06 ms of the recording's 0.10 ms (65%; the profiler slows the host)" in text
+    assert ("neobert::flash_attn_4_varlen (in Torch-Compiled Region: 0/0) 0.05 ms over 1 gap; aten::mm (in "
+            "Torch-Compiled Region: 0/0) 0.01 ms over 1 gap") in text
+    assert ("- operators whose own host time exceeds their kernels': neobert::flash_attn_4_varlen 1 call, host 0.06 "
+            "ms against kernels 0.01 ms; aten::add 1 call") in text
 
     monkeypatch.setattr(job, "profile_step", lambda *args: (args[-1].write_text("{not json"), profile_step(
         *args[:-1], tmp_path / "elsewhere.json.gz"))[1])

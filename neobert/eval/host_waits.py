@@ -1,15 +1,19 @@
 """Where a GPU waited on its host in a profiled step, read from torch.profiler's Chrome trace kernel by kernel.
 
 The device is idle between two stretches of kernels. The idle is the host's when the kernel that ends it was
-launched after the device had gone idle (a late launch). It is then blamed on the host operators around that launch
-on the launching thread (`cpu_op` and `user_annotation` events): the innermost, such as ``neobert::flash_attn_4_varlen``
-or ``aten::mm``, and the outermost, such as ``Torch-Compiled Region: 0/0`` or an autograd node. Otherwise the kernel
-was already queued and the idle is the device's own (launch latency, a wait on another stream). Kernels link to their
-launch (`cuda_runtime`/`cuda_driver` events: cudaLaunchKernel, cuLaunchKernel for Triton and CuTe DSL, a CUDA graph's
-launch) by the trace's `correlation` id.
+launched late: its launch call (`cuda_runtime`/`cuda_driver` events: cudaLaunchKernel, cuLaunchKernel(Ex) for Triton
+and CuTe DSL, a CUDA graph's launch, linked to its kernels by the trace's `correlation` id) ended after the device
+had gone idle. It is then blamed on the host operators around that launch on the launching thread (`cpu_op` and
+`user_annotation` events): the innermost, such as ``neobert::flash_attn_4_varlen`` or a Triton kernel's range, and the
+outermost, such as ``Torch-Compiled Region: 0/0`` or an autograd node (wrapper ranges such as Lightning's
+``Optimizer.step#AdamW.step``, which holds the whole closure, are passed over). Where the host sat in a blocking
+synchronisation (an ``.item()``, a copy to the host) when the device went idle, the idle is blamed on the operators
+around that synchronisation instead, marked "after a sync". Otherwise the kernel was already queued and the idle is
+the device's own (launch latency, a wait on another stream).
 
-The same pairing gives each host operator's own time against the device time of the kernels launched inside it: an
-operator whose host time exceeds its kernels' keeps the device waiting wherever the host has no lead to spend.
+The same pairing gives each host operator that launched kernels its own host time (its calls' time less their child
+operators') against the device time of the kernels it launched itself: an operator whose host time exceeds its
+kernels' keeps the device waiting wherever the host has no lead to spend.
 
 Host times come from a step run under the profiler, which slows the host (the more operators, the more): they say
 which operators keep the device waiting, not by how much an unprofiled step does.
@@ -24,11 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})  # not gpu_user_annotation: it spans kernels
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 HOST_CATEGORIES = frozenset({"cpu_op", "user_annotation"})
+# The host calls that block until the device has caught up
+SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+                        "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize", "cuMemcpyDtoH_v2"})
+# Ranges that wrap whole phases of a step rather than say what the host did: never the outermost operator
+WRAPPER_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", "ProfilerStep#", "[pl]")
 NO_HOST_OP = "(no host operator)"  # a launch outside every recorded operator (Python between operators)
 NO_LAUNCH = "(launch not in the trace)"
+AFTER_SYNC = "after a sync in "
 
 
 @dataclass(frozen=True)
@@ -43,8 +53,8 @@ class HostWait:
 
 @dataclass(frozen=True)
 class OperatorTimes:
-    """One host operator (innermost around its launches) over the step: its calls, their host time and the device
-    time of the kernels they launched."""
+    """One host operator over the recording, counting its calls that launched kernels themselves: their host time
+    (less their child operators') and the device time of the kernels they launched."""
 
     name: str
     calls: int
@@ -54,12 +64,14 @@ class OperatorTimes:
 
 @dataclass
 class HostWaitReport:
-    span_us: float  # from the step's first host event to its last kernel's end
+    span_us: float  # from the recording's first host event to its last kernel's end
     busy_us: float  # the union of the device's kernels, copies and sets
-    late_us: float  # idle ended by a late launch: the host's
+    late_us: float  # idle ended by a late launch (or following a host sync): the host's
     queued_us: float  # idle ended by a kernel launched before the idle began: the device's own
     waits: list[HostWait] = field(default_factory=list)  # the host's idle by operator, the largest first
     operators: list[OperatorTimes] = field(default_factory=list)  # by host time over device time, the largest first
+    unlaunched: int = 0  # device events whose launch is not in the trace (their idle is counted as the host's)
+    dropped: int = 0  # device events stamped before the recording's first host event (a clock fault), left out
 
     @property
     def idle_us(self) -> float:
@@ -75,89 +87,119 @@ def read_trace(path: str | Path) -> dict[str, Any]:
 
 
 def host_waits(trace: dict[str, Any]) -> HostWaitReport | None:
-    """The device's idle time in a one-step trace, split into the host's (by operator) and the device's own; None
+    """The device's idle time in a recording's trace, split into the host's (by operator) and the device's own; None
     where the trace holds no device event (a CPU recording)."""
     events = [e for e in trace.get("traceEvents", ()) if e.get("ph") == "X" and "dur" in e and "ts" in e]
     device = sorted((e for e in events if e.get("cat") in DEVICE_CATEGORIES), key=lambda e: e["ts"])
     if not device:
         return None
+    host_starts = [e["ts"] for e in events if e.get("cat") in HOST_CATEGORIES | LAUNCH_CATEGORIES]
+    start = min(host_starts) if host_starts else device[0]["ts"]
+    kept = [e for e in device if e["ts"] >= start]
+    dropped = len(device) - len(kept)
+    if not kept:
+        return None
     launches = {e["args"]["correlation"]: e for e in events
                 if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
-    around = _operators_around(events, launches.values())
-    host_start = min((e["ts"] for e in events if e.get("cat") in HOST_CATEGORIES | LAUNCH_CATEGORIES),
-                     default=device[0]["ts"])
-    start = min(host_start, device[0]["ts"])
-    end = max(e["ts"] + e["dur"] for e in device)
+    syncs = sorted((e for e in events if e.get("cat") in LAUNCH_CATEGORIES and e.get("name") in SYNC_CALLS),
+                   key=lambda e: e["ts"])
+    around, self_us = _operators_around(events, [*launches.values(), *syncs])
 
     busy = late = queued = 0.0
+    unlaunched = 0
     waits: dict[tuple[str, str], list[float]] = defaultdict(list)
-    idle_from = start
-    stretch_end = start
-    for kernel in device:
-        kernel_end = kernel["ts"] + kernel["dur"]
+    device_by_launcher: dict[int, float] = defaultdict(float)  # id of the innermost operator -> its kernels' time
+    idle_from = stretch_end = start
+    for index, kernel in enumerate(kept):
+        launch = launches.get(kernel.get("args", {}).get("correlation"))
+        if launch is None:
+            unlaunched += 1
+        elif id(launch) in around and around[id(launch)][2] is not None:
+            device_by_launcher[around[id(launch)][2]] += kernel["dur"]
         if kernel["ts"] > stretch_end:  # the device was idle from stretch_end until this kernel
             gap = kernel["ts"] - stretch_end
-            launch = launches.get(kernel.get("args", {}).get("correlation"))
-            if launch is None:
+            sync = _sync_holding(syncs, stretch_end) if index else None
+            if sync is not None:
+                late += gap
+                inner, outer, _ = around[id(sync)]
+                waits[(AFTER_SYNC + inner, outer)].append(gap)
+            elif launch is None:
                 late += gap
                 waits[(NO_LAUNCH, NO_LAUNCH)].append(gap)
-            elif launch["ts"] >= stretch_end:
+            elif launch["ts"] + launch["dur"] > stretch_end:
                 late += gap
-                inner, outer = around.get(id(launch), (NO_HOST_OP, NO_HOST_OP))
+                inner, outer, _ = around[id(launch)]
                 waits[(inner, outer)].append(gap)
             else:
                 queued += gap
             busy += stretch_end - idle_from
             idle_from = kernel["ts"]
-        stretch_end = max(stretch_end, kernel_end)
+        stretch_end = max(stretch_end, kernel["ts"] + kernel["dur"])
     busy += stretch_end - idle_from
 
     ranked = sorted((HostWait(inner, outer, sum(gaps), len(gaps)) for (inner, outer), gaps in waits.items()),
                     key=lambda wait: -wait.idle_us)
-    return HostWaitReport(end - start, busy, late, queued, ranked, _operator_times(device, launches, around, events))
+    return HostWaitReport(stretch_end - start, busy, late, queued, ranked,
+                          _operator_times(events, device_by_launcher, self_us), unlaunched, dropped)
 
 
-def _operators_around(events: list[dict], launches) -> dict[int, tuple[str, str]]:
-    """For each launch event (by id): the names of the innermost and outermost host operators whose time range holds
-    its start on its own thread, found in one sweep per thread (operators nest on a thread)."""
+def _sync_holding(syncs: list[dict], moment: float) -> dict | None:
+    """The blocking synchronisation the host was in at `moment` (the device going idle), if any."""
+    for sync in syncs:
+        if sync["ts"] > moment:
+            return None
+        if sync["ts"] + sync["dur"] >= moment:
+            return sync
+    return None
+
+
+def _operators_around(events: list[dict], calls: list[dict]) -> tuple[dict[int, tuple[str, str, int | None]],
+                                                                     dict[int, float]]:
+    """For each host call (a launch or a sync; by id): the names of the innermost and outermost host operators whose
+    time range holds its start on its own thread (the outermost passing over wrapper ranges), and the innermost's id;
+    and every operator's self time (its duration less its direct children's). One sweep per thread: operators nest
+    on a thread."""
     by_thread: dict[tuple, list[tuple[float, int, float, dict]]] = defaultdict(list)
     for e in events:
         if e.get("cat") in HOST_CATEGORIES:
-            # at one start, the longer (outer) operator first, and operators before launches
+            # at one start, operators before calls, and the longer (outer) operator first
             by_thread[(e.get("pid"), e.get("tid"))].append((e["ts"], 0, -e["dur"], e))
-    for e in launches:
+    for e in calls:
         by_thread[(e.get("pid"), e.get("tid"))].append((e["ts"], 1, 0.0, e))
-    found: dict[int, tuple[str, str]] = {}
+    found: dict[int, tuple[str, str, int | None]] = {}
+    self_us: dict[int, float] = {}
     for items in by_thread.values():
         items.sort(key=lambda item: item[:3])
         stack: list[dict] = []
-        for ts, is_launch, _, e in items:
-            while stack and stack[-1]["ts"] + stack[-1]["dur"] < ts:
+        for ts, is_call, _, e in items:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= ts:  # ended (one that ends at ts holds nothing)
                 stack.pop()
-            if is_launch:
-                found[id(e)] = (stack[-1]["name"], stack[0]["name"]) if stack else (NO_HOST_OP, NO_HOST_OP)
+            if is_call:
+                if stack:
+                    outer = next((op for op in stack if not op["name"].startswith(WRAPPER_PREFIXES)), stack[0])
+                    found[id(e)] = (stack[-1]["name"], outer["name"], id(stack[-1]))
+                else:
+                    found[id(e)] = (NO_HOST_OP, NO_HOST_OP, None)
             else:
+                self_us[id(e)] = e["dur"]
+                if stack:
+                    self_us[id(stack[-1])] -= e["dur"]
                 stack.append(e)
-    return found
+    return found, self_us
 
 
-def _operator_times(device: list[dict], launches: dict, around: dict[int, tuple[str, str]],
-                    events: list[dict]) -> list[OperatorTimes]:
-    """Per innermost operator around launches: its calls' host time and their kernels' device time."""
-    device_us: dict[str, float] = defaultdict(float)
-    for kernel in device:
-        launch = launches.get(kernel.get("args", {}).get("correlation"))
-        if launch is not None:
-            device_us[around.get(id(launch), (NO_HOST_OP,))[0]] += kernel["dur"]
+def _operator_times(events: list[dict], device_by_launcher: dict[int, float],
+                    self_us: dict[int, float]) -> list[OperatorTimes]:
+    """Per operator name, over its calls that launched kernels themselves: their self time and their kernels'."""
     calls: dict[str, int] = defaultdict(int)
-    host_us: dict[str, float] = defaultdict(float)
-    launching = set(device_us)
+    host: dict[str, float] = defaultdict(float)
+    device: dict[str, float] = defaultdict(float)
     for e in events:
-        if e.get("cat") in HOST_CATEGORIES and e["name"] in launching:
+        if id(e) in device_by_launcher:
             calls[e["name"]] += 1
-            host_us[e["name"]] += e["dur"]
-    times = [OperatorTimes(name, calls[name], host_us[name], device_us[name]) for name in launching
-             if name != NO_HOST_OP]
+            host[e["name"]] += self_us[id(e)]
+            device[e["name"]] += device_by_launcher[id(e)]
+    times = [OperatorTimes(name, calls[name], host[name], device[name]) for name in calls]
     return sorted(times, key=lambda op: -(op.host_us - op.device_us))
 
 
@@ -167,14 +209,20 @@ def host_wait_lines(report: HostWaitReport, shown: int = 5) -> list[str]:
     def ms(us: float) -> str:
         return f"{us / 1e3:,.2f} ms"
 
-    lines = [f"- device idle {ms(report.idle_us)} of the step's {ms(report.span_us)} "
-             f"({report.idle_us / report.span_us:.0%}; the profiler slows the host): {ms(report.late_us)} waiting "
-             f"for a launch, {ms(report.queued_us)} with kernels already queued"]
+    share = f"{report.idle_us / report.span_us:.0%}; " if report.span_us else ""
+    lines = [f"- device idle {ms(report.idle_us)} of the recording's {ms(report.span_us)} ({share}the profiler slows "
+             f"the host): {ms(report.late_us)} waiting for the host, {ms(report.queued_us)} with kernels already "
+             f"queued"]
+    if report.unlaunched or report.dropped:
+        lines.append(f"- {report.unlaunched:,} device events without their launch in the trace (their idle counted "
+                     f"as the host's), {report.dropped:,} stamped before the recording began (left out)")
     if report.waits:
-        lines.append("- waiting for a launch, by the operators around it: " + "; ".join(
-            f"{w.innermost} (in {w.outermost}) {ms(w.idle_us)} over {w.gaps:,} gaps" for w in report.waits[:shown]))
+        lines.append("- waiting for the host, by the operators around the late launch: " + "; ".join(
+            f"{w.innermost}{f' (in {w.outermost})' * (w.outermost != w.innermost)} {ms(w.idle_us)} over "
+            f"{w.gaps:,} gap{'s' * (w.gaps != 1)}" for w in report.waits[:shown]))
     slower = [o for o in report.operators if o.host_us > o.device_us][:shown]
     if slower:
-        lines.append("- operators whose host time exceeds their kernels': " + "; ".join(
-            f"{o.name} {o.calls:,} calls, host {ms(o.host_us)} against kernels {ms(o.device_us)}" for o in slower))
+        lines.append("- operators whose own host time exceeds their kernels': " + "; ".join(
+            f"{o.name} {o.calls:,} call{'s' * (o.calls != 1)}, host {ms(o.host_us)} against kernels "
+            f"{ms(o.device_us)}" for o in slower))
     return lines

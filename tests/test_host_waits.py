@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from neobert.eval.host_waits import (AFTER_SYNC, NO_HOST_OP, NO_LAUNCH, HostWait, host_wait_lines, host_waits,
-                                    read_trace)
+from neobert.eval.host_waits import (AFTER_SYNC, NO_HOST_OP, NO_LAUNCH, PROFILER, HostWait, host_wait_lines,
+                                    host_waits, read_trace)
 
 
 def op(name, ts, dur, tid=1, cat="cpu_op"):
@@ -192,3 +192,17 @@ def test_the_lines_survive_an_empty_span_and_name_each_wait_once():
     assert "; aten::mm (in Torch-Compiled Region: 0/0) 0.01 ms over 1 gap\n" in lines
     assert "over 2 gaps" in "\n".join(host_wait_lines(host_waits({"traceEvents": [
         op("aten::mm", 0, 30), launch(1, 1), kernel(2, 1, 1), launch(10, 2), kernel(12, 1, 2)]})))
+
+
+def test_the_profilers_own_work_is_its_own():
+    """CUPTI's buffer request (kineto's "overhead" event, on the H200's trace: 2.2 ms inside one aten::div) held the
+    launch: the idle is the profiler's, and the operator's own time leaves it out."""
+    trace = {"traceEvents": [
+        op("aten::mm", 0, 5), launch(1, 1), kernel(2, 8, 1),
+        op("aten::div", 20, 100), {"ph": "X", "cat": "overhead", "name": "Activity Buffer Request", "pid": 0,
+                                   "tid": 0, "ts": 22, "dur": 90},
+        launch(115, 2), kernel(117, 2, 2),
+    ]}
+    report = host_waits(trace)
+    assert HostWait(PROFILER, PROFILER, 107, 1) in report.waits
+    assert {o.name: o.host_us for o in report.operators}["aten::div"] == 100 - 90

@@ -8,12 +8,13 @@ had gone idle. It is then blamed on the host operators around that launch on the
 outermost, such as ``Torch-Compiled Region: 0/0`` or an autograd node (wrapper ranges such as Lightning's
 ``Optimizer.step#AdamW.step``, which holds the whole closure, are passed over). Where the host sat in a blocking
 synchronisation (an ``.item()``, a copy to the host) when the device went idle, the idle is blamed on the operators
-around that synchronisation instead, marked "after a sync". Otherwise the kernel was already queued and the idle is
+around that synchronisation instead, marked "after a sync"; where the profiler itself held the host (kineto's
+`overhead` events, CUPTI's activity buffers), on the profiler. Otherwise the kernel was already queued and the idle is
 the device's own (launch latency, a wait on another stream).
 
 The same pairing gives each host operator that launched kernels its own host time (its calls' time less their child
-operators') against the device time of the kernels it launched itself: an operator whose host time exceeds its
-kernels' keeps the device waiting wherever the host has no lead to spend.
+operators' and the profiler's work inside it) against the device time of the kernels it launched itself: an
+operator whose host time exceeds its kernels' keeps the device waiting wherever the host has no lead to spend.
 
 Host times come from a step run under the profiler, which slows the host (the more operators, the more): they say
 which operators keep the device waiting, not by how much an unprofiled step does.
@@ -38,6 +39,8 @@ SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaE
 WRAPPER_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", "ProfilerStep#", "[pl]")
 NO_HOST_OP = "(no host operator)"  # a launch outside every recorded operator (Python between operators)
 NO_LAUNCH = "(launch not in the trace)"
+# The profiler's own host work (kineto's "overhead" events: CUPTI's activity buffers), which an unprofiled step has not
+PROFILER = "(the profiler's own work)"
 AFTER_SYNC = "after a sync in "
 
 
@@ -104,6 +107,10 @@ def host_waits(trace: dict[str, Any]) -> HostWaitReport | None:
     syncs = sorted((e for e in events if e.get("cat") in LAUNCH_CATEGORIES and e.get("name") in SYNC_CALLS),
                    key=lambda e: e["ts"])
     around, self_us = _operators_around(events, [*launches.values(), *syncs])
+    overheads = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "overhead")
+    for e in events:  # an operator's own time leaves out the profiler's work done inside it
+        if id(e) in self_us:
+            self_us[id(e)] -= _overlap(overheads, e["ts"], e["ts"] + e["dur"])
 
     busy = late = queued = 0.0
     unlaunched = 0
@@ -118,20 +125,22 @@ def host_waits(trace: dict[str, Any]) -> HostWaitReport | None:
             device_by_launcher[around[id(launch)][2]] += kernel["dur"]
         if kernel["ts"] > stretch_end:  # the device was idle from stretch_end until this kernel
             gap = kernel["ts"] - stretch_end
-            sync = _sync_holding(syncs, stretch_end) if index else None
-            if sync is not None:
-                late += gap
-                inner, outer, _ = around[id(sync)]
-                waits[(AFTER_SYNC + inner, outer)].append(gap)
-            elif launch is None:
+            if launch is None:
                 late += gap
                 waits[(NO_LAUNCH, NO_LAUNCH)].append(gap)
-            elif launch["ts"] + launch["dur"] > stretch_end:
-                late += gap
-                inner, outer, _ = around[id(launch)]
-                waits[(inner, outer)].append(gap)
-            else:
+            elif launch["ts"] + launch["dur"] <= stretch_end:  # launched before the device went idle
                 queued += gap
+            else:
+                late += gap
+                sync = _sync_holding(syncs, stretch_end) if index else None
+                if _overlap(overheads, stretch_end, kernel["ts"]) >= gap / 2:
+                    waits[(PROFILER, PROFILER)].append(gap)
+                elif sync is not None and launch["ts"] >= sync["ts"] + sync["dur"]:  # launched once the sync returned
+                    inner, outer, _ = around[id(sync)]
+                    waits[(AFTER_SYNC + inner, outer)].append(gap)
+                else:
+                    inner, outer, _ = around[id(launch)]
+                    waits[(inner, outer)].append(gap)
             busy += stretch_end - idle_from
             idle_from = kernel["ts"]
         stretch_end = max(stretch_end, kernel["ts"] + kernel["dur"])
@@ -141,6 +150,11 @@ def host_waits(trace: dict[str, Any]) -> HostWaitReport | None:
                     key=lambda wait: -wait.idle_us)
     return HostWaitReport(stretch_end - start, busy, late, queued, ranked,
                           _operator_times(events, device_by_launcher, self_us), unlaunched, dropped)
+
+
+def _overlap(intervals: list[tuple[float, float]], start: float, end: float) -> float:
+    """How much of [start, end] the (sorted) intervals cover."""
+    return sum(max(0.0, min(end, b) - max(start, a)) for a, b in intervals if a < end and b > start)
 
 
 def _sync_holding(syncs: list[dict], moment: float) -> dict | None:

@@ -172,6 +172,28 @@ def test_tiny_end_to_end_writes_csv_png_markdown(tmp_path):
     assert "profile" not in paths and not (out / "throughput_profile.csv").exists()  # profile=false: none
     assert not (out / "throughput_traces").exists()
     assert "where the time goes" not in table
+    # on a CPU the host runs the work itself: no share of it spent issuing
+    assert all(not r["issued_share"] for r in rows) and "the host's time to issue a step" not in table
+
+
+def test_a_step_leaves_the_hosts_issue_time_and_gpu_rows_report_its_share(monkeypatch, tmp_path):
+    """time_step leaves the seconds the host took before the final wait for the device; a GPU row's share of its step
+    is reported per model and length, and read back from the CSV."""
+    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
+    batch = tp.make_batch(2, 8, "full", bench.vocab_size, bench.pad_token_id, torch.device("cpu"))
+    waits = []
+    monkeypatch.setattr(tp, "synchronize", lambda device: (waits.append(1), __import__("time").sleep(0.05)))
+    total = tp.time_step(bench, batch, True, torch.device("cpu"))
+    assert len(waits) == 2 and 0 < bench.issued_s < total - 0.04  # the final wait is not the host's issuing
+    rows = [tp.ThroughputRow(model, "training", "full", 1024, 32, tokens, 0.1, 1e9, 1e14, 0.3, 1, "cuda", "bfloat16",
+                             issued_share=share)
+            for model, tokens, share in (("neobert", 265010.0, 0.93), ("bert-base", 500000.0, 0.61))]
+    paths = job.write_reports(rows, tmp_path)
+    table = paths["markdown"].read_text()
+    assert ("### training, full batches: the host's time to issue a step, % of the step (near 100: the device waited "
+            "on the host)") in table
+    assert "| neobert | 93 |" in table and "| bert-base | 61 |" in table
+    assert [row.issued_share for row in read_csv(paths["csv"])] == [0.93, 0.61]
 
 
 def test_profile_true_reports_where_each_rows_step_went_per_tflop_of_its_model(tmp_path):

@@ -60,6 +60,8 @@ class BenchModel:
     attention: dict[str, str] = field(default_factory=dict)  # layout -> the attention kernel it runs (a note)
     skipped_layouts: dict[str, str] = field(default_factory=dict)  # layout -> why it is not timed for this model
     cuda_graphs: bool = False  # compiled into CUDA graphs (reduce-overhead): each call a new step of them
+    # `time_step`'s last step: the seconds the host took to issue it, from its start to the final wait for the device
+    issued_s: float = 0.0
 
     @property
     def matmul_weights(self) -> int:
@@ -343,7 +345,9 @@ def synchronize(device: torch.device) -> None:
 def time_step(model: BenchModel, batch: Batch, training: bool, device: torch.device,
               autocast_dtype: torch.dtype | None = None) -> float:
     """Seconds for one inference forward, or one training step (forward + backward of a scalar loss, under
-    autocast to `autocast_dtype` when one is given: mixed precision)."""
+    autocast to `autocast_dtype` when one is given: mixed precision). The seconds the host took to issue it (all but
+    the final wait for the device) are left in `model.issued_s`: on a GPU, near the step's own the device waited on
+    the host; well below it the host was ahead."""
     synchronize(device)
     start = time.perf_counter()
     if model.cuda_graphs:  # the graphs may reuse the last call's output memory: that step is over
@@ -358,6 +362,7 @@ def time_step(model: BenchModel, batch: Batch, training: bool, device: torch.dev
         model.module.eval()
         with torch.inference_mode():
             model.forward(model.module, batch)
+    model.issued_s = time.perf_counter() - start
     synchronize(device)
     return time.perf_counter() - start
 
@@ -475,6 +480,9 @@ class ThroughputRow:
     peak_flops: float | None = None  # MFU's denominator: a GPU's published peak, or the CPU matmul rate measured
     peak_source: str = ""  # "published" | "given (peak_flops)" | "measured matmul MxKxN" | ""
     reference_standalone: float | None = None  # the measured matmul rate alone, before the models (its check)
+    # On a GPU: the host's time to issue a timed step, over the step's (medians): near 1 the device waited on the
+    # host (launches, Python), well below it the host was ahead; None on a CPU, where the host runs the work itself
+    issued_share: float | None = None
     # profile=true: one more step of the row under torch.profiler (`profile_step`); reported in its own tables, not
     # in throughput.csv
     profile: KernelProfile | None = field(default=None, repr=False, compare=False)

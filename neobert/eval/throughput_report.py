@@ -137,7 +137,7 @@ def read_csv(path: str | Path) -> list[ThroughputRow]:
     """Reads a CSV written by `write_csv` (for the notebook and for re-plotting)."""
     types = {"batch_size": int, "seq_len": int, "params": int, "tokens_per_s": float, "step_s": float,
              "flops_per_token": float, "achieved_flops": float, "mfu": float, "peak_flops": float,
-             "reference_standalone": float}
+             "reference_standalone": float, "issued_share": float}
     rows = []
     with Path(path).open() as handle:
         for raw in csv.DictReader(handle):
@@ -217,6 +217,13 @@ def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") ->
                     line += f"; standalone before the models: {_fmt(first.reference_standalone, 1e9, 1)}"
                     line += f" (**more than 10% apart at {off}: the machine was not steady**)" if off else ""
                 out.extend([line, ""])
+        if any(r.issued_share is not None for r in group):
+            def issued(name: str, length: int) -> str:
+                row = cell.get((name, length))
+                return _fmt(None if row is None or row.issued_share is None else row.issued_share * 100)
+
+            section("the host's time to issue a step, % of the step (near 100: the device waited on the host)",
+                    names, issued)
         others = [n for n in names if n != reference and any(measured(n, x) and measured(reference, x)
                                                              for x in lengths)]
         if others:

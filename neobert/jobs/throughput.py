@@ -216,11 +216,13 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     progress(f"{layout} L={length} {name}: batch size {best[0]}")
                 # Interleaved, timed repetitions: A, B, C, matmul reference, A, B, C, matmul reference, ...
                 times: dict[str, list[float]] = {name: [] for name in chosen}
+                issued: dict[str, list[float]] = {name: [] for name in chosen}
                 reference_rates = []
                 for _ in range(config.repeats):
                     for name, (size, batch) in list(chosen.items()):
                         try:
                             times[name].append(time_step(models[name], batch, training, device, autocast_dtype))
+                            issued[name].append(models[name].issued_s)
                         except RUN_STOPPERS:
                             raise
                         except Exception as err:  # noqa: BLE001 - one row's failure, in its note
@@ -244,6 +246,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                         sum(p.numel() for p in bench.module.parameters()), device.type,
                         str(dtype).removeprefix("torch."), note=bench.attention.get(layout, ""),
                         peak_flops=group_peak, peak_source=peak_source, reference_standalone=standalone,
+                        issued_share=statistics.median(issued[name]) / step if device.type == "cuda" else None,
                     ))
                     progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")
                     if config.profile:

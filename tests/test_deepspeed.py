@@ -193,19 +193,25 @@ print("RESULT" + json.dumps(result))
 '''
 
 
-@pytest.fixture(scope="module")
-def engine_results(tmp_path_factory):
-    """DeepSpeed's real engine on CPU (gloo, one process), in a subprocess: it sets process-wide state."""
-    script = tmp_path_factory.mktemp("ds") / "engine.py"
-    script.write_text(ENGINE_SCRIPT)
+def run_engine_script(text: str, folder, port_base: int) -> dict:
+    """A script driving DeepSpeed's real engine on CPU (gloo, one process), run in a subprocess (it sets process-wide
+    state) on a port of its own (`port_base` + this process's id: tests in parallel workers do not collide): the JSON
+    it prints after "RESULT"."""
+    script = folder / "engine.py"
+    script.write_text(text)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    port = str(29500 + os.getpid() % 1000)
+    port = str(port_base + os.getpid() % 1000)
     done = subprocess.run([sys.executable, str(script), port], capture_output=True, text=True, env=env, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(lines[-1].removeprefix("RESULT"))
+
+
+@pytest.fixture(scope="module")
+def engine_results(tmp_path_factory):
+    return run_engine_script(ENGINE_SCRIPT, tmp_path_factory.mktemp("ds"), 29500)
 
 
 def test_accumulated_gradient_under_deepspeed_equals_the_unaccumulated_one(engine_results):
@@ -370,16 +376,7 @@ def test_cuda_graphs_with_accumulation_are_allowed_exactly_where_deepspeed_copie
 
     from neobert.config import ConfigError
 
-    script = tmp_path / "replay.py"
-    script.write_text(REPLAY_SCRIPT)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    port = str(30500 + os.getpid() % 1000)
-    done = subprocess.run([sys.executable, str(script), port], capture_output=True, text=True, env=env, timeout=600)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
-    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
-    right = json.loads(lines[-1].removeprefix("RESULT"))
+    right = run_engine_script(REPLAY_SCRIPT, tmp_path, 30500)
     assert right == {"deepspeed_stage_1 True": False, "deepspeed_stage_2 True": True,
                      "deepspeed_stage_2 False": False, "deepspeed_stage_2_offload True": True}
     for case, correct in right.items():

@@ -148,10 +148,20 @@ def test_idle_while_the_host_sat_in_a_sync_is_blamed_on_the_sync_not_the_next_la
 
 def test_a_launch_still_in_its_call_when_the_device_went_idle_is_the_hosts():
     trace = {"traceEvents": [op("aten::mm", 0, 5), launch(1, 1), kernel(2, 8, 1),
-                             op("CUDAGraph::replay", 5, 30),
-                             {**launch(6, 2, name="cudaGraphLaunch"), "dur": 20}, kernel(27, 3, 2)]}
+                             op("triton_poi_fused_mul_0", 5, 30),
+                             {**launch(6, 2, name="cuLaunchKernelEx", cat="cuda_driver"), "dur": 20},
+                             kernel(27, 3, 2)]}
     report = host_waits(trace)  # launched from 6 to 26; the device idle from 10
-    assert report.queued_us == 0 and report.waits[0] == HostWait("CUDAGraph::replay", "CUDAGraph::replay", 17, 1)
+    assert report.queued_us == 0 and report.waits[0] == HostWait("triton_poi_fused_mul_0", "triton_poi_fused_mul_0", 17, 1)
+
+
+def test_the_gaps_inside_a_cuda_graphs_replay_are_the_devices_own():
+    """A replay's kernels run while its (traced, so lengthened) cudaGraphLaunch call goes on: they share its
+    correlation, and the gaps between them had their kernels queued."""
+    trace = {"traceEvents": [op("CUDAGraphNode.run", 0, 60), {**launch(2, 1, name="cudaGraphLaunch"), "dur": 50},
+                             kernel(5, 10, 1), kernel(17, 10, 1), kernel(29, 10, 1)]}
+    report = host_waits(trace)
+    assert report.queued_us == 4 and report.late_us == 5  # the two inner gaps; the wait before the replay began
 
 
 def test_operator_times_count_a_calls_own_time_and_only_calls_that_launched():
@@ -180,7 +190,7 @@ def test_a_device_event_stamped_before_the_recording_is_left_out_and_counted():
     trace = compiled_step()
     trace["traceEvents"].append(kernel(-1e9, 5, 77))
     report = host_waits(trace)
-    assert report.dropped == 1 and report.span_us == 95 and report.late_us == 58
+    assert report.dropped == 1 and report.span_us == 95 and report.late_us == 58 and report.profiler_us == 0
     assert "1 stamped before the recording began (left out)" in host_wait_lines(report)[1]
 
 
@@ -196,13 +206,23 @@ def test_the_lines_survive_an_empty_span_and_name_each_wait_once():
 
 def test_the_profilers_own_work_is_its_own():
     """CUPTI's buffer request (kineto's "overhead" event, on the H200's trace: 2.2 ms inside one aten::div) held the
-    launch: the idle is the profiler's, and the operator's own time leaves it out."""
+    launch: the part of the idle it covers is the profiler's, the rest the launch's operators', and an operator's own
+    time leaves it out (not twice where it falls in a child's time); other overhead events are not counted."""
     trace = {"traceEvents": [
         op("aten::mm", 0, 5), launch(1, 1), kernel(2, 8, 1),
-        op("aten::div", 20, 100), {"ph": "X", "cat": "overhead", "name": "Activity Buffer Request", "pid": 0,
+        op("aten::div", 20, 100), {"ph": "X", "cat": "overhead", "name": "Activity Buffer Request", "pid": -1,
                                    "tid": 0, "ts": 22, "dur": 90},
+        {"ph": "X", "cat": "overhead", "name": "Buffer Flush", "pid": -1, "tid": 0, "ts": 112, "dur": 3},
         launch(115, 2), kernel(117, 2, 2),
     ]}
     report = host_waits(trace)
-    assert HostWait(PROFILER, PROFILER, 107, 1) in report.waits
+    assert report.profiler_us == 90 and report.late_us == 2 + 17  # the start's 2; 10-117 less the request's 90
+    assert HostWait(PROFILER, PROFILER, 90, 1) in report.waits and HostWait("aten::div", "aten::div", 17, 1) in (
+        report.waits)
+    assert report.idle_us == report.span_us - report.busy_us
     assert {o.name: o.host_us for o in report.operators}["aten::div"] == 100 - 90
+    nested = {"traceEvents": [
+        op("aten::linear", 0, 100), op("aten::addmm", 10, 50), launch(30, 1), launch(90, 2), kernel(95, 5, 1),
+        kernel(101, 1, 2), {"ph": "X", "cat": "overhead", "name": "Activity Buffer Request", "ts": 20, "dur": 20}]}
+    own = {o.name: o.host_us for o in host_waits(nested).operators}
+    assert own == {"aten::linear": 100 - 50, "aten::addmm": 50 - 20}

@@ -190,8 +190,8 @@ def test_a_step_leaves_the_hosts_issue_time_and_gpu_rows_report_its_share(monkey
             for model, tokens, share in (("neobert", 265010.0, 0.93), ("bert-base", 500000.0, 0.61))]
     paths = job.write_reports(rows, tmp_path)
     table = paths["markdown"].read_text()
-    assert ("### training, full batches: the host's time to issue a step, % of the step (near 100: the device waited "
-            "on the host)") in table
+    assert ("### training, full batches: the host's time to issue a step, % of the step (well below 100: the kernels "
+            "set the pace)") in table
     assert "| neobert | 93 |" in table and "| bert-base | 61 |" in table
     assert [row.issued_share for row in read_csv(paths["csv"])] == [0.93, 0.61]
 

@@ -8,9 +8,9 @@ had gone idle. It is then blamed on the host operators around that launch on the
 outermost, such as ``Torch-Compiled Region: 0/0`` or an autograd node (wrapper ranges such as Lightning's
 ``Optimizer.step#AdamW.step``, which holds the whole closure, are passed over). Where the host sat in a blocking
 synchronisation (an ``.item()``, a copy to the host) when the device went idle, the idle is blamed on the operators
-around that synchronisation instead, marked "after a sync"; where the profiler itself held the host (kineto's
-`overhead` events, CUPTI's activity buffers), on the profiler. Otherwise the kernel was already queued and the idle is
-the device's own (launch latency, a wait on another stream).
+around that synchronisation instead, marked "after a sync"; the part the profiler's own work held the host (CUPTI's
+buffer requests, kineto's `overhead` events), on the profiler. Otherwise the kernel was already queued and the idle
+is the device's own (launch latency, a wait on another stream, the gaps inside a CUDA graph's replay).
 
 The same pairing gives each host operator that launched kernels its own host time (its calls' time less their child
 operators' and the profiler's work inside it) against the device time of the kernels it launched itself: an
@@ -39,7 +39,10 @@ SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaE
 WRAPPER_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", "ProfilerStep#", "[pl]")
 NO_HOST_OP = "(no host operator)"  # a launch outside every recorded operator (Python between operators)
 NO_LAUNCH = "(launch not in the trace)"
-# The profiler's own host work (kineto's "overhead" events: CUPTI's activity buffers), which an unprofiled step has not
+# The profiler's own host work that holds the thread whose call needs it (kineto's "overhead" event of CUPTI's buffer
+# requests, seen in the H200's traces inside an aten::div for 2.2 ms), which an unprofiled step has not. Its other
+# overhead events (buffer flushes, driver compiles) are not counted: they carry no thread, and not all block one.
+BLOCKING_OVERHEADS = frozenset({"Activity Buffer Request"})
 PROFILER = "(the profiler's own work)"
 AFTER_SYNC = "after a sync in "
 
@@ -74,11 +77,12 @@ class HostWaitReport:
     waits: list[HostWait] = field(default_factory=list)  # the host's idle by operator, the largest first
     operators: list[OperatorTimes] = field(default_factory=list)  # by host time over device time, the largest first
     unlaunched: int = 0  # device events whose launch is not in the trace (their idle is counted as the host's)
+    profiler_us: float = 0.0  # idle while the profiler's own work held the host (BLOCKING_OVERHEADS)
     dropped: int = 0  # device events stamped before the recording's first host event (a clock fault), left out
 
     @property
     def idle_us(self) -> float:
-        return self.late_us + self.queued_us
+        return self.late_us + self.profiler_us + self.queued_us
 
 
 def read_trace(path: str | Path) -> dict[str, Any]:
@@ -106,13 +110,15 @@ def host_waits(trace: dict[str, Any]) -> HostWaitReport | None:
                 if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
     syncs = sorted((e for e in events if e.get("cat") in LAUNCH_CATEGORIES and e.get("name") in SYNC_CALLS),
                    key=lambda e: e["ts"])
-    around, self_us = _operators_around(events, [*launches.values(), *syncs])
-    overheads = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "overhead")
-    for e in events:  # an operator's own time leaves out the profiler's work done inside it
-        if id(e) in self_us:
-            self_us[id(e)] -= _overlap(overheads, e["ts"], e["ts"] + e["dur"])
+    around, self_us, children = _operators_around(events, [*launches.values(), *syncs])
+    overheads = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                       if e.get("cat") == "overhead" and e.get("name") in BLOCKING_OVERHEADS)
+    for e in events:  # an operator's own time leaves out the profiler's work in it (not in its children's time)
+        if id(e) in self_us and overheads:
+            self_us[id(e)] -= (_overlap(overheads, e["ts"], e["ts"] + e["dur"])
+                               - sum(_overlap(overheads, a, b) for a, b in children.get(id(e), ())))
 
-    busy = late = queued = 0.0
+    busy = late = queued = profiler = 0.0
     unlaunched = 0
     waits: dict[tuple[str, str], list[float]] = defaultdict(list)
     device_by_launcher: dict[int, float] = defaultdict(float)  # id of the innermost operator -> its kernels' time
@@ -128,19 +134,22 @@ def host_waits(trace: dict[str, Any]) -> HostWaitReport | None:
             if launch is None:
                 late += gap
                 waits[(NO_LAUNCH, NO_LAUNCH)].append(gap)
-            elif launch["ts"] + launch["dur"] <= stretch_end:  # launched before the device went idle
+            elif _launched_by(launch) <= stretch_end:  # launched before the device went idle
                 queued += gap
             else:
-                late += gap
-                sync = _sync_holding(syncs, stretch_end) if index else None
-                if _overlap(overheads, stretch_end, kernel["ts"]) >= gap / 2:
-                    waits[(PROFILER, PROFILER)].append(gap)
-                elif sync is not None and launch["ts"] >= sync["ts"] + sync["dur"]:  # launched once the sync returned
-                    inner, outer, _ = around[id(sync)]
-                    waits[(AFTER_SYNC + inner, outer)].append(gap)
-                else:
-                    inner, outer, _ = around[id(launch)]
-                    waits[(inner, outer)].append(gap)
+                held = min(gap, _overlap(overheads, stretch_end, kernel["ts"]))
+                if held:
+                    profiler += held
+                    waits[(PROFILER, PROFILER)].append(held)
+                if gap > held:
+                    late += gap - held
+                    sync = _sync_holding(syncs, stretch_end) if index else None
+                    if sync is not None and launch["ts"] >= sync["ts"] + sync["dur"]:  # launched once it returned
+                        inner, outer, _ = around[id(sync)]
+                        waits[(AFTER_SYNC + inner, outer)].append(gap - held)
+                    else:
+                        inner, outer, _ = around[id(launch)]
+                        waits[(inner, outer)].append(gap - held)
             busy += stretch_end - idle_from
             idle_from = kernel["ts"]
         stretch_end = max(stretch_end, kernel["ts"] + kernel["dur"])
@@ -149,7 +158,15 @@ def host_waits(trace: dict[str, Any]) -> HostWaitReport | None:
     ranked = sorted((HostWait(inner, outer, sum(gaps), len(gaps)) for (inner, outer), gaps in waits.items()),
                     key=lambda wait: -wait.idle_us)
     return HostWaitReport(stretch_end - start, busy, late, queued, ranked,
-                          _operator_times(events, device_by_launcher, self_us), unlaunched, dropped)
+                          _operator_times(events, device_by_launcher, self_us), unlaunched=unlaunched,
+                          profiler_us=profiler, dropped=dropped)
+
+
+def _launched_by(launch: dict) -> float:
+    """When a launch's kernels could start: the end of its call, as a kernel is queued when the call returns; a CUDA
+    graph's replay from the call's start (the device runs its kernels while the call, lengthened by the profiler's
+    tracing, goes on: the gaps inside a replay are the device's own)."""
+    return launch["ts"] if "GraphLaunch" in launch.get("name", "") else launch["ts"] + launch["dur"]
 
 
 def _overlap(intervals: list[tuple[float, float]], start: float, end: float) -> float:
@@ -168,11 +185,11 @@ def _sync_holding(syncs: list[dict], moment: float) -> dict | None:
 
 
 def _operators_around(events: list[dict], calls: list[dict]) -> tuple[dict[int, tuple[str, str, int | None]],
-                                                                     dict[int, float]]:
+                                                                     dict[int, float], dict[int, list]]:
     """For each host call (a launch or a sync; by id): the names of the innermost and outermost host operators whose
     time range holds its start on its own thread (the outermost passing over wrapper ranges), and the innermost's id;
-    and every operator's self time (its duration less its direct children's). One sweep per thread: operators nest
-    on a thread."""
+    every operator's self time (its duration less its direct children's); and each operator's direct children's time
+    ranges. One sweep per thread: operators nest on a thread."""
     by_thread: dict[tuple, list[tuple[float, int, float, dict]]] = defaultdict(list)
     for e in events:
         if e.get("cat") in HOST_CATEGORIES:
@@ -182,6 +199,7 @@ def _operators_around(events: list[dict], calls: list[dict]) -> tuple[dict[int, 
         by_thread[(e.get("pid"), e.get("tid"))].append((e["ts"], 1, 0.0, e))
     found: dict[int, tuple[str, str, int | None]] = {}
     self_us: dict[int, float] = {}
+    children: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for items in by_thread.values():
         items.sort(key=lambda item: item[:3])
         stack: list[dict] = []
@@ -198,8 +216,9 @@ def _operators_around(events: list[dict], calls: list[dict]) -> tuple[dict[int, 
                 self_us[id(e)] = e["dur"]
                 if stack:
                     self_us[id(stack[-1])] -= e["dur"]
+                    children[id(stack[-1])].append((e["ts"], e["ts"] + e["dur"]))
                 stack.append(e)
-    return found, self_us
+    return found, self_us, children
 
 
 def _operator_times(events: list[dict], device_by_launcher: dict[int, float],
@@ -225,8 +244,8 @@ def host_wait_lines(report: HostWaitReport, shown: int = 5) -> list[str]:
 
     share = f"{report.idle_us / report.span_us:.0%}; " if report.span_us else ""
     lines = [f"- device idle {ms(report.idle_us)} of the recording's {ms(report.span_us)} ({share}the profiler slows "
-             f"the host): {ms(report.late_us)} waiting for the host, {ms(report.queued_us)} with kernels already "
-             f"queued"]
+             f"the host): {ms(report.late_us)} waiting for the host, {ms(report.profiler_us)} for the profiler's own "
+             f"work, {ms(report.queued_us)} with kernels already queued"]
     if report.unlaunched or report.dropped:
         lines.append(f"- {report.unlaunched:,} device events without their launch in the trace (their idle counted "
                      f"as the host's), {report.dropped:,} stamped before the recording began (left out)")

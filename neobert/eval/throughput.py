@@ -346,8 +346,8 @@ def time_step(model: BenchModel, batch: Batch, training: bool, device: torch.dev
               autocast_dtype: torch.dtype | None = None) -> float:
     """Seconds for one inference forward, or one training step (forward + backward of a scalar loss, under
     autocast to `autocast_dtype` when one is given: mixed precision). The seconds the host took to issue it (all but
-    the final wait for the device) are left in `model.issued_s`: on a GPU, near the step's own the device waited on
-    the host; well below it the host was ahead."""
+    the final wait for the device) are left in `model.issued_s`: on a GPU, well below the step's own the host was
+    ahead; near it, the host set the pace or a launch blocked (a full launch queue, an allocation that waited)."""
     synchronize(device)
     start = time.perf_counter()
     if model.cuda_graphs:  # the graphs may reuse the last call's output memory: that step is over
@@ -480,8 +480,8 @@ class ThroughputRow:
     peak_flops: float | None = None  # MFU's denominator: a GPU's published peak, or the CPU matmul rate measured
     peak_source: str = ""  # "published" | "given (peak_flops)" | "measured matmul MxKxN" | ""
     reference_standalone: float | None = None  # the measured matmul rate alone, before the models (its check)
-    # On a GPU: the host's time to issue a timed step, over the step's (medians): near 1 the device waited on the
-    # host (launches, Python), well below it the host was ahead; None on a CPU, where the host runs the work itself
+    # On a GPU: the host's time to issue a timed step, over the step's (medians): well below 1 the host was ahead;
+    # near 1 it set the pace, or a launch blocked; None on a CPU, where the host runs the work itself
     issued_share: float | None = None
     # profile=true: one more step of the row under torch.profiler (`profile_step`); reported in its own tables, not
     # in throughput.csv

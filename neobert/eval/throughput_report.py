@@ -222,7 +222,7 @@ def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") ->
                 row = cell.get((name, length))
                 return _fmt(None if row is None or row.issued_share is None else row.issued_share * 100)
 
-            section("the host's time to issue a step, % of the step (near 100: the device waited on the host)",
+            section("the host's time to issue a step, % of the step (well below 100: the kernels set the pace)",
                     names, issued)
         others = [n for n in names if n != reference and any(measured(n, x) and measured(reference, x)
                                                              for x in lengths)]

@@ -36,6 +36,10 @@
 #                    in their epilogues (where prepare_fa4.sh's archive brought quack; scripts/bench/mlp_ab.py) ~1 min
 #   rope             RoPE of q and k fwd + bwd in bf16 over packed documents: eager vs compiled vs QuACK's
 #                    interleaved varlen kernel where there (scripts/bench/rope_ab.py)                    ~0.5 min
+#   attention_alone  attention alone at 64 x 512, forward and forward + backward in bf16: SDPA as the model calls it
+#                    (PyTorch's choice), each backend forced (cuDNN, FlashAttention 2, memory-efficient),
+#                    compiled, and FA4 (the model's op and the batched function) where unpacked: whether the
+#                    compiled model's attention loses what the eager cuDNN call has (scripts/bench/attention_ab.py) ~1 min
 #   decoder          the MLM head (decoder + float32 cross-entropy over 6,989 masked rows) fwd + bwd in bf16: as is
 #                    vs its decoder padded to 30,528 rows for the GEMMs only, eager and compiled
 #                    (scripts/bench/decoder_ab.py)                                                       ~0.5 min
@@ -90,7 +94,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests tests_fa4 norms mlp rope decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_as_is check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled compiled infer_compiled infer_graphs infer_quack_fa4 train_quack_fa4 train_graphs}
+STEPS=${*:-tests tests_fa4 norms mlp rope attention_alone decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_as_is check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled compiled infer_compiled infer_graphs infer_quack_fa4 train_quack_fa4 train_graphs}
 STAGE=$(mktemp -d)
 TRACES=$(mktemp -d)
 TRACES_LIMIT=${RUN_CHECKS_TRACES_LIMIT:-15000000}  # bytes: a device call returns a file of 16 MiB at most
@@ -208,6 +212,7 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         norms) bench norm_ab 60 ;;
         mlp) bench mlp_ab 180 ;;
         rope) bench rope_ab 120 ;;
+        attention_alone) bench attention_ab 150 ;;
         decoder) bench decoder_ab 150 6989 ;;  # the masked rows of 32 x 1,024 tokens in the H200's profile
         check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \

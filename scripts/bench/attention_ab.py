@@ -1,0 +1,113 @@
+"""NeoBERT's attention alone on full rows (no padding), bf16, each way it could run (issue 34: in compiled inference at
+512 on the H100, FlashAttention 4's forward took 373 µs per TFLOP of the model's work where the cuDNN kernel that
+eager BERT and eager NeoBERT ran took 250-262, and the model compiled with SDPA ran 0.88x the model compiled with FA4,
+unprofiled):
+
+* sdpa: `F.scaled_dot_product_attention` on q, k, v as the model hands them over (views of the fused projection's
+  output, [batch, heads, length, head_dim] after a transpose; no mask), PyTorch's choice of kernel (cuDNN's first
+  on Hopper and Blackwell with cuDNN 9.15 or later, else FlashAttention 2);
+* sdpa_cudnn, sdpa_flash, sdpa_efficient: the same with one backend forced (`sdpa_kernel`), where it runs;
+* sdpa_compiled: the same call under `torch.compile` (the kernel Inductor chose when tracing, called with its layout
+  constraints): whether a compiled model's attention loses what the eager call has;
+* fa4: `neobert.model.attention.flash_attn_4_varlen`, the model's op (the rows as documents, cu_seqlens), and
+  fa4_dense, FlashAttention 4's batched `flash_attn_func`, where flash-attn-4 and a GPU are (their own alternation:
+  failing costs only their rows).
+
+Forward alone (inference, under no_grad) and forward + backward (training), each alternated, the median of
+`repeats`; each output's largest error against float32 SDPA, over its largest value.
+
+    python scripts/bench/attention_ab.py [TOKENS=32768] [REPEATS=20] [LENGTH=512]     # CUDA when there is a GPU
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from neobert.eval.ab import CALLS_PER_SAMPLE, compare, device_label, optional_attribute, seconds_per_call
+from neobert.model import NeoBERTConfig
+from neobert.model.attention import flash_attn_4_varlen
+
+FORCED = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+          "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def sdpa(q, k, v):
+    """The model's padded-layout call (neobert.model.attention.attend without a mask): [B, L, h, d] in and out."""
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+
+def forced(backend: SDPBackend):
+    def attend(q, k, v):
+        with sdpa_kernel(backend):
+            return sdpa(q, k, v)
+    return attend
+
+
+def fa4_documents(q, k, v):
+    """The model's FA4 op on the rows laid end to end as documents of one row each."""
+    batch, length = q.shape[:2]
+    cu_seqlens = torch.arange(0, (batch + 1) * length, length, device=q.device, dtype=torch.int32)
+    out, _ = flash_attn_4_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens, length)
+    return out.view_as(q)
+
+
+def main(tokens: int = 32768, repeats: int = 20, length: int = 512) -> None:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if tokens % length:
+        raise ValueError(f"TOKENS must be a multiple of LENGTH={length} (full rows), got {tokens}")
+    batch = tokens // length
+    config = NeoBERTConfig.from_preset("neobert")
+    heads, head_dim = config.num_attention_heads, config.head_dim
+    torch.manual_seed(0)
+    qkv = torch.randn(batch, length, heads, 3 * head_dim, device=device).to(torch.bfloat16)  # the fused projection
+    grad = torch.randn(batch, length, heads, head_dim, device=device).to(torch.bfloat16)
+    reference = sdpa(*(t.float() for t in qkv.split(head_dim, dim=-1)))
+
+    def views(requires_grad: bool):
+        source = qkv.detach().requires_grad_(requires_grad)
+        return source.split(head_dim, dim=-1)  # q, k, v: strided views, as the model's split leaves them
+
+    def timed(attend, training: bool) -> float:
+        def step():
+            if training:
+                attend(*views(True)).backward(grad)
+            else:
+                with torch.no_grad():
+                    attend(*views(False))
+        return seconds_per_call(step, device)
+
+    def error(attend) -> float:
+        with torch.no_grad():
+            out = attend(*views(False)).float()
+        return ((out - reference).abs().max() / reference.abs().max()).item()
+
+    flops = 4 * batch * length * length * heads * head_dim  # QK^T and PV, 2 FLOPs per multiply-add
+    print(f"attention, {batch} x {length} tokens x {heads} heads x {head_dim}, no mask, bf16, {device_label(device)}, "
+          f"torch {torch.__version__}, median of {repeats} samples of {CALLS_PER_SAMPLE} calls")
+    for training in (False, True):
+        work = flops * (3 if training else 1)  # the backward counted twice the forward, as the model's MFU counts it
+        print(f"{'Forward + backward (training)' if training else 'Forward alone (inference)'}, median of {repeats}")
+
+        def describe(attend, median: float, first: float) -> str:
+            return (f"{median * 1e3:8.3f} ms  {work / median / 1e12:6.1f} TFLOP/s  {first / median:5.2f}x sdpa  "
+                    f"max error vs float32: {error(attend):.2e}")
+
+        variants = {"sdpa": sdpa, **{name: forced(backend) for name, backend in FORCED.items()},
+                    "sdpa_compiled": torch.compile(sdpa, dynamic=False)}
+        print("\n".join(compare(variants, lambda attend: timed(attend, training), describe, repeats, width=14)))
+        if device.type == "cuda":  # FlashAttention 4, candidates in an alternation of their own
+            dense, why = optional_attribute("flash_attn.cute", "flash_attn_func")
+            if dense is None:
+                print(f"  {'fa4':14s} not measured: {why}")
+                continue
+            print("\n".join(compare({"sdpa": sdpa, "fa4": fa4_documents,
+                                     "fa4_dense": lambda q, k, v: dense(q, k, v)[0]},
+                                    lambda attend: timed(attend, training), describe, repeats, width=14)))
+
+
+if __name__ == "__main__":
+    main(*(int(arg) for arg in sys.argv[1:]))

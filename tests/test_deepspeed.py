@@ -195,15 +195,16 @@ print("RESULT" + json.dumps(result))
 
 def run_engine_script(text: str, folder, port_base: int) -> dict:
     """A script driving DeepSpeed's real engine on CPU (gloo, one process), run in a subprocess (it sets process-wide
-    state) on a port of its own (`port_base` + this process's id: tests in parallel workers do not collide): the JSON
-    it prints after "RESULT"."""
+    state) with a port of its own (`port_base` + this process's id: tests in parallel workers do not collide) and a
+    file for a file store (no port at all) as its arguments: the JSON it prints after "RESULT"."""
     script = folder / "engine.py"
     script.write_text(text)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     port = str(port_base + os.getpid() % 1000)
-    done = subprocess.run([sys.executable, str(script), port], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run([sys.executable, str(script), port, str(folder / "store")], capture_output=True, text=True,
+                          env=env, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(lines[-1].removeprefix("RESULT"))
@@ -313,9 +314,9 @@ REPLAY_SCRIPT = r'''
 trees hand out a graph's outputs (a cached tensor: AccumulateGrad takes it over as param.grad); four micro-batches
 accumulated by DeepSpeed's real engine under each ZeRO setting. Printed: whether the accumulated gradient is right."""
 import json, os, sys
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 import torch, deepspeed
-torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+torch.distributed.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
 torch._C._set_cached_tensors_enabled(True)
 ACCUMULATE = 4
 

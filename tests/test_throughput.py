@@ -935,3 +935,23 @@ def test_a_trace_that_cannot_be_written_costs_the_profile_nothing(monkeypatch, t
     summary = tp.profile_step(bench, batch, False, torch.device("cpu"), trace_path=tmp_path / "step.json.gz")
     assert summary.tokens == 16 and summary.total_us > 0
     assert "trace was not written" in caplog.text and not (tmp_path / "step.json.gz").exists()
+
+
+def test_a_run_cut_short_leaves_the_tables_of_what_it_timed(monkeypatch, tmp_path):
+    """The tables are written after each layout and length: a run killed at its time limit (a GPU lease's `timeout`,
+    here an exit in the middle of the second length) leaves the first length's rows in throughput.csv and .md."""
+    real_time_step = job.time_step
+
+    def time_step(model, batch, *args, **kwargs):
+        if batch.input_ids.shape[-1] == 32:
+            raise SystemExit("the time limit")
+        return real_time_step(model, batch, *args, **kwargs)
+
+    monkeypatch.setattr(job, "time_step", time_step)
+    config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[16, 32], batch_sizes=[2],
+                              repeats=1, device="cpu", matmul_calls=1, output_dir=str(tmp_path))
+    with pytest.raises(SystemExit):
+        job.run_throughput_job(config)
+    assert [(row.seq_len, row.tokens_per_s > 0) for row in read_csv(tmp_path / "throughput.csv")] == [(16, True)]
+    assert "| neobert | " in (tmp_path / "throughput.md").read_text()
+    assert not (tmp_path / "throughput.png").exists()  # the plot is the whole run's

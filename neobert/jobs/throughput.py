@@ -52,7 +52,8 @@ def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
     "profile", "profile_names" and the folder of the profiled steps' traces, "traces")."""
     rows: list[ThroughputRow] = []
     try:
-        run_throughput(config, rows=rows)
+        # The tables after each layout and length: a run killed by a time limit (a GPU lease's) leaves what it timed
+        run_throughput(config, rows=rows, on_group=lambda done: write_reports(done, config.output_dir, plot=False))
     except RUN_STOPPERS:
         if rows:  # what was measured before the run stopped: kept, then the error
             write_reports(rows, config.output_dir)
@@ -60,8 +61,9 @@ def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
     return write_reports(rows, config.output_dir)
 
 
-def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path) -> dict[str, Path]:
-    """CSV, Markdown table and the Figure 3 plot under `output_dir`; the profiled rows' tables where there are any."""
+def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path, plot: bool = True) -> dict[str, Path]:
+    """CSV, Markdown table and (`plot`) the Figure 3 plot under `output_dir`; the profiled rows' tables where there
+    are any."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = {"csv": write_csv(rows, output_dir / THROUGHPUT_CSV)}
@@ -76,7 +78,8 @@ def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path) -> dict
         if waits := host_waits_markdown(rows):
             text += "\n" + waits
     paths["markdown"].write_text(text + "\n")
-    paths["plot"] = plot_throughput(rows, output_dir / THROUGHPUT_PLOT)
+    if plot:
+        paths["plot"] = plot_throughput(rows, output_dir / THROUGHPUT_PLOT)
     return paths
 
 
@@ -104,9 +107,10 @@ def compiled_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Se
 
 
 def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = log.info,
-                   rows: list[ThroughputRow] | None = None) -> list[ThroughputRow]:
+                   rows: list[ThroughputRow] | None = None,
+                   on_group: Callable[[list[ThroughputRow]], None] | None = None) -> list[ThroughputRow]:
     """The rows of every model, layout and length (appended to `rows` as they are measured, when given: what a run
-    stopped by RUN_STOPPERS measured before it)."""
+    stopped by RUN_STOPPERS measured before it); `on_group(rows)` after each layout and length's rows."""
     config.validate()
     check_neobert_overrides(config)
     if config.threads:
@@ -251,6 +255,8 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")
                     if config.profile:
                         to_profile.append((rows[-1], bench, batch))
+                if on_group is not None:
+                    on_group(rows)
         # After every timing: a profiler's kernel tracer may stay attached once it has run, and slow what follows
         traces = Path(config.output_dir) / THROUGHPUT_TRACES_DIR
         if config.profile:  # an earlier run's traces in the same output_dir are not this run's

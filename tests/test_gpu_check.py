@@ -49,7 +49,7 @@ def report(tmp_path: Path) -> tuple[str, dict]:
     return (check / GPU_CHECK_MD).read_text(), json.loads((check / GPU_CHECK_JSON).read_text())
 
 
-def test_the_check_runs_every_stage_on_cpu(tmp_path):
+def test_the_check_runs_every_stage_on_cpu(tmp_path, capsys):
     # ddp on one CPU process against Lightning's auto: two different loops, as deepspeed_stage_2 against auto on a GPU
     # 5 steps: 1 warm-up, 2 profiled, 1 at whose end the profiler stops, 1 timed
     assert run_cli(main, tiny_check(tmp_path, "trainer.strategy=ddp", "profile=true", "profile_steps=2",
@@ -58,6 +58,11 @@ def test_the_check_runs_every_stage_on_cpu(tmp_path):
     rows = {row["stage"]: row for row in summary["rows"]}
     assert list(rows) == [ENCODER, CEILING, PROFILE, *STAGES[2:]] and summary["passed"] and not summary["failures"]
     assert all(row["status"] == "ok" for row in rows.values()), rows
+    # each stage's row in the log as it ended (what a check killed at a time limit still says)
+    done = [line for line in capsys.readouterr().out.splitlines() if line.startswith("gpu_check stage done:")]
+    assert [line.split(" | ")[0].removeprefix("gpu_check stage done: ") for line in done] == list(rows)
+    encoder = rows[ENCODER]["tokens_per_s"]
+    assert done[0].startswith(f"gpu_check stage done: {ENCODER} | ok | tokens/s {encoder:,.0f}")
     for stage in rows:
         assert f"| {stage} |" in markdown
     encoder, ceiling, loop, plain = (rows[stage] for stage in STAGES[:4])

@@ -141,14 +141,22 @@ def log_interval(config: GpuCheckConfig, recipe: PretrainConfig) -> int:
     return min(recipe.logging.log_every_n_steps, config.steps)
 
 
+STAGE_DONE = "gpu_check stage done:"  # how the log says a stage's row as soon as it is known
+
+
 def attempt(row: StageRow, work: Callable[[], None]) -> None:
     """Runs one stage's work; an exception is printed with its traceback and marks the row FAILED (Ctrl-C is not
-    caught: it stops the check)."""
+    caught: it stops the check). The row is then printed on one line: a check killed at a time limit (a GPU lease's)
+    still says, in its log, what its finished stages measured."""
     try:
         work()
     except Exception as err:  # noqa: BLE001 - any failure of a stage is reported, and the check goes on
         traceback.print_exc()
         row.status, row.error = FAILED, f"{type(err).__name__}: {one_line(err)}"
+    figures = {"tokens/s": row.tokens_per_s and f"{row.tokens_per_s:,.0f}", "MFU": row.mfu and f"{row.mfu:.1%}",
+               "peak GiB": row.peak_memory_gib and f"{row.peak_memory_gib:.1f}"}
+    print(" | ".join([f"{STAGE_DONE} {row.stage}", row.status + (f": {row.error}" if row.error else ""),
+                      *(f"{name} {value}" for name, value in figures.items() if value), row.notes]), flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- device memory

@@ -185,8 +185,9 @@ gpu_check() {
     echo "$name exit $?" | tee -a "$LOG"
     cp "$SCRATCH"/"$name"/gpu_check.md "$SCRATCH"/"$name"/gpu_check.json "$SCRATCH"/"$name"/gpu_check_*profile*.csv \
         "$SCRATCH"/"$name"/gpu_check_trace.json "$STAGE"/"$name"/ 2>/dev/null
+    # cut short by its time limit: the stages it finished (one line each, as they ended), then the log's tail
     [ -f "$STAGE"/"$name"/gpu_check.md ] && cat "$STAGE"/"$name"/gpu_check.md >> "$LOG" \
-        || tail -40 "$SCRATCH"/"$name".log >> "$LOG"
+        || { grep "^gpu_check stage done:" "$SCRATCH"/"$name".log; tail -40 "$SCRATCH"/"$name".log; } >> "$LOG"
     find "$SCRATCH"/"$name" -name "*profile*.txt" -exec cp {} "$STAGE"/"$name"/ \; 2>/dev/null
 }
 # The tests named *on_cuda*. pytest -v prints each test's outcome as it ends: a step cut short by its time limit still

@@ -120,7 +120,7 @@ ENGINE_SCRIPT = r'''
 import json, os, sys
 from types import SimpleNamespace
 import torch, lightning as L
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 import deepspeed
 from lightning.pytorch.loops.optimization.automatic import ClosureResult
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision
@@ -128,7 +128,7 @@ from neobert.lit.strategies import (DeepSpeedPrecisionOnce, NeoBERTDeepSpeedStra
                                     master_state_dict)
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
-torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+torch.distributed.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 ACCUMULATE = 4
 torch.manual_seed(0)
 batches = [torch.randn(3, 16) for _ in range(ACCUMULATE)]
@@ -193,17 +193,16 @@ print("RESULT" + json.dumps(result))
 '''
 
 
-def run_engine_script(text: str, folder, port_base: int) -> dict:
+def run_engine_script(text: str, folder) -> dict:
     """A script driving DeepSpeed's real engine on CPU (gloo, one process), run in a subprocess (it sets process-wide
-    state) with a port of its own (`port_base` + this process's id: tests in parallel workers do not collide) and a
-    file for a file store (no port at all) as its arguments: the JSON it prints after "RESULT"."""
+    state) with a file for its process group's store as its argument (no port to collide with another run's): the
+    JSON it prints after "RESULT"."""
     script = folder / "engine.py"
     script.write_text(text)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    port = str(port_base + os.getpid() % 1000)
-    done = subprocess.run([sys.executable, str(script), port, str(folder / "store")], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, str(script), str(folder / "store")], capture_output=True, text=True,
                           env=env, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
     assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
@@ -212,7 +211,7 @@ def run_engine_script(text: str, folder, port_base: int) -> dict:
 
 @pytest.fixture(scope="module")
 def engine_results(tmp_path_factory):
-    return run_engine_script(ENGINE_SCRIPT, tmp_path_factory.mktemp("ds"), 29500)
+    return run_engine_script(ENGINE_SCRIPT, tmp_path_factory.mktemp("ds"))
 
 
 def test_accumulated_gradient_under_deepspeed_equals_the_unaccumulated_one(engine_results):
@@ -316,7 +315,7 @@ accumulated by DeepSpeed's real engine under each ZeRO setting. Printed: whether
 import json, os, sys
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 import torch, deepspeed
-torch.distributed.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=0, world_size=1)
+torch.distributed.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 torch._C._set_cached_tensors_enabled(True)
 ACCUMULATE = 4
 
@@ -377,7 +376,7 @@ def test_cuda_graphs_with_accumulation_are_allowed_exactly_where_deepspeed_copie
 
     from neobert.config import ConfigError
 
-    right = run_engine_script(REPLAY_SCRIPT, tmp_path, 30500)
+    right = run_engine_script(REPLAY_SCRIPT, tmp_path)
     assert right == {"deepspeed_stage_1 True": False, "deepspeed_stage_2 True": True,
                      "deepspeed_stage_2 False": False, "deepspeed_stage_2_offload True": True}
     for case, correct in right.items():

@@ -4,6 +4,7 @@ run (neobert.jobs.throughput)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import json
 import re
@@ -953,5 +954,25 @@ def test_a_run_cut_short_leaves_the_tables_of_what_it_timed(monkeypatch, tmp_pat
     with pytest.raises(SystemExit):
         job.run_throughput_job(config)
     assert [(row.seq_len, row.tokens_per_s > 0) for row in read_csv(tmp_path / "throughput.csv")] == [(16, True)]
-    assert "| neobert | " in (tmp_path / "throughput.md").read_text()
+    table = (tmp_path / "throughput.md").read_text()
+    assert table.startswith(job.UNFINISHED) and "| neobert | " in table
     assert not (tmp_path / "throughput.png").exists()  # the plot is the whole run's
+
+    # cut short while profiling: the profiles taken so far are in the tables
+    monkeypatch.setattr(job, "time_step", real_time_step)
+    real_profile_row = job._profile_row
+
+    def profile_row(row, *args):
+        if row.seq_len == 32:
+            raise SystemExit("the time limit")
+        real_profile_row(row, *args)
+
+    monkeypatch.setattr(job, "_profile_row", profile_row)
+    with pytest.raises(SystemExit):
+        job.run_throughput_job(dataclasses.replace(config, profile=True))
+    profiled = list(csv.DictReader(open(tmp_path / "throughput_profile.csv")))
+    assert {r["seq_len"] for r in profiled} == {"16"} and len(read_csv(tmp_path / "throughput.csv")) == 2
+    assert (tmp_path / "throughput.md").read_text().startswith(job.UNFINISHED)
+    monkeypatch.setattr(job, "_profile_row", real_profile_row)
+    job.run_throughput_job(dataclasses.replace(config, profile=True))  # a run that ends: no such line
+    assert not (tmp_path / "throughput.md").read_text().startswith(job.UNFINISHED)

@@ -153,9 +153,12 @@ def attempt(row: StageRow, work: Callable[[], None]) -> None:
     except Exception as err:  # noqa: BLE001 - any failure of a stage is reported, and the check goes on
         traceback.print_exc()
         row.status, row.error = FAILED, f"{type(err).__name__}: {one_line(err)}"
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return  # rank 0 says it
     figures = {"tokens/s": row.tokens_per_s and f"{row.tokens_per_s:,.0f}", "MFU": row.mfu and f"{row.mfu:.1%}",
                "peak GiB": row.peak_memory_gib and f"{row.peak_memory_gib:.1f}"}
-    print(" | ".join([f"{STAGE_DONE} {row.stage}", row.status + (f": {row.error}" if row.error else ""),
+    print(" | ".join([f"{STAGE_DONE} {row.stage}", row.status + (f": {row.error}" if row.error else "")
+                      + " (before the targets are judged)",
                       *(f"{name} {value}" for name, value in figures.items() if value), row.notes]), flush=True)
 
 

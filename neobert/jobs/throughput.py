@@ -51,19 +51,31 @@ def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
     """Measures, writes the reports and returns their paths ({"csv", "markdown", "plot"}, and with profile=true
     "profile", "profile_names" and the folder of the profiled steps' traces, "traces")."""
     rows: list[ThroughputRow] = []
+
+    def write_so_far(done: list[ThroughputRow]) -> None:
+        """The tables after each layout and length, and after each profile: a run killed by a time limit (a GPU
+        lease's) leaves what it measured. A failure to write them is logged; the run goes on."""
+        try:
+            write_reports(done, config.output_dir, plot=False, unfinished=True)
+        except Exception as err:  # noqa: BLE001 - the end of the run writes them again
+            log.warning("the tables so far were not written: %s: %s", type(err).__name__, err)
+
     try:
-        # The tables after each layout and length: a run killed by a time limit (a GPU lease's) leaves what it timed
-        run_throughput(config, rows=rows, on_group=lambda done: write_reports(done, config.output_dir, plot=False))
+        run_throughput(config, rows=rows, on_group=write_so_far)
     except RUN_STOPPERS:
         if rows:  # what was measured before the run stopped: kept, then the error
-            write_reports(rows, config.output_dir)
+            write_reports(rows, config.output_dir, unfinished=True)
         raise
     return write_reports(rows, config.output_dir)
 
 
-def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path, plot: bool = True) -> dict[str, Path]:
+UNFINISHED = "**Written while the run went on: its later rows and profiles are missing where it stopped.**"
+
+
+def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path, plot: bool = True,
+                  unfinished: bool = False) -> dict[str, Path]:
     """CSV, Markdown table and (`plot`) the Figure 3 plot under `output_dir`; the profiled rows' tables where there
-    are any."""
+    are any. `unfinished`: the Markdown says so first (what a run killed at a time limit leaves)."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = {"csv": write_csv(rows, output_dir / THROUGHPUT_CSV)}
@@ -77,7 +89,7 @@ def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path, plot: b
         text += "\n" + profile_markdown(rows)
         if waits := host_waits_markdown(rows):
             text += "\n" + waits
-    paths["markdown"].write_text(text + "\n")
+    paths["markdown"].write_text((UNFINISHED + "\n\n") * unfinished + text + "\n")
     if plot:
         paths["plot"] = plot_throughput(rows, output_dir / THROUGHPUT_PLOT)
     return paths
@@ -110,7 +122,8 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                    rows: list[ThroughputRow] | None = None,
                    on_group: Callable[[list[ThroughputRow]], None] | None = None) -> list[ThroughputRow]:
     """The rows of every model, layout and length (appended to `rows` as they are measured, when given: what a run
-    stopped by RUN_STOPPERS measured before it); `on_group(rows)` after each layout and length's rows."""
+    stopped by RUN_STOPPERS measured before it); `on_group(rows)` after each layout and length's rows, and after
+    each row's profile."""
     config.validate()
     check_neobert_overrides(config)
     if config.threads:
@@ -266,6 +279,8 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         for row, bench, batch in to_profile:
             _profile_row(row, bench, batch, training, device, autocast_dtype,
                          traces / f"{row.mode}_{row.layout}_{row.seq_len}_{row.model}.json.gz")
+            if on_group is not None:
+                on_group(rows)
     return rows
 
 

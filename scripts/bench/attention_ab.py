@@ -13,8 +13,9 @@ unprofiled):
   fa4_dense, FlashAttention 4's batched `flash_attn_func`, where flash-attn-4 and a GPU are (their own alternation:
   failing costs only their rows).
 
-Forward alone (inference, under no_grad) and forward + backward (training), each alternated, the median of
-`repeats`; each output's largest error against float32 SDPA, over its largest value.
+Forward alone (inference, under no_grad) and forward + backward (training; q, k and v each their own leaf, so that
+no split's backward is timed), each alternated, the median of `repeats`; each output's (and in training each
+gradient's) largest error against attention written out in float32 (einsum, softmax), over its largest value.
 
     python scripts/bench/attention_ab.py [TOKENS=32768] [REPEATS=20] [LENGTH=512]     # CUDA when there is a GPU
 """
@@ -55,6 +56,12 @@ def fa4_documents(q, k, v):
     return out.view_as(q)
 
 
+def reference_attention(q, k, v):
+    """softmax(q k^T / sqrt(d)) v in float32 with einsum: none of SDPA's code, on [B, L, h, d]."""
+    scores = torch.einsum("blhd,bmhd->bhlm", q.float(), k.float()) / q.shape[-1] ** 0.5
+    return torch.einsum("bhlm,bmhd->blhd", scores.softmax(-1), v.float())
+
+
 def main(tokens: int = 32768, repeats: int = 20, length: int = 512) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if tokens % length:
@@ -65,11 +72,15 @@ def main(tokens: int = 32768, repeats: int = 20, length: int = 512) -> None:
     torch.manual_seed(0)
     qkv = torch.randn(batch, length, heads, 3 * head_dim, device=device).to(torch.bfloat16)  # the fused projection
     grad = torch.randn(batch, length, heads, head_dim, device=device).to(torch.bfloat16)
-    reference = sdpa(*(t.float() for t in qkv.split(head_dim, dim=-1)))
 
     def views(requires_grad: bool):
-        source = qkv.detach().requires_grad_(requires_grad)
-        return source.split(head_dim, dim=-1)  # q, k, v: strided views, as the model's split leaves them
+        """q, k, v: strided views of the fused projection, as the model's split leaves them, each its own leaf."""
+        return [view.detach().requires_grad_(requires_grad) for view in qkv.split(head_dim, dim=-1)]
+
+    leaves = views(True)
+    reference = reference_attention(*leaves)
+    reference.backward(grad.float())
+    reference_grads = [leaf.grad for leaf in leaves]
 
     def timed(attend, training: bool) -> float:
         def step():
@@ -80,13 +91,21 @@ def main(tokens: int = 32768, repeats: int = 20, length: int = 512) -> None:
                     attend(*views(False))
         return seconds_per_call(step, device)
 
-    def error(attend) -> float:
-        with torch.no_grad():
-            out = attend(*views(False)).float()
-        return ((out - reference).abs().max() / reference.abs().max()).item()
+    def relative(got, expected) -> float:
+        return ((got.float() - expected).abs().max() / expected.abs().max()).item()
+
+    def errors(attend, training: bool) -> str:
+        if not training:
+            with torch.no_grad():
+                return f"output {relative(attend(*views(False)), reference):.2e}"
+        leaves = views(True)
+        out = attend(*leaves)
+        out.backward(grad)
+        worst = max(relative(leaf.grad, expected) for leaf, expected in zip(leaves, reference_grads))
+        return f"output {relative(out, reference):.2e}, gradients {worst:.2e}"
 
     flops = 4 * batch * length * length * heads * head_dim  # QK^T and PV, 2 FLOPs per multiply-add
-    print(f"attention, {batch} x {length} tokens x {heads} heads x {head_dim}, no mask, bf16, {device_label(device)}, "
+    print(f"Attention, {batch} x {length} tokens x {heads} heads x {head_dim}, no mask, bf16, {device_label(device)}, "
           f"torch {torch.__version__}, median of {repeats} samples of {CALLS_PER_SAMPLE} calls")
     for training in (False, True):
         work = flops * (3 if training else 1)  # the backward counted twice the forward, as the model's MFU counts it
@@ -94,7 +113,7 @@ def main(tokens: int = 32768, repeats: int = 20, length: int = 512) -> None:
 
         def describe(attend, median: float, first: float) -> str:
             return (f"{median * 1e3:8.3f} ms  {work / median / 1e12:6.1f} TFLOP/s  {first / median:5.2f}x sdpa  "
-                    f"max error vs float32: {error(attend):.2e}")
+                    f"max error vs float32: {errors(attend, training)}")
 
         variants = {"sdpa": sdpa, **{name: forced(backend) for name, backend in FORCED.items()},
                     "sdpa_compiled": torch.compile(sdpa, dynamic=False)}

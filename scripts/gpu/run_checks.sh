@@ -126,8 +126,9 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 LOG=$RESULTS/log.txt
 say() { echo "=== $(date -u +%T) $*" | tee -a "$LOG"; }
 # throughput NAME SECONDS key=value...: one experiments.throughput run, profiled (once every row is timed, one more
-# step per row: where its time goes, by kind of kernel); its report (throughput.md: the tables, then the profile's)
-# logged, or where it did not finish the run's last lines (each row's tokens/s as it was timed); its CSV kept as
+# step per row: where its time goes, by kind of kernel); its report (throughput.md: the tables, then the profile's,
+# rewritten as the run goes, so a run cut short leaves what it measured, saying so) logged, and where the run did
+# not end well its last lines too (where it stopped, a traceback); its CSV kept as
 # NAME.csv, its profile tables as NAME_profile.csv and NAME_profile_names.csv, its rows' traces in traces.tar as
 # NAME/. Nothing of an earlier run of the step
 # on this machine is kept or reported.
@@ -137,12 +138,10 @@ throughput() {
     rm -rf "$SCRATCH"/"$name"
     timeout "$seconds" python3 -m experiments.throughput profile=true "$@" output_dir="$SCRATCH"/"$name" \
         > "$SCRATCH"/"$name".log 2>&1
-    echo "$name exit $?" | tee -a "$LOG"
-    if [ -f "$SCRATCH"/"$name"/throughput.md ]; then
-        tee -a "$LOG" < "$SCRATCH"/"$name"/throughput.md
-    else
-        tail -30 "$SCRATCH"/"$name".log | tee -a "$LOG"
-    fi
+    local status=$?
+    echo "$name exit $status" | tee -a "$LOG"
+    [ -f "$SCRATCH"/"$name"/throughput.md ] && tee -a "$LOG" < "$SCRATCH"/"$name"/throughput.md
+    [ "$status" -ne 0 ] && tail -30 "$SCRATCH"/"$name".log | tee -a "$LOG"
     cp "$SCRATCH"/"$name".log "$STAGE"/"$name".log
     cp "$SCRATCH"/"$name"/throughput.csv "$STAGE"/"$name".csv 2>/dev/null
     cp "$SCRATCH"/"$name"/throughput_profile.csv "$STAGE"/"$name"_profile.csv 2>/dev/null
@@ -187,7 +186,8 @@ gpu_check() {
         "$SCRATCH"/"$name"/gpu_check_trace.json "$STAGE"/"$name"/ 2>/dev/null
     # cut short by its time limit: the stages it finished (one line each, as they ended), then the log's tail
     [ -f "$STAGE"/"$name"/gpu_check.md ] && cat "$STAGE"/"$name"/gpu_check.md >> "$LOG" \
-        || { grep "^gpu_check stage done:" "$SCRATCH"/"$name".log; tail -40 "$SCRATCH"/"$name".log; } >> "$LOG"
+        || { grep "^gpu_check stage done:" "$SCRATCH"/"$name".log
+             tail -40 "$SCRATCH"/"$name".log | grep -v "^gpu_check stage done:"; } >> "$LOG"
     find "$SCRATCH"/"$name" -name "*profile*.txt" -exec cp {} "$STAGE"/"$name"/ \; 2>/dev/null
 }
 # The tests named *on_cuda*. pytest -v prints each test's outcome as it ends: a step cut short by its time limit still
@@ -213,7 +213,7 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         norms) bench norm_ab 60 ;;
         mlp) bench mlp_ab 180 ;;
         rope) bench rope_ab 120 ;;
-        attention_alone) bench attention_ab 150 ;;
+        attention_alone) bench attention_ab 240 ;;
         decoder) bench decoder_ab 150 6989 ;;  # the masked rows of 32 x 1,024 tokens in the H200's profile
         check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \

@@ -12,6 +12,7 @@ from neobert.config import ConfigError, load_config
 from neobert.config.pretrain import PretrainConfig
 from neobert.data.demo_corpus import demo_documents
 from neobert.hub import HubUnreachableError
+import neobert.jobs.pretrain as pretrain_job
 from neobert.jobs.pretrain import init_weights, prepare, run_pretraining
 from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.lit.trainer import build_strategy, build_trainer, check_launch_environment, resolve_precision
@@ -131,6 +132,15 @@ def test_strategies_by_name_and_deepspeed_config_on_cpu(tmp_path, monkeypatch):
     assert trainer.gradient_clip_val == 1.0 and trainer.accumulate_grad_batches == 1
     with pytest.raises(Exception, match="(?i)cuda|gpu"):
         run_pretraining(config)
+    # refused before the data and the model are prepared, naming the key (Lightning's own error came at the fit)
+    monkeypatch.setattr(pretrain_job, "prepare", lambda *args: pytest.fail("prepared before the refusal"))
+    with pytest.raises(ConfigError, match=r"'trainer\.strategy': deepspeed_stage_2 \(DeepSpeed\) runs on CUDA GPUs "
+                                          r"only.*trainer\.strategy=auto"):
+        run_pretraining(config)
+    for accelerator in ("auto", "gpu"):
+        with pytest.raises(ConfigError, match="trainer.strategy"):
+            run_pretraining(dataclasses.replace(config, trainer=dataclasses.replace(config.trainer,
+                                                                                    accelerator=accelerator)))
     assert isinstance(build_strategy(tiny_config(tmp_path, "trainer.strategy=fsdp2").trainer), ModelParallelStrategy)
     assert resolve_precision(config.trainer) == "32-true"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

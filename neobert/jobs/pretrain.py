@@ -33,7 +33,7 @@ from neobert.lit.glue_callback import GlueEvalCallback
 from neobert.lit.mteb_callback import MtebEvalCallback
 from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.lit.strategies import master_state_dict
-from neobert.lit.trainer import build_trainer
+from neobert.lit.trainer import build_trainer, check_strategy_has_its_device
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model.config import ModelFieldError
 from neobert.model.checkpoint import load_state_dict_strict, read_weights, submodule_state
@@ -187,6 +187,7 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
     if config.phases and phase is None:
         raise ConfigError("invalid config key 'phases': a phased recipe runs phase by phase "
                           "(neobert.jobs.phases.run_phases; `python -m experiments.pretrain` does)")
+    check_strategy_has_its_device(config.trainer)
     tokenizer, model_config, datamodule = prepare(config, phase)
     ckpt_path = resume_checkpoint(config.output_dir) if config.resume else None
     L.seed_everything(config.trainer.seed, workers=True)

@@ -69,6 +69,17 @@ def uses_own_precision(strategy: str | Strategy) -> bool:
     return strategy.startswith(("fsdp", "deepspeed", "xla"))
 
 
+def check_strategy_has_its_device(config: TrainerConfig) -> None:
+    """DeepSpeed runs on CUDA GPUs only, and Lightning says so once the fit starts (a traceback, after the data and
+    the model are ready): refused before any work, naming the key, where this run would be on a CPU."""
+    on_cpu = config.accelerator == "cpu" or (config.accelerator in ("auto", "gpu", "cuda")
+                                             and not torch.cuda.is_available())
+    if on_cpu and is_deepspeed(config.strategy):
+        raise ConfigError(f"invalid config key 'trainer.strategy': {config.strategy} (DeepSpeed) runs on CUDA GPUs "
+                          f"only, and this run has none (trainer.accelerator={config.accelerator}): on this machine "
+                          f"use trainer.strategy=auto, or check the recipe for its GPUs with --preflight")
+
+
 def check_launch_environment(config: TrainerConfig, environ=os.environ) -> None:
     """Lightning takes a set LOCAL_RANK to mean that a launcher has started every rank, so it starts none itself.
     Left behind by an earlier in-process run (a notebook, a test) with no launcher around, it makes a

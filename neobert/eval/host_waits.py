@@ -110,7 +110,8 @@ def host_waits(trace: dict[str, Any]) -> HostWaitReport | None:
                 if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {})}
     syncs = sorted((e for e in events if e.get("cat") in LAUNCH_CATEGORIES and e.get("name") in SYNC_CALLS),
                    key=lambda e: e["ts"])
-    around, self_us, children = _operators_around(events, [*launches.values(), *syncs])
+    calls = {id(e): e for e in [*launches.values(), *syncs]}  # a sync with a correlation id is a launch event too
+    around, self_us, children = _operators_around(events, list(calls.values()))
     overheads = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                        if e.get("cat") == "overhead" and e.get("name") in BLOCKING_OVERHEADS)
     for e in events:  # an operator's own time leaves out the profiler's work in it (not in its children's time)

@@ -85,8 +85,7 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
     """Runs every stage (see the module docstring), writes the reports and returns them with the failures."""
     config.validate()
     plan = make_plan(config)  # config errors end here, before any stage
-    model = plan.recipe.model
-    with cuda_graphs_or_error(plan.device, model.compile_mode if model.compile else "default"):
+    with cuda_graphs_or_error(plan.device, plan.recipe.model.compile_mode):  # "default" unless model.compile
         return _run_stages(config, plan)
 
 

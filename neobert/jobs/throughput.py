@@ -205,7 +205,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                                     accumulated_recompile_limit=max(torch._dynamo.config.accumulated_recompile_limit,
                                                                     graphs),
                                     fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False), \
-            cuda_graphs_or_error(device, config.compile_mode if config.compile else "default"):
+            cuda_graphs_or_error(device, config.compile_mode):  # "default" unless compile=true (validate)
         for layout in config.layouts:
             for length in lengths:
                 chosen: dict[str, tuple[int, Batch]] = {}

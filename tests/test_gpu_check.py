@@ -22,7 +22,7 @@ from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.eval.kernel_profile import CATEGORIES, COMMUNICATION, MATMUL, MLM_LOSS, OPTIMIZER, category_of, summarise
 from neobert.jobs.cli import run_cli
 from neobert.jobs.gpu_check import added_names, make_plan, profile_section
-from neobert.jobs.gpu_check_stages import LoopProfiler, head_step
+from neobert.jobs.gpu_check_stages import STAGE_DONE, LoopProfiler, head_step
 from neobert.layout import (GPU_CHECK_JSON, GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV,
                             GPU_CHECK_LOOP_TRACE, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV,
                             GPU_CHECK_PROFILE_NAMES_CSV, GPU_CHECK_TRACE)
@@ -59,11 +59,13 @@ def test_the_check_runs_every_stage_on_cpu(tmp_path, capsys):
     assert list(rows) == [ENCODER, CEILING, PROFILE, *STAGES[2:]] and summary["passed"] and not summary["failures"]
     assert all(row["status"] == "ok" for row in rows.values()), rows
     # each stage's row in the log as it ended (what a check killed at a time limit still says)
-    done = [line for line in capsys.readouterr().out.splitlines() if line.startswith("gpu_check stage done:")]
-    assert [line.split(" | ")[0].removeprefix("gpu_check stage done: ") for line in done] == list(rows)
+    done = [line for line in capsys.readouterr().out.splitlines() if line.startswith(STAGE_DONE)]
+    assert [line.split(" | ")[0].removeprefix(f"{STAGE_DONE} ") for line in done] == list(rows)
     encoder = rows[ENCODER]["tokens_per_s"]
     assert done[0].startswith(f"gpu_check stage done: {ENCODER} | ok (before the targets are judged) | tokens/s "
                               f"{encoder:,.0f}")
+    run_checks = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "run_checks.sh"
+    assert f'grep "^{STAGE_DONE}"' in run_checks.read_text()  # the lines run_checks logs of a check cut short
     for stage in rows:
         assert f"| {stage} |" in markdown
     encoder, ceiling, loop, plain = (rows[stage] for stage in STAGES[:4])

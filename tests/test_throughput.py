@@ -22,6 +22,12 @@ from neobert.model import kernels
 from neobert.jobs import throughput as job
 
 
+def tiny_neobert_and_batch() -> tuple[tp.BenchModel, tp.Batch]:
+    """The tiny encoder on CPU and a full batch of 2 x 8 tokens: what a test of one step's bookkeeping runs."""
+    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
+    return bench, tp.make_batch(2, 8, "full", bench.vocab_size, bench.pad_token_id, torch.device("cpu"))
+
+
 def test_search_picks_largest_fitting_then_fastest():
     probed, timed = [], []
 
@@ -180,8 +186,7 @@ def test_tiny_end_to_end_writes_csv_png_markdown(tmp_path):
 def test_a_step_leaves_the_hosts_issue_time_and_gpu_rows_report_its_share(monkeypatch, tmp_path):
     """time_step leaves the seconds the host took before the final wait for the device; a GPU row's share of its step
     is reported per model and length, and read back from the CSV."""
-    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
-    batch = tp.make_batch(2, 8, "full", bench.vocab_size, bench.pad_token_id, torch.device("cpu"))
+    bench, batch = tiny_neobert_and_batch()
     waits = []
     monkeypatch.setattr(tp, "synchronize", lambda device: (waits.append(1), __import__("time").sleep(0.05)))
     total = tp.time_step(bench, batch, True, torch.device("cpu"))
@@ -286,8 +291,7 @@ def test_a_profile_that_fails_costs_its_row_nothing_but_the_profile(monkeypatch,
 
 def test_a_gpu_recording_without_a_kernel_is_a_failed_profile_and_a_failed_training_step_leaves_no_gradient(
         monkeypatch):
-    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
-    batch = tp.make_batch(2, 8, "full", bench.vocab_size, bench.pad_token_id, torch.device("cpu"))
+    bench, batch = tiny_neobert_and_batch()
     row = tp.ThroughputRow("neobert", "training", "full", 8, 2, 1.0, 1.0, 1.0, None, None, None, "cuda", "bfloat16",
                            note="attention: sdpa (no mask)")
     monkeypatch.setattr(job, "profile_step", lambda *a: summarise([], "CUDA kernels", 1, 10.0, 0.0, 16))
@@ -310,8 +314,7 @@ def test_a_gpu_rows_profile_reads_where_the_device_waited_from_its_trace(monkeyp
     read into row.host_waits, and throughput.md says it; a trace that cannot be read costs the profile nothing."""
     from test_host_waits import compiled_step
 
-    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
-    batch = tp.make_batch(2, 8, "full", bench.vocab_size, bench.pad_token_id, torch.device("cpu"))
+    bench, batch = tiny_neobert_and_batch()
     trace_path = tmp_path / "inference_full_8_neobert.json.gz"
 
     def profile_step(*args):
@@ -926,8 +929,7 @@ def test_a_published_bf16_peak_is_no_mfu_denominator_for_float32_and_a_given_pea
 
 def test_a_trace_that_cannot_be_written_costs_the_profile_nothing(monkeypatch, tmp_path, caplog):
     """The trace is a help to the profile's figures, which stand without it (a full disk, an exporter's error)."""
-    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
-    batch = tp.make_batch(2, 8, "full", bench.vocab_size, bench.pad_token_id, torch.device("cpu"))
+    bench, batch = tiny_neobert_and_batch()
 
     def fails(self, path, *args, **kwargs):
         raise OSError("No space left on device")

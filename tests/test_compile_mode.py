@@ -40,8 +40,10 @@ def test_cuda_graphs_with_gradient_accumulation_need_a_strategy_that_copies_the_
     graphs = (*PACKED, "model.compile_mode=reduce-overhead")
     strategy_keys = (f"trainer.strategy={strategy}").split()
     with pytest.raises(ConfigError, match=r"model\.compile_mode.*accumulate_grad_batches=4 under "
-                                          rf"trainer\.strategy={strategy.split()[0]}.*deepspeed_stage_2"):
+                                          rf"trainer\.strategy={strategy.split()[0]}.*deepspeed_stage_2") as refused:
         tiny_config(tmp_path, *graphs, "trainer.accumulate_grad_batches=4", *strategy_keys)
+    # "without contiguous gradients" only where that is why: ZeRO-2 with them turned off
+    assert ("without contiguous gradients" in str(refused.value)) == ("contiguous_gradients=false" in strategy)
     tiny_config(tmp_path, *graphs, "trainer.accumulate_grad_batches=1", *strategy_keys)
     tiny_config(tmp_path, *PACKED, "trainer.accumulate_grad_batches=4", *strategy_keys)  # no graphs
     for allowed in ("deepspeed_stage_2", "deepspeed_stage_2_offload"):

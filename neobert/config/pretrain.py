@@ -365,7 +365,8 @@ class PretrainConfig:
                 or copies_gradients_out, "model.compile_mode",
                 f"{model.compile_mode!r} replays CUDA graphs whose output memory the next micro-batch reuses, and "
                 f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} under trainer.strategy="
-                f"{trainer.strategy}{' without contiguous gradients' * trainer.strategy.startswith('deepspeed')} "
+                f"{trainer.strategy}"
+                f"{' without contiguous gradients' * trainer.strategy.startswith(GRADIENT_COPYING_STRATEGY)} "
                 f"would keep the accumulating gradients in it (wrong, or an error): use trainer.strategy="
                 f"deepspeed_stage_2 (the recipe's; with trainer.deepspeed.contiguous_gradients left on, it copies "
                 f"each micro-batch's gradients out), trainer.accumulate_grad_batches=1, or model.compile_mode=default")

@@ -5,8 +5,11 @@ would cost a lease's minutes); and the rotary tables QuACK's candidate gets turn
 
 from __future__ import annotations
 
+import importlib.machinery
 import runpy
 import statistics
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -147,3 +150,52 @@ def test_the_attention_bench_runs_on_cpu_and_says_why_a_backend_is_not_measured(
             assert len(errors) == (1 if start == modes[0] else 2) and all(0 < e < 0.05 for e in errors), rows[name]
     with pytest.raises(ValueError, match="multiple of LENGTH"):
         bench("attention_ab")["main"](1000, 1)
+
+
+def _fake_flash_attn_4(monkeypatch, attention, tiles: list) -> None:
+    """flash-attn-4's three entry points the bench calls, as attention on full rows (`attention`: [B, L, h, d] in and
+    out): the varlen function (the model's op calls it), the batched one, and `_flash_attn_fwd`, which records the
+    tile it was given."""
+    def rows(x, cu_seqlens, length):
+        assert torch.equal(cu_seqlens.diff(), torch.full_like(cu_seqlens.diff(), length))  # full rows only
+        return x.view(cu_seqlens.numel() - 1, length, *x.shape[1:])
+
+    def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse=False):
+        out = attention(*(rows(x, cu_seqlens_q, max_seqlen_q) for x in (q, k, v))).flatten(0, 1)
+        return out, torch.zeros(q.shape[1], q.shape[0])
+
+    def forward(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, tile_mn=None):
+        tiles.append(tile_mn)
+        if cu_seqlens_q is None:
+            return attention(q, k, v), None, None, None, None
+        return varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)[0], None, None, None, None
+
+    package, cute, interface = (types.ModuleType(name) for name in
+                                ("flash_attn", "flash_attn.cute", "flash_attn.cute.interface"))
+    for module in (package, cute, interface):
+        module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+    cute.flash_attn_varlen_func, cute.flash_attn_func = varlen, lambda q, k, v: (attention(q, k, v), None)
+    interface._flash_attn_fwd, cute.interface, package.cute = forward, interface, cute
+    for module in (package, cute, interface):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+
+
+def test_the_attention_benchs_flash_attention_4_candidates_on_a_stand_in(monkeypatch):
+    """FA4's rows need a GPU; their wiring is checked here on a stand-in of flash-attn-4 (attention written out): each
+    candidate returns the rows' attention in q's layout; the 128 x 128 candidates pass that tile to _flash_attn_fwd,
+    in the forward alone (the training alternation has no tiled candidate, having no backward for it); without the
+    package, none and why."""
+    script = bench("attention_ab")
+    variants, why = script["fa4_variants"](True)
+    assert variants == {} and "flash_attn" in why
+    tiles = []
+    _fake_flash_attn_4(monkeypatch, script["sdpa"], tiles)
+    assert set(script["fa4_variants"](True)[0]) == {"sdpa", "fa4", "fa4_dense"}
+    variants, why = script["fa4_variants"](False)
+    assert why is None and set(variants) == {"sdpa", "fa4", "fa4_dense", "fa4_128x128", "fa4_dense_128x128"}
+    q, k, v = torch.randn(2, 16, 3, 3 * 8).split(8, dim=-1)
+    expected = script["reference_attention"](q, k, v)
+    for name, attend in variants.items():
+        out = attend(q, k, v)
+        assert out.shape == q.shape and torch.allclose(out, expected, atol=1e-5), name
+    assert tiles == [(128, 128), (128, 128)]

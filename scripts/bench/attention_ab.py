@@ -11,7 +11,11 @@ unprofiled):
   constraints): whether a compiled model's attention loses what the eager call has;
 * fa4: `neobert.model.attention.flash_attn_4_varlen`, the model's op (the rows as documents, cu_seqlens), and
   fa4_dense, FlashAttention 4's batched `flash_attn_func`, where flash-attn-4 and a GPU are (their own alternation:
-  failing costs only their rows).
+  failing costs only their rows);
+* fa4_128x128, fa4_dense_128x128 (forward alone): the same through FA4's `_flash_attn_fwd` with 128 x 128 tiles. On
+  Hopper its forward takes 192 query rows a tile at head size 64 (4.0.0b36's `_tile_size_fwd_sm90`, tuned on long
+  sequences): a row of 512 then takes three tiles, 576 rows, and 1,024 six, 1,152, so 11% of the rows it computes
+  are empty; 128 divides both.
 
 Forward alone (inference, under no_grad) and forward + backward (training; q, k and v each their own leaf, so that
 no split's backward is timed), each alternated, the median of `repeats`; each output's (and in training each
@@ -54,6 +58,28 @@ def fa4_documents(q, k, v):
     cu_seqlens = torch.arange(0, (batch + 1) * length, length, device=q.device, dtype=torch.int32)
     out, _ = flash_attn_4_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens, length)
     return out.view_as(q)
+
+
+def fa4_variants(training: bool) -> tuple[dict, str | None]:
+    """FlashAttention 4's candidates beside `sdpa`, or ({}, why) where flash-attn-4 does not import. The 128 x 128
+    tiles in the forward alone: `_flash_attn_fwd` (what FA4's autograd functions call) takes a tile, its public
+    functions do not."""
+    dense, why = optional_attribute("flash_attn.cute", "flash_attn_func")
+    if dense is None:
+        return {}, why
+    variants = {"sdpa": sdpa, "fa4": fa4_documents, "fa4_dense": lambda q, k, v: dense(q, k, v)[0]}
+    forward, _ = optional_attribute("flash_attn.cute.interface", "_flash_attn_fwd")
+    if not training and forward is not None:
+        def documents(q, k, v):
+            batch, length = q.shape[:2]
+            cu_seqlens = torch.arange(0, (batch + 1) * length, length, device=q.device, dtype=torch.int32)
+            out = forward(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens_q=cu_seqlens,
+                          cu_seqlens_k=cu_seqlens, max_seqlen_q=length, max_seqlen_k=length, tile_mn=(128, 128))[0]
+            return out.view_as(q)
+
+        variants["fa4_128x128"] = documents
+        variants["fa4_dense_128x128"] = lambda q, k, v: forward(q, k, v, tile_mn=(128, 128))[0]
+    return variants, None
 
 
 def reference_attention(q, k, v):
@@ -119,13 +145,12 @@ def main(tokens: int = 32768, repeats: int = 20, length: int = 512) -> None:
                     "sdpa_compiled": torch.compile(sdpa, dynamic=False)}
         print("\n".join(compare(variants, lambda attend: timed(attend, training), describe, repeats, width=14)))
         if device.type == "cuda":  # FlashAttention 4, candidates in an alternation of their own
-            dense, why = optional_attribute("flash_attn.cute", "flash_attn_func")
-            if dense is None:
-                print(f"  {'fa4':14s} not measured: {why}")
+            candidates, why = fa4_variants(training)
+            if why:
+                print(f"  {'fa4':17s} not measured: {why}")
                 continue
-            print("\n".join(compare({"sdpa": sdpa, "fa4": fa4_documents,
-                                     "fa4_dense": lambda q, k, v: dense(q, k, v)[0]},
-                                    lambda attend: timed(attend, training), describe, repeats, width=14)))
+            print("\n".join(compare(candidates, lambda attend: timed(attend, training), describe, repeats,
+                                    width=17)))
 
 
 if __name__ == "__main__":

@@ -72,14 +72,19 @@
 #                    too)                                                                                ~3.5 min
 #   infer_flex_compiled  infer_flex's lengths compiled: neobert (SDPA), with FA4, and ModernBERT with FA4's window
 #                    (Figure 3 with both compiled; needs FA4 unpacked)                                  ~3.5 min
+#   figure3_compiled  Figure 3 with NeoBERT compiled, not profiled: neobert (SDPA) and neobert-flash_attn_4 at 1,024,
+#                    2,048 and 4,096, batch 16, against ModernBERT with FA4's window eager (eager_models: its best
+#                    row on the H100, 536,253 tokens/s at 4,096, where eager NeoBERT's best ran 0.93x; compiled, it
+#                    compiles a graph per layer and length). infer_flex_compiled's NeoBERT rows without it  ~3 min
 #   compiled         throughput training compiled: neobert, neobert-quack where unpacked, against bert-base
 #                    eager (eager_models: compiled, Inductor lowered its masked SDPA to float32 GEMMs on the
 #                    H100, 0.39x its eager speed; so in every compiled step below)                     ~2 min
 #   infer_compiled   throughput inference compiled at 512: neobert, with FA4 and with QuACK's MLP where unpacked,
 #                    bert-base (the per-FLOP target)                                                     ~2 min
-#   infer_graphs     the same with compile_mode=reduce-overhead (CUDA graphs: no launch per kernel), not
-#                    profiled (with CUDA graphs the profiler's tracer is attached before any timing, and would
-#                    time eager BERT with it)                                                            ~2 min
+#   infer_graphs     infer_quack_fa4 (below) with compile_mode=reduce-overhead (CUDA graphs: no launch per
+#                    kernel): FA4 in both NeoBERT rows, the MLP eager and QuACK's, the candidates of the per-FLOP
+#                    target together; not profiled (with CUDA graphs the profiler's tracer is attached before any
+#                    timing, and would time eager BERT with it)                                          ~2 min
 #   infer_quack_fa4  inference at 512 compiled, FA4 in every NeoBERT row (neobert_overrides): neobert (eager MLP)
 #                    and neobert-quack (QuACK's MLP) side by side, against bert-base (needs FA4 and QuACK
 #                    unpacked: else FA4's absence stops the run, naming the key)                          ~2.5 min
@@ -94,7 +99,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests tests_fa4 norms mlp rope attention_alone decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_as_is check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled compiled infer_compiled infer_graphs infer_quack_fa4 train_quack_fa4 train_graphs}
+STEPS=${*:-tests tests_fa4 norms mlp rope attention_alone decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_as_is check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled figure3_compiled compiled infer_compiled infer_graphs infer_quack_fa4 train_quack_fa4 train_graphs}
 STAGE=$(mktemp -d)
 TRACES=$(mktemp -d)
 TRACES_LIMIT=${RUN_CHECKS_TRACES_LIMIT:-15000000}  # bytes: a device call returns a file of 16 MiB at most
@@ -262,6 +267,9 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         infer_flex_compiled) throughput throughput_inference_flex_compiled 310 mode=inference \
                                  'lengths=[1024,2048,4096]' 'models=[neobert,neobert-flash_attn_4,modernbert-base-fa4]' \
                                  'batch_sizes=[16]' search_top=1 repeats=3 compile=true ;;
+        figure3_compiled) throughput throughput_figure3_compiled 300 mode=inference 'lengths=[1024,2048,4096]' \
+                              'models=[neobert,neobert-flash_attn_4,modernbert-base-fa4]' 'batch_sizes=[16]' \
+                              search_top=1 repeats=3 compile=true 'eager_models=[modernbert-base-fa4]' profile=false ;;
         compiled) throughput throughput_compiled 130 mode=training 'lengths=[512]' \
                       'models=[neobert,neobert-quack,bert-base]' \
                       'batch_sizes=[64]' search_top=1 repeats=5 compile=true 'eager_models=[bert-base]' ;;
@@ -269,9 +277,9 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                             'models=[neobert,neobert-flash_attn_4,neobert-quack,bert-base]' 'batch_sizes=[64]' \
                             search_top=1 repeats=5 compile=true 'eager_models=[bert-base]' ;;
         infer_graphs) throughput throughput_inference_graphs 180 mode=inference 'lengths=[512]' \
-                          'models=[neobert,neobert-flash_attn_4,bert-base]' 'batch_sizes=[64]' search_top=1 repeats=5 \
-                          compile=true compile_mode=reduce-overhead warmup=2 'eager_models=[bert-base]' \
-                          profile=false ;;
+                          'models=[neobert,neobert-quack,bert-base]' neobert_overrides.attention_kernel=flash_attn_4 \
+                          'batch_sizes=[64]' search_top=1 repeats=5 compile=true compile_mode=reduce-overhead warmup=2 \
+                          'eager_models=[bert-base]' profile=false ;;
         infer_quack_fa4) throughput throughput_inference_quack_fa4 180 mode=inference 'lengths=[512]' \
                              'models=[neobert,neobert-quack,bert-base]' neobert_overrides.attention_kernel=flash_attn_4 \
                              'batch_sizes=[64]' search_top=1 repeats=5 compile=true 'eager_models=[bert-base]' ;;

@@ -58,6 +58,12 @@
 #   loop_profile     check_packed with Lightning's simple profiler in the loop (where the loop's host time
 #                    goes: the packed loops ran 0.88-0.89 of their ceilings on the H200)                ~2 min
 #   check            gpu_check, the recipe as shipped, every stage, profile                              ~4 min
+#   check_recipe     gpu_check speed_only on the recipe's own layout (no packing: unpadded documents of up to 1,024
+#                    tokens, each batch its own token count), attention auto (FA4 where unpacked), profiled: the
+#                    reference of check_recipe_compiled                                                   ~2.5 min
+#   check_recipe_compiled  the same with model.compile=true compile_scope=blocks: whether the paper's recipe should
+#                    compile by default on a GPU (every compiled loop measured so far ran packed rows; on CPU this
+#                    layout compiles 4 graphs, as packed rows do, not one per batch)                     ~3 min
 #   attention        throughput training per attention kernel (full rows as documents, unpadded), FA4 included
 #                    where unpacked (runs from .gpu_fa4 alone: the throughput job needs no corpus)        ~2.5 min
 #   attention_compiled  the same compiled (compile=true): varlen_attn against FA4's custom ops, and neobert
@@ -99,7 +105,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests tests_fa4 norms mlp rope attention_alone decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_as_is check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled figure3_compiled compiled infer_compiled infer_graphs infer_quack_fa4 train_quack_fa4 train_graphs}
+STEPS=${*:-tests tests_fa4 norms mlp rope attention_alone decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_as_is check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check check_recipe check_recipe_compiled attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled figure3_compiled compiled infer_compiled infer_graphs infer_quack_fa4 train_quack_fa4 train_graphs}
 STAGE=$(mktemp -d)
 TRACES=$(mktemp -d)
 TRACES_LIMIT=${RUN_CHECKS_TRACES_LIMIT:-15000000}  # bytes: a device call returns a file of 16 MiB at most
@@ -247,6 +253,9 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                               trainer.deepspeed.overlap_comm=false trainer.deepspeed.contiguous_gradients=false ;;
         loop_profile) gpu_check loop_profile 180 speed_only=true data.packing=best_fit trainer.profiler=simple ;;
         check) gpu_check check 240 profile=true model.overrides.attention_kernel=auto ;;
+        check_recipe) gpu_check check_recipe 200 speed_only=true profile=true model.overrides.attention_kernel=auto ;;
+        check_recipe_compiled) gpu_check check_recipe_compiled 260 speed_only=true profile=true \
+                                   model.overrides.attention_kernel=auto model.compile=true model.compile_scope=blocks ;;
         attention) throughput throughput_attention 210 mode=training 'lengths=[1024]' 'layouts=[full,unpadded]' \
                        'models=[neobert,neobert-flash_attn_4,neobert-flash_attn_3,neobert-flash_attn,neobert-varlen_attn,neobert-padded_sdpa]' \
                        'batch_sizes=[32]' search_top=1 repeats=5 ;;

@@ -376,16 +376,15 @@ def test_a_plain_loop_computing_otherwise_than_the_ceiling_is_not_judged_against
 
 @pytest.mark.parametrize("packing", ["best_fit", "none"])
 def test_a_compiled_loop_reports_its_graphs_and_packed_batches_do_not_recompile_per_document_count(tmp_path, packing):
-    """The recipe's loop compiled by blocks, over batches of differing shapes: static packed batches (their document
-    counts differ) and the recipe's own layout (packing none: unpadded documents, each batch its own token count, at
-    128 tokens, which 99 of the 120 documents are shorter than; run_checks' check_recipe_compiled measures it on a
-    GPU). Four graphs in training and validation together, whatever the depth: the first shapes' graph, then one
-    with the changing size dynamic, each twice (the first block fills the rotary tables' cache, the others find it
-    filled). A graph per shape (a size dynamo specialises on, or dynamic=False: 6 here) passes that bound within a
-    few batches. The row says how many."""
-    length = "data.max_length=128" if packing == "none" else "data.max_length=32"
+    """The recipe's loop compiled by blocks over 128-token batches of differing shapes: static packed batches (their
+    document counts differ) and the recipe's own layout (packing none: unpadded documents, each batch its own token
+    count; 99 of the 120 documents are shorter than 128; run_checks' check_recipe_compiled measures it on a GPU).
+    At most four graphs, counted from a fresh start (the loop's own, as in a pretraining run's process, whatever the
+    stages before it compiled): training's first shapes, then once with the changing size dynamic, and validation
+    (no gradients) the same. A graph per shape (a size dynamo specialises on, or dynamic=False: 5 and 8 here) passes
+    that bound within a few batches. The row says how many."""
     main(tiny_check(tmp_path, "speed_only=true", f"data.packing={packing}", "model.compile=true",
-                    "model.compile_scope=blocks", "--steps", "6", length))
+                    "model.compile_scope=blocks", "--steps", "6", "data.max_length=128"))
     _, summary = report(tmp_path)
     loop = next(row for row in summary["rows"] if row["stage"] == "loop, recipe's strategy")
     match = re.search(r"torch\.compile \(blocks\) compiled (\d+) graphs in training and validation", loop["notes"])
@@ -572,3 +571,15 @@ def test_the_report_names_the_gpus_the_check_ran_on_not_all_of_the_nodes(monkeyp
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert device_name(torch.device("cuda"), 2) == "2 x NVIDIA H100 80GB HBM3"  # devices=2 of the node's 8
+
+
+def test_a_compiled_loop_past_dynamos_recompile_limit_fails_its_row_rather_than_timing_eager_frames(tmp_path):
+    """Past the limit dynamo runs a frame eagerly with one warning, and the row would time that: the loop's row fails
+    naming it (here a limit of 1 graph, which the recipe's layout passes at its second token count)."""
+    with torch._dynamo.config.patch(recompile_limit=1), \
+            pytest.raises(SystemExit, match="gpu check FAILED: loop, recipe's strategy"):
+        main(tiny_check(tmp_path, "speed_only=true", "data.packing=none", "model.compile=true",
+                        "model.compile_scope=blocks", "--steps", "4", "data.max_length=128"))
+    _, summary = report(tmp_path)
+    loop = next(row for row in summary["rows"] if row["stage"] == "loop, recipe's strategy")
+    assert loop["status"] == "FAILED" and "recompile_limit" in loop["error"], loop

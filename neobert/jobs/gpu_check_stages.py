@@ -521,8 +521,13 @@ def loop_stage(plan: Plan, title: str, strategy: str, run_name: str,
         except Exception as err:  # noqa: BLE001 - an estimate the preflight cannot make is noted, not fatal
             row.notes = f"no memory estimate ({type(err).__name__}: {one_line(err)}); "
         start_peak_memory(plan.device)
+        if run.model.compile:
+            # As in a pretraining run's own process: the ceilings' graphs neither count here nor use up dynamo's
+            # recompile limit, past which it runs a frame eagerly with one warning, and the row would time that
+            torch._dynamo.reset()
         graphs = compiled_graphs()
-        probe = train(plan, run, title, *callbacks)
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            probe = train(plan, run, title, *callbacks)
         row.peak_memory_gib = peak_memory_gib(plan.device)
         trained.append(probe.trained)
         row.tokens_per_s, row.mfu, validation = loop_figures(plan, run)

@@ -125,6 +125,7 @@ class NeoBERTPreTrained(nn.Module):
             encoder = self if isinstance(self, NeoBERT) else self.model
             for block in encoder.transformer_encoder:
                 block.compile(*args, **kwargs)
+            encoder.blocks_compiled = True
         else:
             raise ValueError(f"compile scope must be 'model' or 'blocks', got {scope!r}")
 
@@ -160,6 +161,7 @@ class NeoBERT(NeoBERTPreTrained):
     """The encoder: token embedding, pre-norm blocks, final norm. Returns hidden states after the final norm."""
 
     hub_architecture = "NeoBERT"
+    blocks_compiled: bool = False  # compile(scope="blocks"): each block a compiled graph, the rest eager
 
     def __init__(self, config: NeoBERTConfig):
         super().__init__()
@@ -236,6 +238,10 @@ class NeoBERT(NeoBERTPreTrained):
             # Built once for every layer: q and k side by side, as the blocks rotate them.
             rope = RotaryTables.side_by_side(rope_tables(self.config.head_dim, position_ids, self.config.rope_theta),
                                              vectors_per_head=2)
+            if self.blocks_compiled:
+                # The compiled rotation's tables, made here: made by the first block, they were a side effect of its
+                # graph and a guard that gave it a graph of its own, compiled twice as often as the others'
+                rope.interleaved(torch.float32)
         else:
             x = x + self.positional_embedding(position_ids)
         x = self.embedding_dropout(x)

@@ -152,23 +152,27 @@ def test_the_attention_bench_runs_on_cpu_and_says_why_a_backend_is_not_measured(
         bench("attention_ab")["main"](1000, 1)
 
 
-def _fake_flash_attn_4(monkeypatch, attention, tiles: list) -> None:
+def _fake_flash_attn_4(monkeypatch, attention, calls: list) -> None:
     """flash-attn-4's three entry points the bench calls, as attention on full rows (`attention`: [B, L, h, d] in and
-    out): the varlen function (the model's op calls it), the batched one, and `_flash_attn_fwd`, which records the
-    tile it was given."""
+    out), their arguments after v keyword-only as the bench passes them: the varlen function (the model's op calls
+    it), the batched one, and `_flash_attn_fwd`, which records the tile it was given and whether the logsumexp was
+    asked for."""
     def rows(x, cu_seqlens, length):
         assert torch.equal(cu_seqlens.diff(), torch.full_like(cu_seqlens.diff(), length))  # full rows only
         return x.view(cu_seqlens.numel() - 1, length, *x.shape[1:])
 
-    def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse=False):
+    def varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse=False):
         out = attention(*(rows(x, cu_seqlens_q, max_seqlen_q) for x in (q, k, v))).flatten(0, 1)
         return out, torch.zeros(q.shape[1], q.shape[0])
 
-    def forward(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, tile_mn=None):
-        tiles.append(tile_mn)
+    def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                tile_mn=None, return_lse=False):
+        calls.append((tile_mn, return_lse))
         if cu_seqlens_q is None:
             return attention(q, k, v), None, None, None, None
-        return varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)[0], None, None, None, None
+        out = varlen(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                     max_seqlen_k=max_seqlen_k)[0]
+        return out, None, None, None, None
 
     package, cute, interface = (types.ModuleType(name) for name in
                                 ("flash_attn", "flash_attn.cute", "flash_attn.cute.interface"))
@@ -182,14 +186,17 @@ def _fake_flash_attn_4(monkeypatch, attention, tiles: list) -> None:
 
 def test_the_attention_benchs_flash_attention_4_candidates_on_a_stand_in(monkeypatch):
     """FA4's rows need a GPU; their wiring is checked here on a stand-in of flash-attn-4 (attention written out): each
-    candidate returns the rows' attention in q's layout; the 128 x 128 candidates pass that tile to _flash_attn_fwd,
-    in the forward alone (the training alternation has no tiled candidate, having no backward for it); without the
+    candidate returns the rows' attention in q's layout; the 128 x 128 candidates pass that tile to _flash_attn_fwd
+    (the varlen one asking for the logsumexp, as the model's op does, so that only the tile differs), in the forward
+    alone (the training alternation has no tiled candidate, having no backward for it); without the
     package, none and why."""
     script = bench("attention_ab")
-    variants, why = script["fa4_variants"](True)
+    with monkeypatch.context() as absent:
+        absent.setitem(sys.modules, "flash_attn", None)  # whether or not this machine has it
+        variants, why = script["fa4_variants"](True)
     assert variants == {} and "flash_attn" in why
-    tiles = []
-    _fake_flash_attn_4(monkeypatch, script["sdpa"], tiles)
+    calls = []
+    _fake_flash_attn_4(monkeypatch, script["sdpa"], calls)
     assert set(script["fa4_variants"](True)[0]) == {"sdpa", "fa4", "fa4_dense"}
     variants, why = script["fa4_variants"](False)
     assert why is None and set(variants) == {"sdpa", "fa4", "fa4_dense", "fa4_128x128", "fa4_dense_128x128"}
@@ -198,4 +205,4 @@ def test_the_attention_benchs_flash_attention_4_candidates_on_a_stand_in(monkeyp
     for name, attend in variants.items():
         out = attend(q, k, v)
         assert out.shape == q.shape and torch.allclose(out, expected, atol=1e-5), name
-    assert tiles == [(128, 128), (128, 128)]
+    assert calls == [((128, 128), True), ((128, 128), False)]  # the varlen one as the model's op: with the lse

@@ -63,7 +63,7 @@
 #                    reference of check_recipe_compiled                                                   ~2.5 min
 #   check_recipe_compiled  the same with model.compile=true compile_scope=blocks: whether the paper's recipe should
 #                    compile by default on a GPU (every compiled loop measured so far ran packed rows; on CPU this
-#                    layout compiles 4 graphs, as packed rows do, not one per batch)                     ~3 min
+#                    layout's loop compiles 4 graphs, training's and validation's, not one per batch)    ~3 min
 #   attention        throughput training per attention kernel (full rows as documents, unpadded), FA4 included
 #                    where unpacked (runs from .gpu_fa4 alone: the throughput job needs no corpus)        ~2.5 min
 #   attention_compiled  the same compiled (compile=true): varlen_attn against FA4's custom ops, and neobert
@@ -90,7 +90,7 @@
 #   infer_graphs     infer_quack_fa4 (below) with compile_mode=reduce-overhead (CUDA graphs: no launch per
 #                    kernel): FA4 in both NeoBERT rows, the MLP eager and QuACK's, the candidates of the per-FLOP
 #                    target together; not profiled (with CUDA graphs the profiler's tracer is attached before any
-#                    timing, and would time eager BERT with it)                                          ~2 min
+#                    timing, and would time eager BERT with it)                                          ~3 min
 #   infer_quack_fa4  inference at 512 compiled, FA4 in every NeoBERT row (neobert_overrides): neobert (eager MLP)
 #                    and neobert-quack (QuACK's MLP) side by side, against bert-base (needs FA4 and QuACK
 #                    unpacked: else FA4's absence stops the run, naming the key)                          ~2.5 min
@@ -176,7 +176,7 @@ bench() {
     PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$2" python3 scripts/bench/"$1".py "${3:-32768}" 20 \
         > "$SCRATCH"/"$1".log 2>&1
     echo "$1 exit $?" | tee -a "$LOG"
-    grep -E "^[A-Z][A-Za-z]* .*median of|^  [A-Za-z_.]+ " "$SCRATCH"/"$1".log | tee -a "$LOG"
+    grep -E "^[A-Z][A-Za-z,]* .*median of|^  [A-Za-z0-9_.]+ " "$SCRATCH"/"$1".log | tee -a "$LOG"
     cp "$SCRATCH"/"$1".log "$STAGE"/"$1".log
 }
 # gpu_check NAME SECONDS key=value...: experiments.gpu_check --config neobert on the prepared corpus and tokenizer
@@ -285,7 +285,7 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         infer_compiled) throughput throughput_inference_compiled 150 mode=inference 'lengths=[512]' \
                             'models=[neobert,neobert-flash_attn_4,neobert-quack,bert-base]' 'batch_sizes=[64]' \
                             search_top=1 repeats=5 compile=true 'eager_models=[bert-base]' ;;
-        infer_graphs) throughput throughput_inference_graphs 180 mode=inference 'lengths=[512]' \
+        infer_graphs) throughput throughput_inference_graphs 240 mode=inference 'lengths=[512]' \
                           'models=[neobert,neobert-quack,bert-base]' neobert_overrides.attention_kernel=flash_attn_4 \
                           'batch_sizes=[64]' search_top=1 repeats=5 compile=true compile_mode=reduce-overhead warmup=2 \
                           'eager_models=[bert-base]' profile=false ;;

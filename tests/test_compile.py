@@ -93,7 +93,9 @@ def test_the_compiled_graph_holds_no_complex_tensor():
 def test_blocks_compiled_on_their_own_share_one_graph_per_shape(dtype):
     """compile_scope=blocks: every block runs one graph. The compiled rotation's tables are made before the first
     block: made by it, they were a side effect of its graph and a guard (`not rope._interleaved`) that gave the first
-    block a graph of its own (measured on CPU, 2026-11-26: 4 graphs over two token counts in training, against 2)."""
+    block a graph of its own (measured on CPU, 2026-11-26: 4 graphs over two token counts in training, against 2).
+    Not under CUDA graphs: there tables made before the blocks would be an input that each block's graph copies into
+    a buffer of its own at every replay, where the first block's output stays in place."""
     graphs = []
 
     def counting_backend(graph_module, example_inputs):
@@ -112,3 +114,7 @@ def test_blocks_compiled_on_their_own_share_one_graph_per_shape(dtype):
     assert len(model.model.transformer_encoder) == 2 and len(graphs) == 1
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5  # compiled RoPE computes in float32, eager bf16 in bf16
     torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+    for mode, first in (("reduce-overhead", False), ("max-autotune", False), ("max-autotune-no-cudagraphs", True)):
+        model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
+        model.compile(scope="blocks", mode=mode)  # lazy: nothing is traced until a block runs
+        assert model.model.rotation_tables_first is first, mode

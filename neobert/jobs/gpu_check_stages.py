@@ -526,7 +526,8 @@ def loop_stage(plan: Plan, title: str, strategy: str, run_name: str,
             # recompile limit, past which it runs a frame eagerly with one warning, and the row would time that
             torch._dynamo.reset()
         graphs = compiled_graphs()
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        # suppress_errors (TORCHDYNAMO_SUPPRESS_ERRORS=1) would make dynamo refuse the first at the compile
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, suppress_errors=False):
             probe = train(plan, run, title, *callbacks)
         row.peak_memory_gib = peak_memory_gib(plan.device)
         trained.append(probe.trained)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from neobert.config.pretrain import CUDA_GRAPH_MODES
 from neobert.model import checkpoint
 from neobert.model.attention import (
     AttentionLayout,
@@ -125,7 +126,11 @@ class NeoBERTPreTrained(nn.Module):
             encoder = self if isinstance(self, NeoBERT) else self.model
             for block in encoder.transformer_encoder:
                 block.compile(*args, **kwargs)
-            encoder.blocks_compiled = True
+            # Made by the first block, the compiled rotation's tables are a side effect of its graph and a guard
+            # that gives it a graph of its own; made before it, an input of every block's graph, which CUDA graphs
+            # copy into each block's own buffer at every replay (they keep in place only weights and the outputs of
+            # an earlier graph, as the first block's tables are)
+            encoder.rotation_tables_first = kwargs.get("mode") not in CUDA_GRAPH_MODES
         else:
             raise ValueError(f"compile scope must be 'model' or 'blocks', got {scope!r}")
 
@@ -161,7 +166,7 @@ class NeoBERT(NeoBERTPreTrained):
     """The encoder: token embedding, pre-norm blocks, final norm. Returns hidden states after the final norm."""
 
     hub_architecture = "NeoBERT"
-    blocks_compiled: bool = False  # compile(scope="blocks"): each block a compiled graph, the rest eager
+    rotation_tables_first: bool = False  # compile(scope="blocks") without CUDA graphs: tables made before the blocks
 
     def __init__(self, config: NeoBERTConfig):
         super().__init__()
@@ -238,9 +243,7 @@ class NeoBERT(NeoBERTPreTrained):
             # Built once for every layer: q and k side by side, as the blocks rotate them.
             rope = RotaryTables.side_by_side(rope_tables(self.config.head_dim, position_ids, self.config.rope_theta),
                                              vectors_per_head=2)
-            if self.blocks_compiled:
-                # The compiled rotation's tables, made here: made by the first block, they were a side effect of its
-                # graph and a guard that gave it a graph of its own, compiled twice as often as the others'
+            if self.rotation_tables_first:  # the compiled blocks' tables, so that they share one graph (compile)
                 rope.interleaved(torch.float32)
         else:
             x = x + self.positional_embedding(position_ids)

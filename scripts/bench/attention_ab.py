@@ -13,9 +13,10 @@ unprofiled):
   fa4_dense, FlashAttention 4's batched `flash_attn_func`, where flash-attn-4 and a GPU are (their own alternation:
   failing costs only their rows);
 * fa4_128x128, fa4_dense_128x128 (forward alone): the same through FA4's `_flash_attn_fwd` with 128 x 128 tiles. On
-  Hopper its forward takes 192 query rows a tile at head size 64 (4.0.0b36's `_tile_size_fwd_sm90`, which says
-  192 x 128 "is consistently best across seqlens"; at these lengths its last tile is a third empty): a row of 512 then takes three tiles, 576 rows, and 1,024 six, 1,152, so 11% of the rows it computes
-  are empty; 128 divides both. Each writes the logsumexp, as the model's op asks for it.
+  Hopper its forward takes 192 query rows a tile at head size 64 (4.0.0b36's `_tile_size_fwd_sm90`, whose comment
+  says 192 x 128 "is consistently best across seqlens"): a row of 512 then takes three tiles, 576 rows, and 1,024
+  six, 1,152, so 11% of the rows it computes are empty; 128 divides both. The varlen one writes the logsumexp, as
+  the model's op asks for it, so that only the tile differs.
 
 Forward alone (inference, under no_grad) and forward + backward (training; q, k and v each their own leaf, so that
 no split's backward is timed), each alternated, the median of `repeats`; each output's (and in training each

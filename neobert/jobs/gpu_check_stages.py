@@ -526,7 +526,7 @@ def loop_stage(plan: Plan, title: str, strategy: str, run_name: str,
             # recompile limit, past which it runs a frame eagerly with one warning, and the row would time that
             torch._dynamo.reset()
         graphs = compiled_graphs()
-        # suppress_errors (TORCHDYNAMO_SUPPRESS_ERRORS=1) would make dynamo refuse the first at the compile
+        # suppress_errors off: under it (TORCHDYNAMO_SUPPRESS_ERRORS=1) dynamo refuses fail_on_recompile_limit_hit
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, suppress_errors=False):
             probe = train(plan, run, title, *callbacks)
         row.peak_memory_gib = peak_memory_gib(plan.device)

@@ -334,7 +334,8 @@ def test_the_activation_widths_are_those_the_strategy_computes_in(strategy, widt
     (("data.packing=best_fit", "model.compile=true", "model.compile_scope=blocks", "model.compile_mode=reduce-overhead",
       "model.overrides.fused_mlm_loss=true"),
      ["- torch.compile, mode reduce-overhead (CUDA graphs: one batch shape, data.static_shapes): each encoder block on "
-      "its own (one shared graph)", "- norms, SwiGLU, RoPE in the blocks: Inductor's fused kernels",
+      "its own (one shared graph, but the first block's)",
+      "- norms, SwiGLU, RoPE in the blocks: Inductor's fused kernels",
       "- the MLM head's loss: Liger's fused linear cross-entropy"]),
     (("data.packing=best_fit", "model.compile=true"),
      ["- torch.compile, mode default: the whole forward", "- the MLM head's loss: compiled with the forward"]),
@@ -348,7 +349,8 @@ def test_the_activation_widths_are_those_the_strategy_computes_in(strategy, widt
       "then PyTorch's cross-entropy (float32 log-probabilities kept); the decoder's matmul on 30,528 rows "
       "(model.overrides.decoder_pad_multiple)"]),
     (("model.overrides.kernels=quack", "data.packing=best_fit", "model.compile=true", "model.compile_scope=blocks"),
-     ["- the MLP: QuACK's GEMMs, SwiGLU in their epilogues; norms and RoPE: Inductor's fused kernels"]),
+     ["- torch.compile, mode default: each encoder block on its own (one shared graph)",
+      "- the MLP: QuACK's GEMMs, SwiGLU in their epilogues; norms and RoPE: Inductor's fused kernels"]),
     (("model.overrides.kernels=quack", "trainer.precision=32-true"),  # float32: the estimate counts eager's MLP
      ["- norms, SwiGLU, RoPE in the blocks: PyTorch's eager ops",
       "- model.overrides.kernels=quack does not apply: QuACK's GEMMs compute in bf16 or fp16 only, and this run "

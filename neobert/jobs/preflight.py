@@ -442,7 +442,8 @@ def kernels_section(report: Preflight, config: PretrainConfig, model_config) -> 
     liger = model_config.kernels == "liger"
     if compiled:
         cuda_graphs = " (CUDA graphs: one batch shape, data.static_shapes)" if mode in CUDA_GRAPH_MODES else ""
-        covered = "each encoder block on its own (one shared graph)" if scope == "blocks" else "the whole forward"
+        shared = "one shared graph, but the first block's" if mode in CUDA_GRAPH_MODES else "one shared graph"
+        covered = f"each encoder block on its own ({shared})" if scope == "blocks" else "the whole forward"
         report.add(f"- torch.compile, mode {mode}{cuda_graphs}: {covered}")
     blocks = ("Inductor's fused kernels" if compiled else
               "Liger-Kernel's RMSNorm and fused SwiGLU" if liger else "PyTorch's eager ops")

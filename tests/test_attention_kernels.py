@@ -341,7 +341,9 @@ def _attention_and_lse_per_document(q, k, v, cu_seqlens):
 def install_flash_attn_4(monkeypatch, calls: list, backward_calls: list) -> None:
     """flash-attn-4's modules (`flash_attn.cute`, `flash_attn.cute.interface`) as stand-ins with its signatures
     (4.0.0b36: keyword arguments after q, k, v, whose fourth positional is qv), computing what it computes and
-    recording the calls: the forward in `calls` as the other stand-ins do, the backward in `backward_calls`."""
+    recording the calls: the forward in `calls` as the other stand-ins do, the backward in `backward_calls`. Also its
+    batched `flash_attn_func` and the `_flash_attn_fwd` both call, which takes a tile (`calls` records those it is
+    given, with whether the logsumexp was asked for), for scripts/bench/attention_ab.py's candidates."""
 
     def flash_attn_varlen_func(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                                max_seqlen_k=None, *, return_lse=False):
@@ -370,11 +372,29 @@ def install_flash_attn_4(monkeypatch, calls: list, backward_calls: list) -> None
             dk[start:end] = torch.einsum("hqk,qhd->khd", ds, q_) * scale
         return dq, dk, dv
 
+    def _flash_attn_fwd(q, k, v, qv=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_q=None, seqused_k=None,
+                        max_seqlen_q=None, max_seqlen_k=None, *, tile_mn=None, return_lse=False):
+        assert qv is None and seqused_q is None and seqused_k is None
+        calls.append(("flash_attn_4 _flash_attn_fwd", dict(tile_mn=tile_mn, return_lse=return_lse)))
+        if cu_seqlens_q is None:  # batched: [B, L, h, d]
+            return flash_attn_func(q, k, v)[0], None, None, None, None
+        out, lse = _attention_and_lse_per_document(q, k, v, cu_seqlens_q)
+        return out, (lse if return_lse else None), None, None, None
+
+    def flash_attn_func(q, k, v):
+        batch, length = q.shape[:2]
+        rows = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32)
+        out, _ = _attention_and_lse_per_document(*(x.flatten(0, 1) for x in (q, k, v)), rows)
+        return out.view_as(q), None
+
     cute = types.ModuleType("flash_attn.cute")
     # as FA4's CuTe DSL calls, which Dynamo cannot trace: called from a compiled graph, a graph break
     cute.flash_attn_varlen_func = torch.compiler.disable(flash_attn_varlen_func)
+    cute.flash_attn_func = torch.compiler.disable(flash_attn_func)
     interface = types.ModuleType("flash_attn.cute.interface")
     interface._flash_attn_bwd = torch.compiler.disable(_flash_attn_bwd)
+    interface._flash_attn_fwd = torch.compiler.disable(_flash_attn_fwd)
+    cute.interface = interface
     for name, module in (("flash_attn.cute", cute), ("flash_attn.cute.interface", interface)):
         monkeypatch.setitem(sys.modules, name, module)
 

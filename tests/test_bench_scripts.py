@@ -18,6 +18,7 @@ import torch
 from neobert.eval.ab import alternate, compare, optional_attribute
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables
+from test_attention_kernels import install_flash_attn_4
 
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"
 
@@ -152,51 +153,22 @@ def test_the_attention_bench_runs_on_cpu_and_says_why_a_backend_is_not_measured(
         bench("attention_ab")["main"](1000, 1)
 
 
-def _fake_flash_attn_4(monkeypatch, attention, calls: list) -> None:
-    """flash-attn-4's three entry points the bench calls, as attention on full rows (`attention`: [B, L, h, d] in and
-    out), their arguments after v keyword-only as the bench passes them: the varlen function (the model's op calls
-    it), the batched one, and `_flash_attn_fwd`, which records the tile it was given and whether the logsumexp was
-    asked for."""
-    def rows(x, cu_seqlens, length):
-        assert torch.equal(cu_seqlens.diff(), torch.full_like(cu_seqlens.diff(), length))  # full rows only
-        return x.view(cu_seqlens.numel() - 1, length, *x.shape[1:])
-
-    def varlen(q, k, v, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_lse=False):
-        out = attention(*(rows(x, cu_seqlens_q, max_seqlen_q) for x in (q, k, v))).flatten(0, 1)
-        return out, torch.zeros(q.shape[1], q.shape[0])
-
-    def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                tile_mn=None, return_lse=False):
-        calls.append((tile_mn, return_lse))
-        if cu_seqlens_q is None:
-            return attention(q, k, v), None, None, None, None
-        out = varlen(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                     max_seqlen_k=max_seqlen_k)[0]
-        return out, None, None, None, None
-
-    package, cute, interface = (types.ModuleType(name) for name in
-                                ("flash_attn", "flash_attn.cute", "flash_attn.cute.interface"))
-    for module in (package, cute, interface):
-        module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
-    cute.flash_attn_varlen_func, cute.flash_attn_func = varlen, lambda q, k, v: (attention(q, k, v), None)
-    interface._flash_attn_fwd, cute.interface, package.cute = forward, interface, cute
-    for module in (package, cute, interface):
-        monkeypatch.setitem(sys.modules, module.__name__, module)
-
-
 def test_the_attention_benchs_flash_attention_4_candidates_on_a_stand_in(monkeypatch):
-    """FA4's rows need a GPU; their wiring is checked here on a stand-in of flash-attn-4 (attention written out): each
-    candidate returns the rows' attention in q's layout; the 128 x 128 candidates pass that tile to _flash_attn_fwd
-    (the varlen one asking for the logsumexp, as the model's op does, so that only the tile differs), in the forward
-    alone (the training alternation has no tiled candidate, having no backward for it); without the
-    package, none and why."""
+    """FA4's rows need a GPU; their wiring is checked here on the stand-in of flash-attn-4 that the model's FA4 tests
+    use (attention written out, tests/test_attention_kernels.py): each candidate returns the rows' attention in q's
+    layout; the 128 x 128 candidates pass that tile to _flash_attn_fwd (the varlen one asking for the logsumexp, as
+    the model's op does, so that only the tile differs), in the forward alone (the training alternation has no tiled
+    candidate, having no backward for it); without the package, none and why."""
     script = bench("attention_ab")
     with monkeypatch.context() as absent:
         absent.setitem(sys.modules, "flash_attn", None)  # whether or not this machine has it
         variants, why = script["fa4_variants"](True)
     assert variants == {} and "flash_attn" in why
     calls = []
-    _fake_flash_attn_4(monkeypatch, script["sdpa"], calls)
+    package = types.ModuleType("flash_attn")  # found as installed: what optional_attribute looks for first
+    package.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    install_flash_attn_4(monkeypatch, calls, [])
     assert set(script["fa4_variants"](True)[0]) == {"sdpa", "fa4", "fa4_dense"}
     variants, why = script["fa4_variants"](False)
     assert why is None and set(variants) == {"sdpa", "fa4", "fa4_dense", "fa4_128x128", "fa4_dense_128x128"}
@@ -205,4 +177,6 @@ def test_the_attention_benchs_flash_attention_4_candidates_on_a_stand_in(monkeyp
     for name, attend in variants.items():
         out = attend(q, k, v)
         assert out.shape == q.shape and torch.allclose(out, expected, atol=1e-5), name
-    assert calls == [((128, 128), True), ((128, 128), False)]  # the varlen one as the model's op: with the lse
+    tiled = [call for name, call in calls if name == "flash_attn_4 _flash_attn_fwd"]
+    assert tiled == [{"tile_mn": (128, 128), "return_lse": True},  # the varlen one as the model's op: with the lse
+                     {"tile_mn": (128, 128), "return_lse": False}]

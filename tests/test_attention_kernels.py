@@ -383,8 +383,8 @@ def install_flash_attn_4(monkeypatch, calls: list, backward_calls: list) -> None
 
     def flash_attn_func(q, k, v):
         batch, length = q.shape[:2]
-        rows = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32)
-        out, _ = _attention_and_lse_per_document(*(x.flatten(0, 1) for x in (q, k, v)), rows)
+        out, _ = _attention_and_lse_per_document(*(x.flatten(0, 1) for x in (q, k, v)),
+                                                 attention.cu_seqlens_of_rows(batch, length))
         return out.view_as(q), None
 
     cute = types.ModuleType("flash_attn.cute")

@@ -36,7 +36,8 @@ from neobert.config.throughput import ATTENTION_KERNEL_MODELS, KERNEL_MODELS, LA
 from neobert.eval.flops import attention_flops, flops_per_token, matmul_params
 from neobert.eval.kernel_profile import KernelProfile, profiler_activities, summarise_events
 from neobert.model import NeoBERT, NeoBERTConfig
-from neobert.model.attention import attention_kernel_missing_reason, chosen_packed_kernel, flash_attn_packages
+from neobert.model.attention import (attention_kernel_missing_reason, chosen_packed_kernel, cu_seqlens_of_rows,
+                                     flash_attn_packages)
 from neobert.model.kernels import liger_missing_reason, quack_missing_reason, quack_takes
 
 OFFICIAL_HUB_NAME = "chandar-lab/NeoBERT"
@@ -293,7 +294,7 @@ def rows_as_documents(batch: Batch) -> Batch:
     """A full batch ([B, L], no padding) laid end to end, one document per row (cu_seqlens): the packed layout of the
     same tokens."""
     rows, length = batch.input_ids.shape
-    cu_seqlens = torch.arange(0, (rows + 1) * length, length, dtype=torch.int32, device=batch.input_ids.device)
+    cu_seqlens = cu_seqlens_of_rows(rows, length, batch.input_ids.device)
     return Batch(batch.input_ids.reshape(-1), None, batch.real_tokens, batch.squared_lengths, cu_seqlens, length)
 
 

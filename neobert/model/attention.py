@@ -129,6 +129,11 @@ class AttentionLayout:
         return cls(cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, pad_index=pad_index, pad_mask=pad_mask)
 
 
+def cu_seqlens_of_rows(rows: int, length: int, device: torch.device | str | None = None) -> Tensor:
+    """cu_seqlens (int32) of `rows` documents of `length` tokens laid end to end: full rows taken as documents."""
+    return torch.arange(0, (rows + 1) * length, length, dtype=torch.int32, device=device)
+
+
 def position_ids_from_cu_seqlens(cu_seqlens: Tensor, total: int | None = None) -> Tensor:
     """Positions that restart at 0 at the start of every packed document (`total`: the number of tokens)."""
     cu_seqlens = cu_seqlens.long()

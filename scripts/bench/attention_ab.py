@@ -35,7 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from neobert.eval.ab import CALLS_PER_SAMPLE, compare, device_label, optional_attribute, seconds_per_call
 from neobert.model import NeoBERTConfig
-from neobert.model.attention import flash_attn_4_varlen
+from neobert.model.attention import cu_seqlens_of_rows, flash_attn_4_varlen
 
 FORCED = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
           "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
@@ -56,7 +56,7 @@ def forced(backend: SDPBackend):
 def fa4_documents(q, k, v):
     """The model's FA4 op on the rows laid end to end as documents of one row each."""
     batch, length = q.shape[:2]
-    cu_seqlens = torch.arange(0, (batch + 1) * length, length, device=q.device, dtype=torch.int32)
+    cu_seqlens = cu_seqlens_of_rows(batch, length, q.device)
     out, _ = flash_attn_4_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens, length)
     return out.view_as(q)
 
@@ -78,7 +78,7 @@ def fa4_variants(training: bool) -> tuple[dict, str | None]:
 
     def documents(q, k, v):
         batch, length = q.shape[:2]
-        cu_seqlens = torch.arange(0, (batch + 1) * length, length, device=q.device, dtype=torch.int32)
+        cu_seqlens = cu_seqlens_of_rows(batch, length, q.device)
         out = forward(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens_q=cu_seqlens,
                       cu_seqlens_k=cu_seqlens, max_seqlen_q=length, max_seqlen_k=length, tile_mn=(128, 128),
                       return_lse=True)[0]  # as the model's op (`fa4`): only the tile differs

@@ -19,6 +19,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
+from neobert.model.attention import cu_seqlens_of_rows
 
 
 def main(rows: int = 2, length: int = 256, preset: str = "neobert", repeats: int = 5) -> None:
@@ -31,7 +32,7 @@ def main(rows: int = 2, length: int = 256, preset: str = "neobert", repeats: int
     ids = torch.randint(5, eager.config.vocab_size, (rows * length,), generator=generator)
     labels = torch.where(torch.rand(ids.shape, generator=generator) < 0.2, ids, -100)
     batch = {"labels": labels, "masked_index": (labels != -100).nonzero().squeeze(1),
-             "cu_seqlens": torch.arange(0, (rows + 1) * length, length, dtype=torch.int32), "max_seqlen": length}
+             "cu_seqlens": cu_seqlens_of_rows(rows, length), "max_seqlen": length}
 
     def step(model: NeoBERTForMaskedLM) -> float:
         start = time.perf_counter()

@@ -9,12 +9,14 @@ import importlib.machinery
 import runpy
 import statistics
 import sys
+import time
 import types
 from pathlib import Path
 
 import pytest
 import torch
 
+from neobert.eval import ab
 from neobert.eval.ab import alternate, compare, optional_attribute
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables
@@ -38,10 +40,43 @@ def test_alternate_warms_up_then_alternates_keeps_medians_and_leaves_out_a_faili
             return seconds.pop(0) if len(seconds) > 1 else seconds[0]
         return run
 
-    medians, failed = alternate({"a": variant("a", [9.0, 9.0, 3.0, 1.0, 2.0]), "b": variant("b", [5.0]),
-                                 "c": variant("c", [1.0], fails=True)}, repeats=3)
+    medians, failed, shares = alternate({"a": variant("a", [9.0, 9.0, 3.0, 1.0, 2.0]), "b": variant("b", [5.0]),
+                                         "c": variant("c", [1.0], fails=True)}, repeats=3)
     assert calls == ["a", "a", "b", "b", "c"] + ["a", "b"] * 3  # two warm-ups each, a failure stops at its first
     assert medians == {"a": 2.0, "b": 5.0} and failed == {"c": "RuntimeError: no kernel for this GPU"}
+    assert shares == {}  # plain seconds: no host share to report
+
+
+def test_a_sample_is_the_mean_of_calls_back_to_back_with_the_hosts_share_of_it_on_a_gpu(monkeypatch):
+    """`calls` calls between two waits for the device. The device's wait is the timer's second synchronize: a device busy after the host has issued every call gives
+    a small share, a host that takes the whole time to issue them a share near 1 (HOST_BOUND); a CPU has none."""
+    waits = []
+
+    def device_busy_for(seconds):
+        def synchronize(device):
+            waits.append(device.type)
+            if len(waits) % 2 == 0:  # the wait after the calls: the device still runs the queued work
+                time.sleep(seconds)
+        return synchronize
+
+    cuda = torch.device("cuda")  # a device object only: no GPU is touched, the waits are the fake's
+    monkeypatch.setattr(ab, "synchronize", device_busy_for(0.05))
+    queued = ab.seconds_per_call(lambda: None, cuda, calls=5)
+    assert queued.seconds >= 0.05 / 5 and queued.issued_share < 0.2
+    monkeypatch.setattr(ab, "synchronize", device_busy_for(0.0))
+    host_paced = ab.seconds_per_call(lambda: time.sleep(0.01), cuda, calls=5)
+    assert host_paced.seconds >= 0.01 and host_paced.issued_share >= ab.HOST_BOUND
+    calls = []
+    on_cpu = ab.seconds_per_call(lambda: calls.append(1), torch.device("cpu"), calls=7)
+    assert len(calls) == 7 and on_cpu.seconds >= 0 and on_cpu.issued_share is None
+    assert waits == ["cuda"] * 4 + ["cpu"] * 2
+
+
+def test_compare_adds_the_hosts_share_on_a_gpu_and_says_when_the_host_set_the_pace():
+    samples = {"eager": ab.CallTime(2.0, 0.3), "fa4": ab.CallTime(1.0, 0.95), "cpu": ab.CallTime(4.0, None)}
+    lines = compare({name: name for name in samples}, lambda name: samples[name],
+                    lambda name, median, reference: f"{median:.1f} s", 1, width=5)
+    assert lines == ["  eager 2.0 s; host 30%", "  fa4   1.0 s; host 95% (the host set the pace)", "  cpu   4.0 s"]
 
 
 def test_compare_describes_each_variant_against_the_first_and_refuses_a_failed_reference():
@@ -121,14 +156,6 @@ def test_a_candidate_failing_while_timed_or_checked_costs_only_its_row_with_the_
     assert lines == ["  late      not measured: failed at timed sample 2: RuntimeError: CUDA out of memory.",
                      "  eager     2.0 s",
                      "  unchecked not measured: its check against float32 failed: ValueError: mismatched layouts"]
-
-
-def test_a_sample_is_the_mean_of_calls_back_to_back():
-    from neobert.eval.ab import seconds_per_call
-
-    calls = []
-    seconds = seconds_per_call(lambda: calls.append(1), torch.device("cpu"), calls=7)
-    assert len(calls) == 7 and seconds >= 0
 
 
 def test_the_attention_bench_runs_on_cpu_and_says_why_a_backend_is_not_measured(capsys):

@@ -9,8 +9,11 @@
   tensors: SwiGLU computed in the first GEMM's epilogue forward and its gradient in the backward GEMM's, so that the
   2 x 2,048-wide activation gets no elementwise pass of its own (issue 34's profile on the H200, compiled with
   FlashAttention 4: SwiGLU's fused elementwise kernels were 10.5 ms of a 111.7 ms step). Compiled graphs included:
-  QuACK's GEMMs are torch.library custom ops that Dynamo traces. The norms stay PyTorch's fused kernel (faster than
-  QuACK's and Liger's on the H200); CPU tensors, float32 computation and GELU stay eager (`use_quack`).
+  QuACK's GEMMs are torch.library custom ops that Dynamo traces. Measured on the H200 (docs/benchmarks.md, fifth
+  lease): the whole model 1.25x faster in compiled inference at 512 (CUDA graphs, FlashAttention 4: 1.22x BERT per
+  FLOP), no faster in compiled training (0.99-1.01x), where Inductor's fused SwiGLU does as well. The norms stay
+  PyTorch's fused kernel (faster than QuACK's and Liger's on the H200); CPU tensors, float32 computation and GELU stay
+  eager (`use_quack`).
 
 `NeoBERTConfig.fused_mlm_loss` (either choice): in training, the MLM head's decoder and cross-entropy run as Liger's
 fused linear cross-entropy: the logits of the masked rows (rows x 30,522) are made chunk by chunk and dropped, never

@@ -48,28 +48,45 @@ def test_alternate_warms_up_then_alternates_keeps_medians_and_leaves_out_a_faili
 
 
 def test_a_sample_is_the_mean_of_calls_back_to_back_with_the_hosts_share_of_it_on_a_gpu(monkeypatch):
-    """`calls` calls between two waits for the device. The device's wait is the timer's second synchronize: a device busy after the host has issued every call gives
-    a small share, a host that takes the whole time to issue them a share near 1 (HOST_BOUND); a CPU has none."""
+    """`calls` calls between two waits for the device, on a clock the test moves: the host's issuing is the time up to
+    the last call, the device's wait the second synchronize. A device still busy when the host has issued every call
+    gives a small share; a host that takes the whole time to issue them, a share of 1 (HOST_BOUND); a CPU has none."""
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(ab, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
     waits = []
 
     def device_busy_for(seconds):
         def synchronize(device):
             waits.append(device.type)
             if len(waits) % 2 == 0:  # the wait after the calls: the device still runs the queued work
-                time.sleep(seconds)
+                clock.now += seconds
         return synchronize
 
+    def host_takes(seconds):
+        def step():
+            calls.append(1)
+            clock.now += seconds
+        return step
+
     cuda = torch.device("cuda")  # a device object only: no GPU is touched, the waits are the fake's
-    monkeypatch.setattr(ab, "synchronize", device_busy_for(0.05))
-    queued = ab.seconds_per_call(lambda: None, cuda, calls=5)
-    assert queued.seconds >= 0.05 / 5 and queued.issued_share < 0.2
-    monkeypatch.setattr(ab, "synchronize", device_busy_for(0.0))
-    host_paced = ab.seconds_per_call(lambda: time.sleep(0.01), cuda, calls=5)
-    assert host_paced.seconds >= 0.01 and host_paced.issued_share >= ab.HOST_BOUND
     calls = []
-    on_cpu = ab.seconds_per_call(lambda: calls.append(1), torch.device("cpu"), calls=7)
-    assert len(calls) == 7 and on_cpu.seconds >= 0 and on_cpu.issued_share is None
-    assert waits == ["cuda"] * 4 + ["cpu"] * 2
+    monkeypatch.setattr(ab, "synchronize", device_busy_for(0.04))
+    assert ab.seconds_per_call(host_takes(0.002), cuda, calls=5) == pytest.approx((0.01, 0.2))
+    monkeypatch.setattr(ab, "synchronize", device_busy_for(0.0))
+    assert ab.seconds_per_call(host_takes(0.01), cuda, calls=5) == pytest.approx((0.01, 1.0))
+    on_cpu = ab.seconds_per_call(host_takes(0.01), torch.device("cpu"), calls=7)
+    assert on_cpu.seconds == pytest.approx(0.01) and on_cpu.issued_share is None
+    assert len(calls) == 17 and waits == ["cuda"] * 4 + ["cpu"] * 2
+
+
+def test_alternate_keeps_the_median_host_share_and_compare_counts_the_bound_itself_as_host_paced():
+    samples = {"fa4": [ab.CallTime(1.0, 0.5), ab.CallTime(3.0, 0.9), ab.CallTime(2.0, 0.95)],
+               "sdpa": [ab.CallTime(2.0, 0.1), ab.CallTime(2.0, 0.89), ab.CallTime(2.0, 0.2)]}
+    medians, failed, shares = alternate({name: lambda name=name: samples[name].pop(0) for name in samples},
+                                        repeats=3, warmups=0)
+    assert medians == {"fa4": 2.0, "sdpa": 2.0} and failed == {} and shares == {"fa4": 0.9, "sdpa": 0.2}
+    lines = compare({"fa4": 0, "sdpa": 0}, lambda _: ab.CallTime(1.0, 0.9), lambda *args: "1 s", 1, width=4)
+    assert lines == ["  fa4  1 s; host 90% (the host set the pace)", "  sdpa 1 s; host 90% (the host set the pace)"]
 
 
 def test_compare_adds_the_hosts_share_on_a_gpu_and_says_when_the_host_set_the_pace():

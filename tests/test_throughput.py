@@ -52,6 +52,39 @@ def test_search_when_nothing_fits():
     assert tp.search_batch_size([4, 8], lambda s: False, lambda s: 1.0) == (None, None, {})
 
 
+def test_a_size_that_runs_out_of_memory_while_timed_is_left_out_with_the_larger_ones():
+    """Under CUDA graphs a size records its graphs in the timing, after the probe's one step: memory can run out
+    there. That size and the larger ones are left out; the smaller ones timed before it keep their figures."""
+    timed = []
+
+    def throughput(size):
+        timed.append(size)
+        return None if size == 8 else float(size)
+
+    assert tp.search_batch_size([2, 4, 8, 16], lambda s: True, throughput, top=3) == (4, 4, {4: 4.0})
+    assert timed == [4, 8]  # 16 not timed once 8 ran out
+    assert tp.search_batch_size([4, 8], lambda s: True, lambda s: None, top=2) == (None, None, {})
+
+
+def test_the_jobs_search_drops_a_size_out_of_memory_in_its_timed_steps_and_keeps_the_other(monkeypatch):
+    real_time_step = job.time_step
+
+    def time_step(bench, batch, *args):
+        if batch.input_ids.shape[0] == 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_time_step(bench, batch, *args)
+
+    monkeypatch.setattr(job, "time_step", time_step)
+    bench, _ = tiny_neobert_and_batch()
+    config = ThroughputConfig(neobert_preset="tiny", batch_sizes=[2, 4], search_top=2, max_tokens=0, warmup=1,
+                              device="cpu")
+    size, batch = job._search(bench, "full", 8, [2, 4], config, torch.device("cpu"), True, None)
+    assert size == 2 and batch.input_ids.shape == (2, 8)
+    monkeypatch.setattr(job, "time_step", lambda *args: (_ for _ in ()).throw(RuntimeError("CUDA error: misaligned")))
+    with pytest.raises(RuntimeError, match="misaligned"):  # not a memory error: the row's, not the size's
+        job._search(bench, "full", 8, [2, 4], config, torch.device("cpu"), True, None)
+
+
 def test_neobert_flop_accounting_matches_hand_count():
     device = torch.device("cpu")
     bench = tp.build_model("neobert", device, torch.float32, neobert_preset="tiny")

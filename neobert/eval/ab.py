@@ -41,7 +41,8 @@ def seconds_per_call(step: Callable[[], Any], device: torch.device, calls: int =
     """Seconds per call of `step` (one forward + backward, say), `calls` of them back to back between two waits for
     the device: the host queues the next call while the device runs the last, as in a model's step, so a short
     kernel's sample is not its launch overhead before an idle device, unless issuing a call takes the host longer
-    than the device takes to run it (`issued_share` near 1: HOST_BOUND)."""
+    than the device takes to run it (`issued_share` near 1: HOST_BOUND). A step that waits for the device itself (a
+    value read on the host, an allocation that waits) reads the same way: its host share is near 1 too."""
     synchronize(device)
     start = time.perf_counter()
     for _ in range(calls):
@@ -90,8 +91,8 @@ def alternate(variants: dict[str, Callable[[], float | CallTime]], repeats: int,
             {name: statistics.median(samples) for name, samples in shares.items() if samples})
 
 
-def compare(variants: dict[str, Any], time_one: Callable[[Any], float], describe: Callable[[Any, float, float], str],
-            repeats: int, width: int) -> list[str]:
+def compare(variants: dict[str, Any], time_one: Callable[[Any], float | CallTime],
+            describe: Callable[[Any, float, float], str], repeats: int, width: int) -> list[str]:
     """One line per variant (the first is the reference): its name padded to `width`, then `describe(variant, its
     median seconds, the reference's)` and, on a GPU, the host's share of the time (`seconds_per_call`), or why it was
     not measured. Raises when the reference itself fails."""
@@ -105,7 +106,8 @@ def compare(variants: dict[str, Any], time_one: Callable[[Any], float], describe
         try:
             line = f"  {name:{width}s} {describe(variants[name], median, medians[reference])}"
             if name in shares:
-                line += f"; host {shares[name]:.0%}" + (" (the host set the pace)" if shares[name] >= HOST_BOUND else "")
+                paced = " (the host set the pace)" if shares[name] >= HOST_BOUND else ""
+                line += f"; host {shares[name]:.0%}{paced}"
             lines.append(line)
         except Exception as err:  # noqa: BLE001 - its time without its check would be a figure to trust: neither
             lines.append(f"  {name:{width}s} not measured: its check against float32 failed: {reason(err)}")

@@ -444,19 +444,27 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 
 def search_batch_size(candidates: Sequence[int], fits: Callable[[int], bool],
-                      throughput: Callable[[int], float], top: int = 3) -> tuple[int | None, int | None, dict]:
+                      throughput: Callable[[int], float | None], top: int = 3) -> tuple[int | None, int | None, dict]:
     """Returns (fastest batch size, largest that fits, {batch size: tokens/s}).
 
     `fits` is probed from the smallest candidate up and the search stops at the first that does not fit
-    (memory grows with the batch); then the `top` largest fitting sizes are timed and the fastest wins."""
+    (memory grows with the batch); then the `top` largest fitting sizes are timed and the fastest wins. A size whose
+    timing gives None ran out of memory there (CUDA graphs are recorded after the probe's one step, and keep the
+    smaller sizes' memory): it is left out, as are the larger ones."""
     fitting = []
     for size in sorted(set(candidates)):
         if not fits(size):
             break
         fitting.append(size)
-    if not fitting:
-        return None, None, {}
-    speeds = {size: throughput(size) for size in fitting[-top:]}
+    speeds = {}
+    for size in fitting[-top:]:
+        speed = throughput(size)
+        if speed is None:
+            fitting = [kept for kept in fitting if kept < size]
+            break
+        speeds[size] = speed
+    if not speeds:
+        return None, fitting[-1] if fitting else None, {}
     best = max(speeds, key=lambda size: speeds[size])
     return best, fitting[-1], speeds
 

@@ -337,6 +337,15 @@ def _search(bench: BenchModel, layout: str, length: int, candidates: Sequence[in
                                        config.length_distribution)
         return batches[size]
 
+    def out_of_memory(size: int, err: BaseException) -> None:
+        """Raises `err` unless it says the device ran out of memory; else drops the size's batch and its memory."""
+        if not is_out_of_memory(err):
+            raise err
+        batches.pop(size, None)
+        bench.module.zero_grad(set_to_none=True)  # a training step cut short may have left gradients
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def fits(size: int) -> bool:
         if device.type != "cuda":
             return config.max_tokens <= 0 or size * length <= config.max_tokens
@@ -344,17 +353,20 @@ def _search(bench: BenchModel, layout: str, length: int, candidates: Sequence[in
             time_step(bench, batch_of(size), training, device, autocast_dtype)
             return True
         except (torch.OutOfMemoryError, RuntimeError) as err:
-            if not is_out_of_memory(err):
-                raise
-            batches.pop(size, None)
-            torch.cuda.empty_cache()
+            out_of_memory(size, err)
             return False
 
-    def throughput(size: int) -> float:
+    def throughput(size: int) -> float | None:
+        """Tokens/s of one timed step after the warm-up; None where the device ran out of memory (under CUDA graphs
+        a size records its graphs here, after `fits`' one step)."""
         batch = batch_of(size)
-        for _ in range(config.warmup):
-            time_step(bench, batch, training, device, autocast_dtype)
-        return batch.real_tokens / time_step(bench, batch, training, device, autocast_dtype)
+        try:
+            for _ in range(config.warmup):
+                time_step(bench, batch, training, device, autocast_dtype)
+            return batch.real_tokens / time_step(bench, batch, training, device, autocast_dtype)
+        except (torch.OutOfMemoryError, RuntimeError) as err:
+            out_of_memory(size, err)
+            return None
 
     if len(set(candidates)) == 1:  # a batch size the user fixed: no search and no CPU budget, just warm up
         size = candidates[0]

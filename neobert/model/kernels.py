@@ -11,7 +11,7 @@
   FlashAttention 4: SwiGLU's fused elementwise kernels were 10.5 ms of a 111.7 ms step). Compiled graphs included:
   QuACK's GEMMs are torch.library custom ops that Dynamo traces. Measured on the H200 (docs/benchmarks.md, fifth
   lease): the whole model 1.25x faster in compiled inference at 512 (CUDA graphs, FlashAttention 4: 1.22x BERT per
-  FLOP), no faster in compiled training (0.99-1.01x), where Inductor's fused SwiGLU does as well. The norms stay
+  FLOP), no faster in compiled training (0.99-1.01x; unprofiled, so why not is open). The norms stay
   PyTorch's fused kernel (faster than QuACK's and Liger's on the H200); CPU tensors, float32 computation and GELU stay
   eager (`use_quack`).
 

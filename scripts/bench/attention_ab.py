@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from neobert.eval.ab import CALLS_PER_SAMPLE, compare, device_label, optional_attribute, seconds_per_call
+from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute, seconds_per_call
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import cu_seqlens_of_rows, flash_attn_4_varlen
 
@@ -115,7 +115,7 @@ def main(tokens: int = 32768, repeats: int = 20, length: int = 512) -> None:
     reference.backward(grad.float())
     reference_grads = [leaf.grad for leaf in leaves]
 
-    def timed(attend, training: bool) -> float:
+    def timed(attend, training: bool) -> CallTime:
         def step():
             if training:
                 attend(*views(True)).backward(grad)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neobert.eval.ab import CALLS_PER_SAMPLE, compare, device_label, seconds_per_call
+from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, seconds_per_call
 from neobert.model import NeoBERTConfig
 from neobert.model.modeling import padded_linear
 
@@ -69,7 +69,7 @@ def main(rows: int = 6989, repeats: int = 20) -> None:
     flops = 3 * 2 * rows * config.hidden_size * config.vocab_size  # the three GEMMs at the real vocabulary
     expected = [value.float() for value in forward_backward(as_is, reference, hidden.float(), targets)]
 
-    def time_one(run) -> float:
+    def time_one(run) -> CallTime:
         return seconds_per_call(lambda: forward_backward(run, decoder, hidden, targets), device)
 
     def describe(run, median: float, reference_median: float) -> str:

@@ -25,13 +25,13 @@ import sys
 
 import torch
 
-from neobert.eval.ab import CALLS_PER_SAMPLE, compare, device_label, optional_attribute, seconds_per_call
+from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute, seconds_per_call
 from neobert.model import NeoBERTConfig
 from neobert.model.kernels import liger_missing_reason
 from neobert.model.layers import SwiGLU
 
 
-def timed(run, module, x, grad) -> float:
+def timed(run, module, x, grad) -> CallTime:
     """Seconds per forward + backward (`seconds_per_call`), each from cleared gradients."""
     def step():
         module.zero_grad(set_to_none=True)
@@ -86,7 +86,7 @@ def main(rows: int = 32768, repeats: int = 20) -> None:
                     f"max error vs float32: output {output:.2e}, x gradient {input_grad:.2e}, w12 gradient "
                     f"{w12_grad:.2e}")
 
-        def time_one(variant) -> float:
+        def time_one(variant) -> CallTime:
             mlp, run = variant
             return timed(run, mlp, x, grad)
 

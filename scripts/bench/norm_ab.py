@@ -20,14 +20,14 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from neobert.eval.ab import CALLS_PER_SAMPLE, compare, device_label, optional_attribute, seconds_per_call
+from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute, seconds_per_call
 from neobert.model.kernels import liger_missing_reason, liger_rms_norm
 from neobert.model.layers import rms_norm_in_dtype
 
 HIDDEN, EPS = 768, 1e-5
 
 
-def timed(norm, x, weight, grad) -> float:
+def timed(norm, x, weight, grad) -> CallTime:
     """Seconds per forward + backward (`seconds_per_call`), each on fresh leaves."""
     return seconds_per_call(lambda: norm(x.detach().requires_grad_(), weight.detach().requires_grad_()).backward(grad),
                             x.device)

@@ -25,14 +25,14 @@ import sys
 
 import torch
 
-from neobert.eval.ab import CALLS_PER_SAMPLE, compare, device_label, optional_attribute, seconds_per_call
+from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute, seconds_per_call
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables
 
 DOCUMENT = 512  # tokens per packed document
 
 
-def timed(rotate, qk, grad) -> float:
+def timed(rotate, qk, grad) -> CallTime:
     """Seconds per forward + backward (`seconds_per_call`), each on a fresh leaf."""
     return seconds_per_call(lambda: rotate(qk.detach().requires_grad_()).backward(grad), qk.device)
 

@@ -96,11 +96,11 @@
 #                    unpacked: else FA4's absence stops the run, naming the key)                          ~2.5 min
 #   train_quack_fa4  the issue's training target the same way: 1,024 tokens, full rows and unpadded, compiled,
 #                    FA4, neobert and neobert-quack side by side                                         ~4 min
-#   train_graphs     the issue's training target (1,024 tokens, full rows and unpadded, compiled, FA4) with
-#                    compile_mode=reduce-overhead (CUDA graphs), batches of 32 and 64 each timed, the faster
-#                    kept (on the H100 without graphs its device was busy 93% of the timed step, and its kernels
-#                    alone came to 41.7% MFU); neobert alone since QuACK's MLP measured no gain in training
-#                    (0.99-1.01x, H200, 2026-11-27); not profiled, as infer_graphs             ~4 min (H200)
+#   train_graphs     the issue's training target (1,024 tokens, batch 32, full rows and unpadded, compiled, FA4)
+#                    with compile_mode=reduce-overhead (CUDA graphs) (on the H100 without graphs its device was busy
+#                    93% of the timed step, and its kernels alone came to 41.7% MFU); neobert alone since QuACK's
+#                    MLP measured no gain in training (0.99-1.01x, H200, 2026-11-27); not profiled, as
+#                    infer_graphs                                                                ~2 min (H200)
 set -u
 cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
@@ -299,8 +299,8 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                              compile=true ;;
         train_graphs) throughput throughput_training_graphs 420 mode=training 'lengths=[1024]' \
                           'layouts=[full,unpadded]' 'models=[neobert]' \
-                          neobert_overrides.attention_kernel=flash_attn_4 'batch_sizes=[32,64]' search_top=2 \
-                          repeats=5 compile=true compile_mode=reduce-overhead warmup=2 profile=false ;;
+                          neobert_overrides.attention_kernel=flash_attn_4 'batch_sizes=[32]' search_top=1 repeats=5 \
+                          compile=true compile_mode=reduce-overhead warmup=2 profile=false ;;
         *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;
     esac
     # written aside, then renamed: a call cut short during the packing still returns the last whole archive

@@ -9,6 +9,7 @@ import torch._dynamo
 
 from neobert.data.masking import masked_index
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
+from neobert.model import config as model_config_module
 
 
 def batch(vocab_size: int):
@@ -118,3 +119,58 @@ def test_blocks_compiled_on_their_own_share_one_graph_per_shape(dtype):
         model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
         model.compile(scope="blocks", mode=mode)  # lazy: nothing is traced until a block runs
         assert model.model.rotation_tables_first is first, mode
+
+
+def test_blocks_compile_the_mlm_heads_scoring_too_dynamic_in_its_rows_and_equal_to_eager(monkeypatch):
+    """compile_scope=blocks compiles the MLM head's decoder and loss over the masked rows as well (the float32 logits
+    fused into the cross-entropy): one graph for every count of masked rows, the loss and every gradient as eager's.
+    Never under CUDA graphs (a graph's pool would keep the logits until the next replay overwrites them), and not
+    where fused_mlm_loss fuses the head its own way."""
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    def step(model, rows):
+        model.zero_grad(set_to_none=True)
+        labels = torch.full_like(input_ids, -100)
+        labels.view(-1)[rows] = input_ids.view(-1)[rows]
+        out = model(input_ids, labels=labels, masked_index=rows)
+        out.loss.backward()
+        return out.loss.detach(), out.logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
+    model.set_validate_inputs(False)
+    input_ids = torch.randint(5, model.config.vocab_size, (2, 32))
+    row_sets = [torch.arange(0, 64, 5), torch.arange(1, 64, 3), torch.arange(2, 64, 7)]  # 13, 21 and 9 masked rows
+    expected = [step(model, rows) for rows in row_sets]
+    model.compile(scope="blocks", backend=counting_backend)
+    got = [step(model, rows) for rows in row_sets]
+    scoring = [graph for graph in graphs if "cross_entropy" in graph.code]
+    assert len(scoring) == 1 and len(graphs) == 2  # the head's, dynamic in its rows, and the blocks' one
+    for (loss, logits, grads), (want_loss, want_logits, want_grads) in zip(got, expected):
+        torch.testing.assert_close(loss, want_loss, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-5)
+        for grad, want in zip(grads, want_grads):
+            torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-5)
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
+    for mode, head_mode in (("reduce-overhead", "default"), ("max-autotune", "max-autotune-no-cudagraphs"),
+                            ("default", "default"), (None, None)):
+        calls.clear()
+        NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny")).compile(scope="blocks", mode=mode)
+        blocks, head = calls[:-1], calls[-1]
+        assert all(kwargs["mode"] == mode for kwargs in blocks) and len(blocks) == 2
+        assert head == {"dynamic": True, "mode": head_mode}
+    calls.clear()
+    NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny")).compile(scope="blocks", mode="default", dynamic=False)
+    assert calls[-1] == {"dynamic": False, "mode": "default"}  # a caller's static shapes (gpu_check's ceiling)
+    monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
+    calls.clear()
+    fused = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", fused_mlm_loss=True))
+    fused.compile(scope="blocks")
+    assert len(calls) == 2 and "score_masked_rows" not in vars(fused)  # the blocks only: Liger fuses the head

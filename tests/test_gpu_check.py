@@ -379,16 +379,18 @@ def test_a_compiled_loop_reports_its_graphs_and_packed_batches_do_not_recompile_
     """The recipe's loop compiled by blocks over 128-token batches of differing shapes: static packed batches (their
     document counts differ) and the recipe's own layout (packing none: unpadded documents, each batch its own token
     count; 99 of the 120 documents are shorter than 128; run_checks' check_recipe_compiled measures it on a GPU).
-    At most four graphs, counted from a fresh start (the loop's own, as in a pretraining run's process, whatever the
-    stages before it compiled): training's first shapes, then once with the changing size dynamic, and validation
-    (no gradients) the same. A graph per shape (a size dynamo specialises on, or dynamic=False: 5 and 8 here) passes
-    that bound within a few batches. The row says how many."""
+    At most six graphs, counted from a fresh start (the loop's own, as in a pretraining run's process, whatever the
+    stages before it compiled): the blocks' four (training's first shapes, then once with the changing size dynamic,
+    and validation, without gradients, the same) and the MLM head's scoring two (dynamic from the start: training's
+    and validation's). A graph per shape passes that bound within a few batches: the loop compiled with dynamic=False made 7
+    and 15 graphs here (5 and 8 before the head was compiled), and a head left to specialise on its first row count
+    made 7 in either layout. The row says how many."""
     main(tiny_check(tmp_path, "speed_only=true", f"data.packing={packing}", "model.compile=true",
                     "model.compile_scope=blocks", "--steps", "6", "data.max_length=128"))
     _, summary = report(tmp_path)
     loop = next(row for row in summary["rows"] if row["stage"] == "loop, recipe's strategy")
     match = re.search(r"torch\.compile \(blocks\) compiled (\d+) graphs in training and validation", loop["notes"])
-    assert loop["status"] == "ok" and match and 1 <= int(match.group(1)) <= 4
+    assert loop["status"] == "ok" and match and 1 <= int(match.group(1)) <= 6
 
 
 def test_the_loop_profiler_records_its_steps_and_leaves_no_profiler_running(tmp_path):

@@ -350,7 +350,10 @@ def test_the_activation_widths_are_those_the_strategy_computes_in(strategy, widt
       "(model.overrides.decoder_pad_multiple)"]),
     (("model.overrides.kernels=quack", "data.packing=best_fit", "model.compile=true", "model.compile_scope=blocks"),
      ["- torch.compile, mode default: each encoder block on its own (one shared graph)",
-      "- the MLP: QuACK's GEMMs, SwiGLU in their epilogues; norms and RoPE: Inductor's fused kernels"]),
+      "- the MLP: QuACK's GEMMs, SwiGLU in their epilogues; norms and RoPE: Inductor's fused kernels",
+      "- the MLM head's loss: the decoder at the masked rows and PyTorch's cross-entropy, compiled on their own"]),
+    (("data.packing=best_fit", "model.compile=true", "model.compile_scope=blocks", "model.masked_only_logits=false"),
+     ["- the MLM head's loss: the decoder at every position, then PyTorch's cross-entropy"]),
     (("model.overrides.kernels=quack", "trainer.precision=32-true"),  # float32: the estimate counts eager's MLP
      ["- norms, SwiGLU, RoPE in the blocks: PyTorch's eager ops",
       "- model.overrides.kernels=quack does not apply: QuACK's GEMMs compute in bf16 or fp16 only, and this run "

@@ -25,6 +25,7 @@ PACKING_BOOLEANS = {"true": "greedy", "false": "none"}
 STATIC_SHAPES = ("auto", "true", "false")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that record CUDA graphs
+WITHOUT_CUDA_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}  # each, less them
 # the strategy that copies each micro-batch's gradients out of param.grad into a buffer of its own (ZeRO-2's gradient
 # hooks, with contiguous gradients; its _offload variant too), so that an accumulation never keeps them in a CUDA
 # graph's memory
@@ -50,7 +51,8 @@ class ModelConfig:
     # hundreds; needs one batch shape, data.static_shapes), max-autotune also searches matmul kernels (slow to start).
     compile_mode: str = "default"
     # model: one graph of the whole forward. blocks: each encoder block compiled on its own, one graph they share
-    # (compiles in the time of one block; the embedding and the MLM head stay eager, where fused_mlm_loss fuses the loss)
+    # (compiles in the time of one block), and the MLM head's decoder and loss on their own unless fused_mlm_loss fuses
+    # them; the embedding stays eager
     compile_scope: str = "model"
     masked_only_logits: bool = True  # project to the vocabulary at masked positions only
 

@@ -541,7 +541,7 @@ def loop_stage(plan: Plan, title: str, strategy: str, run_name: str,
         if run.model.compile:  # a recompiling loop (a shape that changes, a size not taken as dynamic) shows here
             scope = run.model.compile_scope
             row.notes += (f"; torch.compile ({scope}) compiled {compiled_graphs() - graphs} graphs in training and "
-                          f"validation" + (" (each block its own)" if scope == "blocks" else ""))
+                          f"validation" + (" (the blocks' and the MLM head's scoring)" if scope == "blocks" else ""))
 
     attempt(row, work)
     return row, (run if any(trained) else None)

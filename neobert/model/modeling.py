@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from neobert.config.pretrain import CUDA_GRAPH_MODES
+from neobert.config.pretrain import CUDA_GRAPH_MODES, WITHOUT_CUDA_GRAPHS
 from neobert.model import checkpoint
 from neobert.model.attention import (
     AttentionLayout,
@@ -118,7 +118,8 @@ class NeoBERTPreTrained(nn.Module):
     def compile(self, *args, scope: str = "model", **kwargs) -> None:
         """`torch.compile` in place (`nn.Module.compile`'s arguments). scope="blocks" compiles each encoder block on
         its own (regional compilation): the blocks share one compiled graph, so compiling costs one block's time, not
-        the whole depth's, while the embedding and the heads run eager (the MLM loss fused by fused_mlm_loss there).
+        the whole depth's; the embedding and the heads run eager, but for the MLM head's decoder and loss over the
+        masked rows (`NeoBERTForMaskedLM.score_masked_rows`), compiled too unless fused_mlm_loss fuses them.
         scope="model": one graph of the whole forward, the head's loss included."""
         if scope == "model":
             super().compile(*args, **kwargs)
@@ -126,6 +127,8 @@ class NeoBERTPreTrained(nn.Module):
             encoder = self if isinstance(self, NeoBERT) else self.model
             for block in encoder.transformer_encoder:
                 block.compile(*args, **kwargs)
+            if isinstance(self, NeoBERTForMaskedLM) and not self.config.fused_mlm_loss:
+                self.compile_masked_scoring(**kwargs)
             # Made by the first block, the compiled rotation's tables are a side effect of its graph and a guard
             # that gives it a graph of its own; made before it, an input of every block's graph, which CUDA graphs
             # copy into each block's own buffer at every replay (they keep in place only weights and the outputs of
@@ -351,8 +354,7 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
                 loss, predictions = liger_linear_cross_entropy(rows, self.decoder.weight, self.decoder.bias, targets,
                                                                IGNORE_INDEX)
                 return MaskedLMOutput(None, loss / scored, hidden, masked_index=masked_index, predictions=predictions)
-            logits = self.decode(rows)
-            loss = F.cross_entropy(logits.float(), targets, reduction="sum") / scored
+            logits, loss = self.score_masked_rows(rows, targets, scored)
             return MaskedLMOutput(logits, loss, hidden, masked_index=masked_index)
         if masked_only:
             if labels is None:
@@ -372,6 +374,23 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                    ignore_index=IGNORE_INDEX)
         return MaskedLMOutput(logits, loss, hidden)
+
+    def score_masked_rows(self, rows: Tensor, targets: Tensor, scored: Tensor) -> tuple[Tensor, Tensor]:
+        """(logits, loss) of the masked rows: the decoder's logits and their cross-entropy summed over the targets
+        that are not -100, divided by `scored`. Eager, or compiled by `compile_masked_scoring`."""
+        logits = self.decode(rows)
+        return logits, F.cross_entropy(logits.float(), targets, reduction="sum") / scored
+
+    def compile_masked_scoring(self, **kwargs) -> None:
+        """`score_masked_rows` compiled (`torch.compile`'s arguments; compile_scope=blocks does it): the float32
+        logits of the loss and its softmax fused into the cross-entropy's kernels instead of written out whole (the
+        head forward + backward 2.62x eager on the H200, 1.69x on a 2-core CPU: docs/benchmarks.md). The number of
+        masked rows changes from batch to batch unless the batches have static shapes: dynamic unless the caller says
+        otherwise. Never CUDA graphs: the head is a few large kernels, and a graph would keep its logits (rows x the
+        vocabulary) in a pool that the next replay overwrites."""
+        mode = kwargs.pop("mode", None)
+        kwargs = {"dynamic": True, **kwargs, "mode": WITHOUT_CUDA_GRAPHS.get(mode, mode)}
+        self.score_masked_rows = torch.compile(self.score_masked_rows, **kwargs)
 
     def decode(self, hidden: Tensor) -> Tensor:
         """The decoder's logits over the vocabulary (`config.decoder_pad_multiple`: its matmul on a weight padded

@@ -1,9 +1,11 @@
 """`model.compile_scope`: the whole forward compiled against each encoder block compiled on its own (regional
 compilation), and eager, in one process (docs/benchmarks.md, issue 34). NeoBERTForMaskedLM of a preset (random
 weights) on `rows` x `length` tokens packed with cu_seqlens, 20% of them masked and scored through `masked_index`,
-forward + backward under bf16 autocast (the pretraining step). Reported: the first step of each (the compilation:
-run with a fresh TORCHINDUCTOR_CACHE_DIR for cold figures), then the training steps interleaved (eager, model,
-blocks, eager, ...), median, and dynamo's graph count (a recompilation would show there).
+forward + backward under bf16 autocast (the pretraining step). `blocks_head_eager` is compile_scope=blocks less
+its compiled MLM head (`NeoBERTForMaskedLM.score_masked_rows` eager: what the scope compiled before 2026-11-27).
+Reported: the first step of each (the compilation: run with a fresh TORCHINDUCTOR_CACHE_DIR for cold figures), then
+the training steps interleaved (eager, model, blocks, blocks_head_eager, eager, ...), median, and dynamo's graph
+count (a recompilation would show there).
 
     TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) python scripts/bench/compile_scope_ab.py [rows] [length] [preset] [repeats]
 """
@@ -25,9 +27,12 @@ from neobert.model.attention import cu_seqlens_of_rows
 def main(rows: int = 2, length: int = 256, preset: str = "neobert", repeats: int = 5) -> None:
     torch.manual_seed(0)
     eager = NeoBERTForMaskedLM(NeoBERTConfig.from_preset(preset, attention_backend="varlen"))
-    models = {"eager": eager, "model": copy.deepcopy(eager), "blocks": copy.deepcopy(eager)}
+    models = {name: copy.deepcopy(eager) for name in ("model", "blocks", "blocks_head_eager")}
+    models = {"eager": eager, **models}
     models["model"].compile(dynamic=False, scope="model")
     models["blocks"].compile(dynamic=False, scope="blocks")
+    models["blocks_head_eager"].compile(dynamic=False, scope="blocks")
+    del models["blocks_head_eager"].score_masked_rows  # the compiled scoring: the class's eager method again
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(5, eager.config.vocab_size, (rows * length,), generator=generator)
     labels = torch.where(torch.rand(ids.shape, generator=generator) < 0.2, ids, -100)
@@ -53,8 +58,9 @@ def main(rows: int = 2, length: int = 256, preset: str = "neobert", repeats: int
     medians = {name: statistics.median(values) for name, values in times.items()}
     for name, median in medians.items():
         print(f"{name}: median step {median:.3f} s ({rows} x {length} tokens; x{medians['eager'] / median:.2f} eager)")
-    print(f"blocks / model step time: {medians['blocks'] / medians['model']:.3f}; dynamo graphs: {graphs} after the "
-          f"warm-up, {counters['stats']['unique_graphs']} after the timed steps")
+    print(f"blocks / model step time: {medians['blocks'] / medians['model']:.3f}; blocks_head_eager / blocks: "
+          f"{medians['blocks_head_eager'] / medians['blocks']:.3f}; dynamo graphs: {graphs} after the warm-up, "
+          f"{counters['stats']['unique_graphs']} after the timed steps")
 
 
 if __name__ == "__main__":

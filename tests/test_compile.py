@@ -3,6 +3,10 @@ attention backends: no graph break, so no host synchronisation inside it (on a G
 stalls the pipeline; this is the part of the GPU path that can be checked on a CPU). Compiled, value checks of
 the inputs are skipped (they would read the device on the host); eager keeps them."""
 
+import copy
+import math
+import pickle
+
 import pytest
 import torch
 import torch._dynamo
@@ -159,13 +163,13 @@ def test_blocks_compile_the_mlm_heads_scoring_too_dynamic_in_its_rows_and_equal_
 
     calls = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: calls.append(kwargs) or fn)
-    for mode, head_mode in (("reduce-overhead", "default"), ("max-autotune", "max-autotune-no-cudagraphs"),
-                            ("default", "default"), (None, None)):
+    for mode, head in (("reduce-overhead", {"dynamic": False, "mode": "default"}),  # CUDA graphs: static batches
+                       ("max-autotune", {"dynamic": False, "mode": "max-autotune-no-cudagraphs"}),
+                       ("default", {"dynamic": True, "mode": "default"}), (None, {"dynamic": True, "mode": None})):
         calls.clear()
         NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny")).compile(scope="blocks", mode=mode)
-        blocks, head = calls[:-1], calls[-1]
-        assert all(kwargs["mode"] == mode for kwargs in blocks) and len(blocks) == 2
-        assert head == {"dynamic": True, "mode": head_mode}
+        assert all(kwargs["mode"] == mode for kwargs in calls[:-1]) and len(calls) == 3  # two blocks, then the head
+        assert calls[-1] == head, mode
     calls.clear()
     NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny")).compile(scope="blocks", mode="default", dynamic=False)
     assert calls[-1] == {"dynamic": False, "mode": "default"}  # a caller's static shapes (gpu_check's ceiling)
@@ -174,3 +178,16 @@ def test_blocks_compile_the_mlm_heads_scoring_too_dynamic_in_its_rows_and_equal_
     fused = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", fused_mlm_loss=True))
     fused.compile(scope="blocks")
     assert len(calls) == 2 and "score_masked_rows" not in vars(fused)  # the blocks only: Liger fuses the head
+    monkeypatch.undo()
+    # a copy or a pickle of the compiled model runs its own weights through the eager method (the compiled one is
+    # bound to the original), as nn.Module's own compiled call is dropped
+    copied = copy.deepcopy(model)
+    assert "score_masked_rows" not in vars(copied) and "score_masked_rows" in vars(model)
+    with torch.no_grad():
+        copied.decoder.weight.zero_()
+        copied.decoder.bias.zero_()
+    labels = torch.full_like(input_ids, -100)
+    labels.view(-1)[row_sets[0]] = input_ids.view(-1)[row_sets[0]]
+    uniform = copied(input_ids, labels=labels, masked_index=row_sets[0]).loss
+    torch.testing.assert_close(uniform, torch.tensor(math.log(model.config.vocab_size)))
+    assert "score_masked_rows" not in vars(pickle.loads(pickle.dumps(model)))

@@ -380,11 +380,12 @@ def test_a_compiled_loop_reports_its_graphs_and_packed_batches_do_not_recompile_
     document counts differ) and the recipe's own layout (packing none: unpadded documents, each batch its own token
     count; 99 of the 120 documents are shorter than 128; run_checks' check_recipe_compiled measures it on a GPU).
     At most six graphs, counted from a fresh start (the loop's own, as in a pretraining run's process, whatever the
-    stages before it compiled): the blocks' four (training's first shapes, then once with the changing size dynamic,
-    and validation, without gradients, the same) and the MLM head's scoring two (dynamic from the start: training's
-    and validation's). A graph per shape passes that bound within a few batches: the loop compiled with dynamic=False made 7
-    and 15 graphs here (5 and 8 before the head was compiled), and a head left to specialise on its first row count
-    made 7 in either layout. The row says how many."""
+    stages before it compiled): the blocks' three or four (training's first shapes, then once with the changing size
+    dynamic, and validation, without gradients, the same: 3 packed, 4 in the recipe's layout) and the MLM head's
+    scoring two (dynamic from the start: training's and validation's). A graph per shape passes that bound within a
+    few batches: the loop compiled with dynamic=False made 7 and 15 graphs here (5 and 8 before the head was
+    compiled). A head left to specialise on its first row count made 5 packed (within the bound) and 7 in the recipe's
+    layout; tests/test_compile.py counts the head's own graphs. The row says how many."""
     main(tiny_check(tmp_path, "speed_only=true", f"data.packing={packing}", "model.compile=true",
                     "model.compile_scope=blocks", "--steps", "6", "data.max_length=128"))
     _, summary = report(tmp_path)

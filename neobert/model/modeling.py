@@ -384,13 +384,21 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
     def compile_masked_scoring(self, **kwargs) -> None:
         """`score_masked_rows` compiled (`torch.compile`'s arguments; compile_scope=blocks does it): the float32
         logits of the loss and its softmax fused into the cross-entropy's kernels instead of written out whole (the
-        head forward + backward 2.62x eager on the H200, 1.69x on a 2-core CPU: docs/benchmarks.md). The number of
-        masked rows changes from batch to batch unless the batches have static shapes: dynamic unless the caller says
-        otherwise. Never CUDA graphs: the head is a few large kernels, and a graph would keep its logits (rows x the
-        vocabulary) in a pool that the next replay overwrites."""
+        head forward + backward with the padded decoder 1.75x eager on the H200, 1.72x on a 2-core CPU:
+        docs/benchmarks.md). The number of masked rows changes from batch to batch: dynamic, unless the caller says
+        otherwise or compiles for CUDA graphs, whose batches have one shape (data.static_shapes). Never CUDA graphs
+        itself: the head is a few large kernels, and a graph would keep its logits (rows x the vocabulary) in a pool
+        that the next replay overwrites. A copy of the model (`__getstate__`) runs the eager method."""
         mode = kwargs.pop("mode", None)
-        kwargs = {"dynamic": True, **kwargs, "mode": WITHOUT_CUDA_GRAPHS.get(mode, mode)}
+        kwargs = {"dynamic": mode not in CUDA_GRAPH_MODES, **kwargs, "mode": WITHOUT_CUDA_GRAPHS.get(mode, mode)}
         self.score_masked_rows = torch.compile(self.score_masked_rows, **kwargs)
+
+    def __getstate__(self) -> dict:
+        # The compiled scoring is bound to this model: a copy or a pickle would run the original's weights, or fail.
+        # As nn.Module drops its own compiled call, the copy runs the eager method.
+        state = super().__getstate__()
+        state.pop("score_masked_rows", None)
+        return state
 
     def decode(self, hidden: Tensor) -> Tensor:
         """The decoder's logits over the vocabulary (`config.decoder_pad_multiple`: its matmul on a weight padded

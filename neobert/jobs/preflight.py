@@ -467,8 +467,8 @@ def kernels_section(report: Preflight, config: PretrainConfig, model_config) -> 
                 "(the count of scored rows)")
     elif compiled and config.model.masked_only_logits:  # blocks: NeoBERTForMaskedLM.compile_masked_scoring
         head = ("the decoder at the masked rows and PyTorch's cross-entropy, compiled on their own (Inductor: the "
-                "float32 log-probabilities fused, not written out; dynamic in the number of rows but under CUDA graphs, "
-                "whose batches have one shape; never CUDA graphs itself)")
+                "float32 log-probabilities fused, not written out; dynamic in the number of rows but under CUDA "
+                "graphs, whose batches have one shape; never CUDA graphs itself)")
     else:
         rows = "the masked rows" if config.model.masked_only_logits else "every position"
         head = f"the decoder at {rows}, then PyTorch's cross-entropy (float32 log-probabilities kept)"

@@ -66,7 +66,7 @@ def test_a_size_that_runs_out_of_memory_while_timed_is_left_out_with_the_larger_
     assert tp.search_batch_size([4, 8], lambda s: True, lambda s: None, top=2) == (None, None, {})
 
 
-def test_the_jobs_search_drops_a_size_out_of_memory_in_its_timed_steps_and_keeps_the_other(monkeypatch):
+def test_the_jobs_search_drops_a_size_out_of_memory_in_its_timed_steps_and_keeps_the_other(monkeypatch, caplog):
     real_time_step = job.time_step
 
     def time_step(bench, batch, *args):
@@ -78,8 +78,11 @@ def test_the_jobs_search_drops_a_size_out_of_memory_in_its_timed_steps_and_keeps
     bench, _ = tiny_neobert_and_batch()
     config = ThroughputConfig(neobert_preset="tiny", batch_sizes=[2, 4], search_top=2, max_tokens=0, warmup=1,
                               device="cpu")
-    size, batch = job._search(bench, "full", 8, [2, 4], config, torch.device("cpu"), True, None)
+    with caplog.at_level("INFO", logger=job.__name__):
+        size, batch = job._search(bench, "full", 8, [2, 4], config, torch.device("cpu"), True, None)
     assert size == 2 and batch.input_ids.shape == (2, 8)
+    assert re.search(r"full L=8 neobert: tokens/s by batch size in the search \(one step each\): 2: [\d,]+; kept 2",
+                     caplog.text)  # the sizes timed, for a reader of the log: 4 ran out of memory
     monkeypatch.setattr(job, "time_step", lambda *args: (_ for _ in ()).throw(RuntimeError("CUDA error: misaligned")))
     with pytest.raises(RuntimeError, match="misaligned"):  # not a memory error: the row's, not the size's
         job._search(bench, "full", 8, [2, 4], config, torch.device("cpu"), True, None)

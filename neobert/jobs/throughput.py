@@ -375,9 +375,11 @@ def _search(bench: BenchModel, layout: str, length: int, candidates: Sequence[in
         for _ in range(config.warmup):
             time_step(bench, batch_of(size), training, device, autocast_dtype)
         return size, batch_of(size)
-    best, _, _ = search_batch_size(candidates, fits, throughput, config.search_top)
+    best, _, speeds = search_batch_size(candidates, fits, throughput, config.search_top)
     if best is None:
         return None
+    log.info("%s L=%d %s: tokens/s by batch size in the search (one step each): %s; kept %d", layout, length,
+             bench.name, ", ".join(f"{size}: {speed:,.0f}" for size, speed in speeds.items()), best)
     for size in list(batches):
         if size != best:
             del batches[size]

@@ -187,9 +187,9 @@ def test_the_attention_bench_runs_on_cpu_and_says_why_a_backend_is_not_measured(
     assert len(modes) == 2
     for start, end in ((modes[0], modes[1]), (modes[1], len(lines))):
         rows = {line.split()[0]: line for line in lines[start + 1:end]}
-        assert set(rows) == {"sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_compiled"}
+        assert set(rows) == {"sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_compiled", "compiled_cudnn"}
         assert "not measured: RuntimeError" in rows["sdpa_cudnn"]
-        for name in ("sdpa", "sdpa_flash", "sdpa_compiled"):
+        for name in ("sdpa", "sdpa_flash", "sdpa_compiled", "compiled_cudnn"):
             errors = [float(word.rstrip(",")) for word in rows[name].split("float32:")[1].split()
                       if word[0].isdigit()]
             assert len(errors) == (1 if start == modes[0] else 2) and all(0 < e < 0.05 for e in errors), rows[name]

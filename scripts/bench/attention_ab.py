@@ -8,7 +8,11 @@ unprofiled):
   on Hopper and Blackwell with cuDNN 9.15 or later, else FlashAttention 2);
 * sdpa_cudnn, sdpa_flash, sdpa_efficient: the same with one backend forced (`sdpa_kernel`), where it runs;
 * sdpa_compiled: the same call under `torch.compile` (the kernel Inductor chose when tracing, called with its layout
-  constraints): whether a compiled model's attention loses what the eager call has;
+  constraints): whether a compiled model's attention loses what the eager call has (on the H200, 2026-11-27: 0.72x
+  eager forward, near the flash backend forced, 0.68x);
+* compiled_cudnn: the same compiled with cuDNN first in SDPA's priority (`sdpa_kernel(..., set_priority=True)`
+  inside the compiled function, which Dynamo traces in one graph under torch 2.11 and 2.13): whether a compiled
+  call can have cuDNN's kernel back (transformers prefers cuDNN on Hopper the same way);
 * fa4: `neobert.model.attention.flash_attn_4_varlen`, the model's op (the rows as documents, cu_seqlens), and
   fa4_dense, FlashAttention 4's batched `flash_attn_func`, where flash-attn-4 and a GPU are (their own alternation:
   failing costs only their rows);
@@ -39,6 +43,7 @@ from neobert.model.attention import cu_seqlens_of_rows, flash_attn_4_varlen
 
 FORCED = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
           "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+CUDNN_FIRST = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def sdpa(q, k, v):
@@ -51,6 +56,13 @@ def forced(backend: SDPBackend):
         with sdpa_kernel(backend):
             return sdpa(q, k, v)
     return attend
+
+
+def cudnn_first(q, k, v):
+    """`sdpa` with cuDNN's kernel first in SDPA's choice, the others after it in PyTorch's order (a preference: a
+    shape cuDNN cannot take falls back)."""
+    with sdpa_kernel(CUDNN_FIRST, set_priority=True):
+        return sdpa(q, k, v)
 
 
 def fa4_documents(q, k, v):
@@ -149,7 +161,9 @@ def main(tokens: int = 32768, repeats: int = 20, length: int = 512) -> None:
                     f"max error vs float32: {errors(attend, training)}")
 
         variants = {"sdpa": sdpa, **{name: forced(backend) for name, backend in FORCED.items()},
-                    "sdpa_compiled": torch.compile(sdpa, dynamic=False)}
+                    "sdpa_compiled": torch.compile(sdpa, dynamic=False),
+                    # fullgraph: a graph break would run SDPA eagerly, cuDNN's kernel included, under this row's name
+                    "compiled_cudnn": torch.compile(cudnn_first, dynamic=False, fullgraph=True)}
         print("\n".join(compare(variants, lambda attend: timed(attend, training), describe, repeats, width=14)))
         if device.type == "cuda":  # FlashAttention 4, candidates in an alternation of their own
             candidates, why = fa4_variants(training)

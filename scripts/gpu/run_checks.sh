@@ -38,8 +38,9 @@
 #                    interleaved varlen kernel where there (scripts/bench/rope_ab.py)                    ~0.5 min
 #   attention_alone  attention alone at 64 x 512, forward and forward + backward in bf16: SDPA as the model calls it
 #                    (PyTorch's choice), each backend forced (cuDNN, FlashAttention 2, memory-efficient),
-#                    compiled, and FA4 (the model's op and the batched function) where unpacked: whether the
-#                    compiled model's attention loses what the eager cuDNN call has (scripts/bench/attention_ab.py) ~1 min
+#                    compiled, compiled with cuDNN first, and FA4 (the model's op and the batched function) where
+#                    unpacked: whether the compiled model's attention loses what the eager cuDNN call has, and
+#                    gets it back with cuDNN first; each row with the host's share (scripts/bench/attention_ab.py) ~1 min
 #   decoder          the MLM head (decoder + float32 cross-entropy over 6,989 masked rows) fwd + bwd in bf16: as is
 #                    vs its decoder padded to 30,528 rows for the GEMMs only, eager and compiled
 #                    (scripts/bench/decoder_ab.py)                                                       ~0.5 min

@@ -95,57 +95,11 @@ def test_the_choice_is_the_machines_not_written_to_config_json(tmp_path, install
     assert NeoBERT.from_pretrained(tmp_path / "ours").config.attention_kernel == "auto"
     loaded = NeoBERT.from_pretrained(tmp_path / "ours", attention_kernel="varlen_attn")  # chosen at load
     assert loaded.config.attention_kernel == "varlen_attn"
-    NeoBERTHFConfig(attention_kernel="flash_attn", kernels="eager", sdpa_cudnn_first=True).save_pretrained(
-        tmp_path / "hf")
+    NeoBERTHFConfig(attention_kernel="flash_attn", kernels="eager").save_pretrained(tmp_path / "hf")
     written = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert "attention_kernel" not in written and "kernels" not in written and "sdpa_cudnn_first" not in written
-    NeoBERT(NeoBERTConfig.from_preset("tiny", sdpa_cudnn_first=True)).save_pretrained(tmp_path / "cudnn")
-    assert "sdpa_cudnn_first" not in json.loads((tmp_path / "cudnn" / "config.json").read_text())
+    assert "attention_kernel" not in written and "kernels" not in written
     hf = NeoBERTHFConfig.from_pretrained(tmp_path / "hf", attention_kernel="flash_attn")
     assert hf.to_neobert_config().attention_kernel == "flash_attn"
-
-
-def test_sdpa_cudnn_first_puts_cudnn_first_in_sdpas_choice_on_a_gpu_traced_into_a_compiled_graph(monkeypatch):
-    """sdpa_cudnn_first: padded and full-row batches run SDPA inside `sdpa_kernel(CUDNN_FIRST, set_priority=True)` on
-    a GPU (a CPU has no cuDNN kernel: PyTorch's choice). On CPU, with the order forced as on a GPU: every layer's call
-    goes through it, packed batches do not (their kernel is attention_kernel's), the output is the default's, and a
-    compiled model traces the context in one graph (fullgraph), so the choice made when tracing is cuDNN's too."""
-    assert attention.sdpa_order(True, "cuda") == attention.CUDNN_FIRST
-    assert attention.CUDNN_FIRST[0] == torch.nn.attention.SDPBackend.CUDNN_ATTENTION
-    assert attention.sdpa_order(True, "cpu") is None and attention.sdpa_order(False, "cuda") is None
-    with pytest.raises(ModelFieldError, match="sdpa_cudnn_first must be true or false"):
-        NeoBERTConfig.from_preset("tiny", sdpa_cudnn_first="yes")
-    torch.manual_seed(0)
-    default = NeoBERT(NeoBERTConfig.from_preset("tiny")).eval()
-    cudnn = NeoBERT(NeoBERTConfig.from_preset("tiny", sdpa_cudnn_first=True)).eval()
-    cudnn.load_state_dict(default.state_dict())
-    ids = torch.randint(5, 1000, (2, 16))
-    mask = torch.ones_like(ids)
-    mask[1, 11:] = 0
-    orders = []
-    real_sdpa_kernel = attention.sdpa_kernel
-    monkeypatch.setattr(attention, "sdpa_order", lambda cudnn_first, device_type: (
-        attention.CUDNN_FIRST if cudnn_first else None))  # as on a GPU
-    monkeypatch.setattr(attention, "sdpa_kernel", lambda order, set_priority: orders.append(
-        (order, set_priority)) or real_sdpa_kernel(order, set_priority=set_priority))
-    with torch.no_grad():
-        for attention_mask in (None, mask):
-            orders.clear()
-            got = cudnn(ids, attention_mask).last_hidden_state
-            assert orders == [(attention.CUDNN_FIRST, True)] * cudnn.config.num_hidden_layers
-            torch.testing.assert_close(got, default(ids, attention_mask).last_hidden_state)
-        orders.clear()
-        cu_seqlens = torch.tensor([0, 10, 32], dtype=torch.int32)
-        packed = cudnn(ids.reshape(-1), cu_seqlens=cu_seqlens, max_seqlen=22).last_hidden_state
-        assert orders == []  # packed: attention_kernel's kernel, not SDPA's choice
-        torch.testing.assert_close(packed, default(ids.reshape(-1), cu_seqlens=cu_seqlens,
-                                                   max_seqlen=22).last_hidden_state)
-        monkeypatch.setattr(attention, "sdpa_kernel", real_sdpa_kernel)  # a recorder would break the graph
-        torch._dynamo.reset()
-        compiled = torch.compile(cudnn, fullgraph=True)
-        cudnn.set_validate_inputs(False)
-        torch.testing.assert_close(compiled(ids).last_hidden_state, default(ids).last_hidden_state)
-    torch._dynamo.reset()
 
 
 # ---------------------------------------------------------------------------------------------- resolution

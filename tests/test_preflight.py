@@ -323,15 +323,6 @@ def test_the_activation_widths_are_those_the_strategy_computes_in(strategy, widt
         assert f"bf16-mixed, bf16-true's widths under {strategy}, the MLM head included" in text.text()
 
 
-def test_the_report_says_which_batches_sdpa_cudnn_first_applies_to(tmp_path):
-    padded = preflight_report(tiny_config(tmp_path, "model.overrides.sdpa_cudnn_first=true", "data.unpad=false"))
-    assert ("- model.overrides.sdpa_cudnn_first: SDPA with cuDNN's kernel first in its choice on a GPU, for its "
-            "training batches") in padded.text()
-    packed = preflight_report(tiny_config(tmp_path, "model.overrides.sdpa_cudnn_first=true", "data.packing=best_fit"))
-    assert "for none of its training batches (they carry cu_seqlens)" in packed.text()
-    assert "sdpa_cudnn_first" not in preflight_report(tiny_config(tmp_path)).text()
-
-
 @pytest.mark.parametrize("overrides, expected", [
     ((), ["- norms, SwiGLU, RoPE in the blocks: PyTorch's eager ops",
           "- the MLM head's loss: the decoder at the masked rows, then PyTorch's cross-entropy"]),

@@ -423,11 +423,6 @@ def attention_section(report: Preflight, config: PretrainConfig, model_config, p
         report.refuse("model.overrides.attention_kernel", str(err))
         return
     report.add(f"- {kernel}")
-    if model_config.sdpa_cudnn_first:
-        padded = config.data.packing == "none" and not config.data.unpad
-        batches = "its training batches" if padded else "none of its training batches (they carry cu_seqlens)"
-        report.add(f"- model.overrides.sdpa_cudnn_first: SDPA with cuDNN's kernel first in its choice on a GPU, for "
-                   f"{batches}")
     if "attention_backend" in config.derived_model_overrides():
         origin = ("derived from the data: its batches carry cu_seqlens (data.packing, data.unpad); "
                   "model.overrides.attention_backend sets another")

@@ -46,7 +46,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.varlen import varlen_attn
 
 
@@ -145,30 +144,16 @@ def position_ids_from_cu_seqlens(cu_seqlens: Tensor, total: int | None = None) -
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float = 0.0,
-           kernel: str = "auto", cudnn_first: bool = False) -> Tensor:
+           kernel: str = "auto") -> Tensor:
     """softmax(q k^T / sqrt(d)) v. Returns the same layout as q: [B, L, h, d] padded or [T, h, d] packed.
-    `kernel`: NeoBERTConfig.attention_kernel, the packed layout's kernel (padded batches run SDPA); `cudnn_first`:
-    NeoBERTConfig.sdpa_cudnn_first, SDPA's choice with cuDNN's kernel first (`sdpa_order`)."""
+    `kernel`: NeoBERTConfig.attention_kernel, the packed layout's kernel (padded batches run SDPA)."""
     if layout.packed:
         return _attend_packed(q, k, v, layout, dropout_p, kernel)
-    order = sdpa_order(cudnn_first, q.device.type)
-    with sdpa_kernel(order, set_priority=True) if order else contextlib.nullcontext():
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-            attn_mask=layout.key_padding_mask, dropout_p=dropout_p,
-        )
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=layout.key_padding_mask, dropout_p=dropout_p,
+    )
     return out.transpose(1, 2)
-
-
-# SDPA's backends with cuDNN's first, the rest in PyTorch's order: a preference, a shape cuDNN cannot take falls back
-CUDNN_FIRST = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def sdpa_order(cudnn_first: bool, device_type: str) -> list[SDPBackend] | None:
-    """The backends SDPA chooses among, in order, for `attend` (None: PyTorch's own choice): CUDNN_FIRST on a GPU
-    where sdpa_cudnn_first asks for it (a context that Dynamo traces into a compiled graph, so the choice made when
-    tracing is cuDNN's too); a CPU has no cuDNN kernel."""
-    return CUDNN_FIRST if cudnn_first and device_type == "cuda" else None
 
 
 def attention_kernel_missing_reason(kernel: str) -> str | None:

@@ -17,7 +17,7 @@ NORMS = ("rmsnorm", "layernorm")
 ATTENTION_BACKENDS = ("sdpa", "varlen")
 KERNELS = ("eager", "liger", "quack")  # neobert.model.kernels
 # The fields that are choices of the machine, not of the model: never written to config.json (chosen at load).
-MACHINE_FIELDS = ("kernels", "fused_mlm_loss", "attention_kernel", "sdpa_cudnn_first", "decoder_pad_multiple")
+MACHINE_FIELDS = ("kernels", "fused_mlm_loss", "attention_kernel", "decoder_pad_multiple")
 # The fields only the heads read (the MLM decoder and loss, the classifier): the encoder alone has none of them
 # (decoder_init_range initialises every Linear, as in the released code)
 HEAD_FIELDS = ("decoder_pad_multiple", "fused_mlm_loss", "classifier_dropout", "classifier_init_range", "num_labels")
@@ -70,11 +70,6 @@ class NeoBERTConfig:
     # Which kernel runs attention over packed (cu_seqlens) batches (neobert.model.attention: auto takes the fastest
     # installed; an explicit one is measured against it by experiments.throughput): also the machine's choice.
     attention_kernel: str = "auto"
-    # Padded and full-row batches run SDPA; true puts cuDNN's kernel first in its choice on a GPU (a preference: a
-    # shape cuDNN cannot take falls back in PyTorch's order). Eager SDPA already ran cuDNN's kernel on the H200; the
-    # same call compiled ran 0.72x eager, near FlashAttention 2 forced (docs/benchmarks.md, fifth lease), and this is
-    # what would give a compiled model cuDNN's kernel back. Off until a GPU measures it. The machine's choice too.
-    sdpa_cudnn_first: bool = False
     # The MLM decoder's matmuls with the vocabulary padded by zero rows to a multiple of this, in the computation only
     # (the weight, the checkpoint and the logits keep vocab_size; 1 = as is): the logits' rows of 30,522 bf16 values
     # are not 16-byte aligned, and on the H200 the decoder's GEMMs ran Ampere-generation kernels with 2-element
@@ -113,9 +108,8 @@ class NeoBERTConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise ModelFieldError(name, f"must be one of {allowed}, got {value!r}")
-        for name in ("fused_mlm_loss", "sdpa_cudnn_first"):
-            if not isinstance(getattr(self, name), bool):
-                raise ModelFieldError(name, f"must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.fused_mlm_loss, bool):
+            raise ModelFieldError("fused_mlm_loss", f"must be true or false, got {self.fused_mlm_loss!r}")
         if self.kernels == "liger" and (missing := liger_missing_reason()):
             raise ModelFieldError("kernels", f"'liger' {missing}; 'eager' runs everywhere")
         if self.kernels == "quack" and (missing := quack_missing_reason()):

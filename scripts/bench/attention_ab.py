@@ -11,9 +11,8 @@ unprofiled):
   constraints): whether a compiled model's attention loses what the eager call has (on the H200, 2026-11-27: 0.72x
   eager forward, near the flash backend forced, 0.68x);
 * compiled_cudnn: the same compiled with cuDNN first in SDPA's priority (`sdpa_kernel(..., set_priority=True)`
-  inside the compiled function, as the model's `sdpa_cudnn_first` asks for it; Dynamo traces it in one graph under
-  torch 2.11 and 2.13): whether a compiled call can have cuDNN's kernel back (transformers prefers cuDNN on Hopper
-  the same way);
+  inside the compiled function, which Dynamo traces in one graph under torch 2.11 and 2.13): whether a compiled
+  call can have cuDNN's kernel back (transformers prefers cuDNN on Hopper the same way);
 * fa4: `neobert.model.attention.flash_attn_4_varlen`, the model's op (the rows as documents, cu_seqlens), and
   fa4_dense, FlashAttention 4's batched `flash_attn_func`, where flash-attn-4 and a GPU are (their own alternation:
   failing costs only their rows);
@@ -40,10 +39,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute, seconds_per_call
 from neobert.model import NeoBERTConfig
-from neobert.model.attention import CUDNN_FIRST, cu_seqlens_of_rows, flash_attn_4_varlen
+from neobert.model.attention import cu_seqlens_of_rows, flash_attn_4_varlen
 
 FORCED = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
           "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+CUDNN_FIRST = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def sdpa(q, k, v):
@@ -60,7 +60,7 @@ def forced(backend: SDPBackend):
 
 def cudnn_first(q, k, v):
     """`sdpa` with cuDNN's kernel first in SDPA's choice, the others after it in PyTorch's order (a preference: a
-    shape cuDNN cannot take falls back): the model's call with NeoBERTConfig.sdpa_cudnn_first."""
+    shape cuDNN cannot take falls back)."""
     with sdpa_kernel(CUDNN_FIRST, set_priority=True):
         return sdpa(q, k, v)
 

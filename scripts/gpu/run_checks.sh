@@ -83,10 +83,6 @@
 #                    2,048 and 4,096, batch 16, against ModernBERT with FA4's window eager (eager_models: its best
 #                    row on the H100, 536,253 tokens/s at 4,096, where eager NeoBERT's best ran 0.93x; compiled, it
 #                    compiles a graph per layer and length). infer_flex_compiled's NeoBERT rows without it  ~3 min
-#   figure3_cudnn    figure3_compiled's neobert row with model field sdpa_cudnn_first (cuDNN first in SDPA's choice,
-#                    in the compiled graph too): against figure3_compiled's rows, a command apart on one machine ~1 min
-#   train_cudnn      train_graphs' full rows with SDPA and sdpa_cudnn_first instead of FA4 (rows as documents):
-#                    against train_graphs' neobert full row, a command apart                             ~1.5 min
 #   compiled         throughput training compiled: neobert, neobert-quack where unpacked, against bert-base
 #                    eager (eager_models: compiled, Inductor lowered its masked SDPA to float32 GEMMs on the
 #                    H100, 0.39x its eager speed; so in every compiled step below)                     ~2 min
@@ -111,7 +107,7 @@ cd "$(dirname "$0")/../.."
 PREPARED=${1:-.gpu}
 RESULTS=${2:-${OUT:-runs/gpu_checks}}
 shift $(( $# < 2 ? $# : 2 ))
-STEPS=${*:-tests tests_fa4 norms mlp rope attention_alone decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_as_is check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check check_recipe check_recipe_compiled attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled figure3_compiled figure3_cudnn compiled infer_compiled infer_graphs infer_quack_fa4 train_quack_fa4 train_graphs train_cudnn}
+STEPS=${*:-tests tests_fa4 norms mlp rope attention_alone decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_as_is check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check check_recipe check_recipe_compiled attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled figure3_compiled compiled infer_compiled infer_graphs infer_quack_fa4 train_quack_fa4 train_graphs}
 STAGE=$(mktemp -d)
 TRACES=$(mktemp -d)
 TRACES_LIMIT=${RUN_CHECKS_TRACES_LIMIT:-15000000}  # bytes: a device call returns a file of 16 MiB at most
@@ -285,9 +281,6 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         figure3_compiled) throughput throughput_figure3_compiled 300 mode=inference 'lengths=[1024,2048,4096]' \
                               'models=[neobert,neobert-flash_attn_4,modernbert-base-fa4]' 'batch_sizes=[16]' \
                               search_top=1 repeats=3 compile=true 'eager_models=[modernbert-base-fa4]' profile=false ;;
-        figure3_cudnn) throughput throughput_figure3_cudnn 180 mode=inference 'lengths=[1024,2048,4096]' \
-                           'models=[neobert]' neobert_overrides.sdpa_cudnn_first=true 'batch_sizes=[16]' \
-                           search_top=1 repeats=3 compile=true profile=false ;;
         compiled) throughput throughput_compiled 130 mode=training 'lengths=[512]' \
                       'models=[neobert,neobert-quack,bert-base]' \
                       'batch_sizes=[64]' search_top=1 repeats=5 compile=true 'eager_models=[bert-base]' ;;
@@ -309,9 +302,6 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                           'layouts=[full,unpadded]' 'models=[neobert]' \
                           neobert_overrides.attention_kernel=flash_attn_4 'batch_sizes=[32]' search_top=1 repeats=5 \
                           compile=true compile_mode=reduce-overhead warmup=2 profile=false ;;
-        train_cudnn) throughput throughput_training_cudnn 240 mode=training 'lengths=[1024]' 'layouts=[full]' \
-                         'models=[neobert]' neobert_overrides.sdpa_cudnn_first=true 'batch_sizes=[32]' search_top=1 \
-                         repeats=5 compile=true compile_mode=reduce-overhead warmup=2 profile=false ;;
         *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;
     esac
     # written aside, then renamed: a call cut short during the packing still returns the last whole archive

@@ -9,10 +9,11 @@ unprofiled):
 * sdpa_cudnn, sdpa_flash, sdpa_efficient: the same with one backend forced (`sdpa_kernel`), where it runs;
 * sdpa_compiled: the same call under `torch.compile` (the kernel Inductor chose when tracing, called with its layout
   constraints): whether a compiled model's attention loses what the eager call has (on the H200, 2026-11-27: 0.72x
-  eager forward, near the flash backend forced, 0.68x);
+  eager forward, near the flash backend forced, 0.68x; 0.62x forward + backward, where flash forced ran 0.74x);
 * compiled_cudnn: the same compiled with cuDNN first in SDPA's priority (`sdpa_kernel(..., set_priority=True)`
   inside the compiled function, which Dynamo traces in one graph under torch 2.11 and 2.13): whether a compiled
-  call can have cuDNN's kernel back (transformers prefers cuDNN on Hopper the same way);
+  call can have cuDNN's kernel back. Its context sets SDPA's process-wide order and restores the one it found: it
+  runs after `sdpa`, whose first call on a GPU has let PyTorch set its own order;
 * fa4: `neobert.model.attention.flash_attn_4_varlen`, the model's op (the rows as documents, cu_seqlens), and
   fa4_dense, FlashAttention 4's batched `flash_attn_func`, where flash-attn-4 and a GPU are (their own alternation:
   failing costs only their rows);

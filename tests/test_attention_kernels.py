@@ -740,3 +740,27 @@ def test_the_preflight_words_follow_the_head_size_auto_takes_fa4_at(monkeypatch)
     fa4, varlen = "cu_seqlens: FlashAttention 4's flash_attn_varlen_func", "cu_seqlens: PyTorch's varlen_attn"
     assert fa4 in training_attention_kernel("best_fit", "varlen", "cuda", head_dim=64)
     assert varlen in training_attention_kernel("best_fit", "varlen", "cuda", head_dim=192)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN's SDPA kernels need a CUDA GPU")
+@pytest.mark.parametrize("length", [192, 256])
+def test_padded_sdpa_gradients_stay_finite_where_cudnns_masked_backward_fails_on_cuda(length):
+    """The model's padded path (SDPA with a key-padding mask, PyTorch's choice of kernel) at the conditions of
+    pytorch/pytorch#196678: since torch 2.11, on H100/H200, cuDNN's SDPA backward returns NaN in q's gradient when a
+    mask is given, the length is 64 more than a multiple of 128 (192 here; 256 is the control) and a query row's
+    logsumexp is below ln(FLT_MAX) = -88.7 (forced here as in the issue's repro: every logit near -120). Fine-tuning
+    batches are padded to a multiple of 8, so one in 16 has such a length. A failure here means the default GPU path
+    is exposed and needs a guard (cuDNN left out of those calls); it ran on no GPU yet."""
+    torch.manual_seed(0)
+    heads, head_dim = 2, 64
+    q = torch.randn(2, length, heads, head_dim, device="cuda", dtype=torch.bfloat16) * 0.1
+    k = torch.randn_like(q) * 0.1
+    v = torch.randn_like(q)
+    q[..., 0], k[..., 0] = 1.0, -120 * head_dim ** 0.5  # every logit about -120: each row's logsumexp below -88.7
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    mask = torch.ones(2, length, dtype=torch.long, device="cuda")
+    mask[1, length - 40:] = 0
+    out = attention.attend(q, k, v, attention.AttentionLayout.padded(mask))
+    out.backward(torch.randn_like(out))
+    for name, tensor in (("output", out), ("q", q.grad), ("k", k.grad), ("v", v.grad)):
+        assert torch.isfinite(tensor).all(), f"{name}: {int((~torch.isfinite(tensor)).sum())} values not finite"

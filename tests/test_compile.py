@@ -94,6 +94,14 @@ def test_the_compiled_graph_holds_no_complex_tensor():
     assert torch.float32 in dtypes and not any(dtype.is_complex for dtype in dtypes)
 
 
+def graph_keeping_backend(graphs: list):
+    """A torch.compile backend that keeps each graph it is handed in `graphs` and runs it as traced."""
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+    return backend
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_blocks_compiled_on_their_own_share_one_graph_per_shape(dtype):
     """compile_scope=blocks: every block runs one graph. The compiled rotation's tables are made before the first
@@ -102,10 +110,7 @@ def test_blocks_compiled_on_their_own_share_one_graph_per_shape(dtype):
     Not under CUDA graphs: there tables made before the blocks would be an input that each block's graph copies into
     a buffer of its own at every replay, where the first block's output stays in place."""
     graphs = []
-
-    def counting_backend(graph_module, example_inputs):
-        graphs.append(graph_module)
-        return graph_module.forward
+    counting_backend = graph_keeping_backend(graphs)
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -131,10 +136,7 @@ def test_blocks_compile_the_mlm_heads_scoring_too_dynamic_in_its_rows_and_equal_
     Never under CUDA graphs (a graph's pool would keep the logits until the next replay overwrites them), and not
     where fused_mlm_loss fuses the head its own way."""
     graphs = []
-
-    def counting_backend(graph_module, example_inputs):
-        graphs.append(graph_module)
-        return graph_module.forward
+    counting_backend = graph_keeping_backend(graphs)
 
     def step(model, rows):
         model.zero_grad(set_to_none=True)

@@ -66,12 +66,17 @@ def cudnn_first(q, k, v):
         return sdpa(q, k, v)
 
 
-def fa4_documents(q, k, v):
-    """The model's FA4 op on the rows laid end to end as documents of one row each."""
+def on_rows_as_documents(varlen, q, k, v):
+    """`varlen(q, k, v, cu_seqlens, length)` ([T, h, d] in and out) on the rows of q, k, v ([B, L, h, d]) laid end to
+    end as documents of one row each, its output in q's layout."""
     batch, length = q.shape[:2]
     cu_seqlens = cu_seqlens_of_rows(batch, length, q.device)
-    out, _ = flash_attn_4_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens, length)
-    return out.view_as(q)
+    return varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens, length).view_as(q)
+
+
+def fa4_documents(q, k, v):
+    """The model's FA4 op on the rows laid end to end as documents of one row each."""
+    return on_rows_as_documents(lambda *args: flash_attn_4_varlen(*args)[0], q, k, v)
 
 
 def fa4_variants(training: bool) -> tuple[dict, str | None]:
@@ -89,15 +94,12 @@ def fa4_variants(training: bool) -> tuple[dict, str | None]:
         print(f"  {'fa4_128x128':17s} not measured: {why}")
         return variants, None
 
-    def documents(q, k, v):
-        batch, length = q.shape[:2]
-        cu_seqlens = cu_seqlens_of_rows(batch, length, q.device)
-        out = forward(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu_seqlens_q=cu_seqlens,
-                      cu_seqlens_k=cu_seqlens, max_seqlen_q=length, max_seqlen_k=length, tile_mn=(128, 128),
-                      return_lse=True)[0]  # as the model's op (`fa4`): only the tile differs
-        return out.view_as(q)
+    def tiled(q, k, v, cu_seqlens, length):
+        return forward(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=length,
+                       max_seqlen_k=length, tile_mn=(128, 128),
+                       return_lse=True)[0]  # as the model's op (`fa4`): only the tile differs
 
-    variants["fa4_128x128"] = documents
+    variants["fa4_128x128"] = lambda q, k, v: on_rows_as_documents(tiled, q, k, v)
     variants["fa4_dense_128x128"] = lambda q, k, v: forward(q, k, v, tile_mn=(128, 128))[0]
     return variants, None
 

@@ -252,3 +252,49 @@ echo "the job's log"
                          timeout=60)
     assert "throughput_inference: its traces left out of traces.tar" in run.stdout
     assert not (tmp_path / "results" / "traces.tar").exists() and (tmp_path / "results" / "checks.tgz").exists()
+
+
+def run_under_budget(steps: list[str], budget: str, work: Path, step_seconds: int = 0) -> tuple[list[int], str]:
+    """run_checks.sh with RUN_CHECKS_SECONDS=budget and the recorders on PATH, each `timeout` taking step_seconds
+    (a step's run): the time limit of each step it started, and its log."""
+    bin_dir = work / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, pause in (("timeout", step_seconds), ("python3", 0), ("nvidia-smi", 0)):
+        (bin_dir / name).write_text(RECORDER + f"sleep {pause}\n")
+        (bin_dir / name).chmod(0o755)
+    calls = work / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUN_CHECKS_CALLS": str(calls),
+           "RUN_CHECKS_SCRATCH": str(work / "scratch"), "RUN_CHECKS_SITE": str(work / "site-packages"),
+           "TMPDIR": str(work), "RUN_CHECKS_SECONDS": budget}
+    run = subprocess.run(["bash", str(SCRIPT), str(work), str(work / "results"), *steps], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    words = calls.read_text().split("\0") if calls.exists() else []
+    limits = [int(words[i + 1]) for i, word in enumerate(words) if word == "timeout"]  # name, then SECONDS
+    return limits, (work / "results" / "log.txt").read_text()
+
+
+def test_a_calls_budget_cuts_each_steps_limit_to_what_is_left_and_leaves_out_steps_it_cannot_start(tmp_path):
+    """RUN_CHECKS_SECONDS: a step's limit is its own where the budget leaves more (norm_ab's 60 s), else what the
+    budget has left less 15 s for the packing, counted from the script's start; a step with under 30 s left is not
+    started, and the log names it. So a device call that lists more steps than fit ends at the budget, each step
+    having logged and packed what it measured, rather than being killed inside one."""
+    limits, _ = run_under_budget(["norms", "infer"], "100", tmp_path / "roomy")
+    assert limits[0] == 60 and 80 <= limits[1] <= 85  # infer's own 120 s cut to 100 - 15, less the seconds spent
+    # time passes: each step takes 4 s, so each limit is the one before less at least 4 s, until under 30 s are left
+    limits, log = run_under_budget(["infer", "infer", "infer", "infer"], "56", tmp_path / "tight", step_seconds=4)
+    assert limits[0] <= 41 and all(b <= a - 4 for a, b in zip(limits, limits[1:]))
+    assert len(limits) < 4 and all(limit >= 30 for limit in limits)
+    assert re.search(r"infer left out: \d+ s left of the call's 56 \(RUN_CHECKS_SECONDS\)", log)
+    # too small a budget: nothing runs, every step named
+    limits, log = run_under_budget(["tests", "mlp"], "40", tmp_path / "none")
+    assert limits == [] and "tests left out" in log and "mlp left out" in log
+    # unset or 0: each step's own limit
+    assert run_under_budget(["infer"], "0", tmp_path / "unbounded")[0] == [120]
+
+
+def test_a_budget_that_is_not_a_whole_number_of_seconds_stops_the_script_before_any_step(tmp_path):
+    run = subprocess.run(["bash", str(SCRIPT), str(tmp_path), str(tmp_path / "results"), "norms"],
+                         env={**os.environ, "RUN_CHECKS_SECONDS": "9m", "RUN_CHECKS_SCRATCH": str(tmp_path)},
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "RUN_CHECKS_SECONDS must be a whole number of seconds, got '9m'" in run.stdout

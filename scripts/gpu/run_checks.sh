@@ -10,6 +10,11 @@
 # traces pass that, only they are lost), packed again after every step so that a call cut short still returns what
 # finished.
 #   bash scripts/gpu/run_checks.sh [PREPARED=.gpu] [RESULTS] [STEP ...]
+# RUN_CHECKS_SECONDS (a whole number; default 0, none): the call's budget, counted from the script's start (the
+# unpacking included). Give it a little under the device call's timeout_s: each step's time limit is then cut to what
+# the budget has left less PACK_SECONDS for the packing, and a step with under MIN_STEP_SECONDS left is not started
+# (the log says so), so that a call lists its steps most wanted first and is never killed inside one: a step cut by
+# its limit still logs and packs what it measured (a throughput report is rewritten row by row).
 # STEPs, most wanted first (the default: all of them in this order; a device call runs 10 minutes at most, so name
 # the ones that fit):
 #   tests            fused kernels, attention kernels, compiled steps against the eager path (the tests named
@@ -120,6 +125,15 @@ case $SITE in */site-packages) ;; *) echo "RUN_CHECKS_SITE must end in /site-pac
 SCRATCH=${RUN_CHECKS_SCRATCH:-/tmp}
 mkdir -p "$SCRATCH"
 mkdir -p "$RESULTS"
+BUDGET=${RUN_CHECKS_SECONDS:-0}
+case $BUDGET in ''|*[!0-9]*) echo "RUN_CHECKS_SECONDS must be a whole number of seconds, got '$BUDGET'"; exit 2 ;; esac
+PACK_SECONDS=15  # the archives are packed after a step: about 1 s, traces included
+MIN_STEP_SECONDS=30  # less than this, a step would be cut before it compiled or loaded anything worth reporting
+# within_budget SECONDS: a step's own time limit, cut to what the call's budget has left less the packing's time
+within_budget() {
+    local left=$(( BUDGET - SECONDS - PACK_SECONDS ))
+    if [ "$BUDGET" -gt 0 ] && [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$PREPARED"/wheels/*.whl || exit 1
 fi
@@ -149,8 +163,8 @@ throughput() {
     local name=$1 seconds=$2
     shift 2
     rm -rf "$SCRATCH"/"$name"
-    timeout "$seconds" python3 -m experiments.throughput profile=true "$@" output_dir="$SCRATCH"/"$name" \
-        > "$SCRATCH"/"$name".log 2>&1
+    timeout "$(within_budget "$seconds")" python3 -m experiments.throughput profile=true "$@" \
+        output_dir="$SCRATCH"/"$name" > "$SCRATCH"/"$name".log 2>&1
     local status=$?
     echo "$name exit $status" | tee -a "$LOG"
     [ -f "$SCRATCH"/"$name"/throughput.md ] && tee -a "$LOG" < "$SCRATCH"/"$name"/throughput.md
@@ -175,7 +189,8 @@ throughput() {
 # whole as NAME.log in checks.tgz (a compiler's error runs over many lines), its exit status and its table logged
 # (the lines of its header and variants: those that start with the header's words or two spaces)
 bench() {
-    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$2" python3 scripts/bench/"$1".py "${3:-32768}" 20 \
+    PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} timeout "$(within_budget "$2")" \
+        python3 scripts/bench/"$1".py "${3:-32768}" 20 \
         > "$SCRATCH"/"$1".log 2>&1
     echo "$1 exit $?" | tee -a "$LOG"
     grep -E "^[A-Z][A-Za-z,]* .*median of|^  [A-Za-z0-9_.]+ " "$SCRATCH"/"$1".log | tee -a "$LOG"
@@ -190,8 +205,9 @@ gpu_check() {
     local name=$1 seconds=$2
     shift 2
     mkdir -p "$STAGE"/"$name"
-    timeout "$seconds" python3 -m experiments.gpu_check --config neobert --steps 16 warmup_steps=4 resume_steps=4 \
-        profile_steps=1 logging.log_every_n_steps=2 data.source="$PREPARED"/corpus data.tokenizer="$PREPARED"/tokenizer \
+    timeout "$(within_budget "$seconds")" python3 -m experiments.gpu_check --config neobert --steps 16 \
+        warmup_steps=4 resume_steps=4 profile_steps=1 logging.log_every_n_steps=2 \
+        data.source="$PREPARED"/corpus data.tokenizer="$PREPARED"/tokenizer \
         output_dir="$SCRATCH"/"$name" overwrite=true model.overrides.attention_kernel=varlen_attn "$@" \
         > "$SCRATCH"/"$name".log 2>&1
     echo "$name exit $?" | tee -a "$LOG"
@@ -210,16 +226,21 @@ CUDA_TESTS=(python3 -m pytest -v -p no:cacheprovider -rA --tb=short --continue-o
 TEST_LINES=" (PASSED|FAILED|ERROR|SKIPPED)( |$)|^(FAILED|ERROR|SKIPPED) |passed|failed"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$LOG"
 for step in $STEPS; do
+    if [ "$(within_budget "$MIN_STEP_SECONDS")" -lt "$MIN_STEP_SECONDS" ]; then
+        say "$step left out: $(( BUDGET - SECONDS )) s left of the call's $BUDGET (RUN_CHECKS_SECONDS)"
+        continue
+    fi
     say "$step"
     case $step in
         # the CUDA test leaves out a kernel it does not find, so first: is FA4 found, and does it import?
         tests_fa4) python3 -c "from neobert.model import attention as a; assert a._HAS_FLASH_ATTN_4, 'not found'
 import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass', cutlass.__version__)" \
                        > "$RESULTS"/tests_fa4.txt 2>&1
-                   timeout 300 "${CUDA_TESTS[@]}" tests/test_attention_kernels.py >> "$RESULTS"/tests_fa4.txt 2>&1
+                   timeout "$(within_budget 300)" "${CUDA_TESTS[@]}" tests/test_attention_kernels.py \
+                       >> "$RESULTS"/tests_fa4.txt 2>&1
                    grep -E "$TEST_LINES|flash_attn_4 found|Error" \
                        "$RESULTS"/tests_fa4.txt | tee -a "$LOG" ;;
-        tests) timeout 300 "${CUDA_TESTS[@]}" tests/test_kernels.py tests/test_attention_kernels.py \
+        tests) timeout "$(within_budget 300)" "${CUDA_TESTS[@]}" tests/test_kernels.py tests/test_attention_kernels.py \
                    tests/test_compile_mode.py tests/test_bf16_path.py > "$RESULTS"/tests.txt 2>&1
                grep -E "$TEST_LINES" "$RESULTS"/tests.txt | tee -a "$LOG" ;;
         # QuACK's candidates run last in their own alternation: a failure or a stall costs only their rows

@@ -10,6 +10,10 @@
 Writes throughput.csv, throughput.md (Table 9 layout, ratios per length) and throughput.png (Figure 3); with
 profile=true, throughput_profile.csv, throughput_profile_names.csv and each profiled step's Chrome trace in
 throughput_traces/ (docs/ablations.md).
+
+    python -m experiments.throughput --report a/throughput.csv b/throughput.csv --output-dir runs/merged
+
+re-makes the CSV, the Markdown tables and the plot from rows measured earlier (a GPU lease's CSVs), running no model.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ import argparse
 import logging
 import sys
 
-from neobert.config import flag_overrides, load_config
+from neobert.config import ConfigError, flag_overrides, load_config
 from neobert.config.throughput import MODEL_NAMES, ThroughputConfig
 from neobert.jobs.cli import add_debug_flag, print_report, run_cli
-from neobert.jobs.throughput import run_throughput_job
+from neobert.jobs.throughput import report_from_csvs, run_throughput_job
+
+MEASUREMENT_FLAGS = ("config", "models", "lengths", "batch_sizes", "layouts", "mode", "overrides")
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file with ThroughputConfig keys")
     parser.add_argument("--models", help="comma-separated, any of: " + ",".join(MODEL_NAMES))
@@ -33,17 +39,34 @@ def parse_args(argv=None):
     parser.add_argument("--layouts", help="comma-separated: full,padded,unpadded")
     parser.add_argument("--mode", choices=["inference", "training"])
     parser.add_argument("--output-dir")
+    parser.add_argument("--report", nargs="+", metavar="CSV",
+                        help="re-make the reports from these throughput CSVs (in --output-dir); no model runs")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of ThroughputConfig")
     add_debug_flag(parser)
-    args = parser.parse_intermixed_args(argv)  # key=value overrides may follow any flag
+    return parser
+
+
+def config_of(args: argparse.Namespace) -> ThroughputConfig:
     overrides = flag_overrides(args, values=("mode", "output_dir"),
                                lists=("models", "lengths", "batch_sizes", "layouts"))
     return load_config(ThroughputConfig, args.config, overrides)
 
 
+def parse_args(argv=None) -> ThroughputConfig:
+    return config_of(build_parser().parse_intermixed_args(argv))  # key=value overrides may follow any flag
+
+
 def main(argv=None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
-    paths = run_throughput_job(parse_args(argv))
+    args = build_parser().parse_intermixed_args(argv)
+    if args.report:
+        if given := [name for name in MEASUREMENT_FLAGS if getattr(args, name)]:
+            flag = "key=value overrides" if given[0] == "overrides" else "--" + given[0].replace("_", "-")
+            raise ConfigError(f"--report re-makes reports from CSVs, so {flag} has nothing to act on: give "
+                              f"--report the CSVs and --output-dir only")
+        paths = report_from_csvs(args.report, args.output_dir or ThroughputConfig.output_dir)
+    else:
+        paths = run_throughput_job(config_of(args))
     print_report(paths)
     return paths
 

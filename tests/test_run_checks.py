@@ -224,7 +224,7 @@ def test_a_throughput_steps_reports_profile_tables_and_traces_come_back_in_the_a
     (bin_dir / "python3").write_text("""#!/usr/bin/env bash
 for word in "$@"; do case $word in output_dir=*) out=${word#output_dir=} ;; esac; done
 mkdir -p "$out"/throughput_traces
-for file in throughput.csv throughput.md throughput_profile.csv throughput_profile_names.csv; do
+for file in throughput.csv throughput.md throughput.png throughput_profile.csv throughput_profile_names.csv; do
     echo x > "$out/$file"
 done
 echo trace > "$out"/throughput_traces/inference_full_512_neobert.json.gz
@@ -239,8 +239,8 @@ echo "the job's log"
                    check=True, capture_output=True, timeout=60)
     with tarfile.open(tmp_path / "results" / "checks.tgz") as archive:
         names = {name.removeprefix("./") for name in archive.getnames()}
-    assert {"throughput_inference.csv", "throughput_inference_profile.csv", "throughput_inference_profile_names.csv",
-            "throughput_inference.log"} <= names
+    assert {"throughput_inference.csv", "throughput_inference.png", "throughput_inference_profile.csv",
+            "throughput_inference_profile_names.csv", "throughput_inference.log"} <= names
     # the traces in an archive of their own: should they pass a returned file's 16 MiB, they alone are lost
     with tarfile.open(tmp_path / "results" / "traces.tar") as archive:
         traces = {name.removeprefix("./") for name in archive.getnames() if name.endswith(".gz")}

@@ -1014,3 +1014,62 @@ def test_a_run_cut_short_leaves_the_tables_of_what_it_timed(monkeypatch, tmp_pat
     monkeypatch.setattr(job, "_profile_row", real_profile_row)
     job.run_throughput_job(dataclasses.replace(config, profile=True))  # a run that ends: no such line
     assert not (tmp_path / "throughput.md").read_text().startswith(job.UNFINISHED)
+
+
+def gpu_rows(lengths, models, first_tokens):
+    """Inference rows as a GPU lease's step writes them: one per model and length, tokens/s counting down."""
+    return [tp.ThroughputRow(model, "inference", "full", length, 16, first_tokens - 1000.0 * i - length, 0.02, 1e9,
+                             1e14, 0.3, 1, "cuda", "bfloat16", note=f"{model} at {length}", issued_share=0.1)
+            for length in lengths for i, model in enumerate(models)]
+
+
+def test_report_re_makes_the_tables_and_the_plot_of_several_runs_csvs_without_running_a_model(tmp_path, monkeypatch):
+    """A lease's steps each return a CSV and no plot: --report merges them in the order given into one CSV, its
+    Markdown tables (the later CSV's rows beside the earlier's, their ratios per length) and the Figure 3 plot."""
+    from experiments.throughput import main
+
+    first = job.write_reports(gpu_rows([1024, 2048], ["neobert", "modernbert-base-fa4"], 700_000.0), tmp_path / "a",
+                              plot=False)["csv"]
+    second = job.write_reports(gpu_rows([1024, 2048], ["neobert-flash_attn_4"], 800_000.0), tmp_path / "b",
+                               plot=False)["csv"]
+    monkeypatch.setattr(job, "run_throughput", lambda *a, **k: pytest.fail("--report ran a measurement"))
+    out = tmp_path / "merged"
+    paths = main(["--report", str(first), str(second), "--output-dir", str(out)])
+    assert paths["plot"] == out / "throughput.png" and paths["plot"].stat().st_size > 0
+    merged = read_csv(paths["csv"])
+    assert merged == read_csv(first) + read_csv(second)  # every field back, in the order given
+    table = paths["markdown"].read_text()
+    assert "| neobert-flash_attn_4 | 798,976 (16) | 797,952 (16) |" in table
+    assert "neobert / neobert-flash_attn_4" in table  # the ratios span both CSVs' rows
+
+
+def test_report_refuses_what_it_cannot_read_or_would_overwrite_and_writes_nothing(tmp_path):
+    from experiments.throughput import main
+
+    good = job.write_reports(gpu_rows([512], ["neobert"], 900_000.0), tmp_path / "good", plot=False)["csv"]
+    other = tmp_path / "other.csv"
+    other.write_text("step,loss\n1,2.5\n")
+    bad_row = tmp_path / "bad_row.csv"
+    bad_row.write_text(good.read_text().replace(",512,", ",five hundred,"))
+    empty = tmp_path / "empty.csv"
+    empty.write_text(good.read_text().splitlines()[0] + "\n")
+    out = tmp_path / "out"
+    cases = {
+        str(tmp_path / "missing.csv"): "does not exist",
+        str(other): "not a throughput CSV (no column",
+        str(bad_row): "bad_row.csv, line 2: not a throughput row",
+        str(empty): "empty.csv: no rows",
+    }
+    for path, message in cases.items():
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            main(["--report", str(good), path, "--output-dir", str(out)])
+    assert not out.exists()
+    # the merged CSV would replace one it reads
+    with pytest.raises(ConfigError, match="would replace"):
+        main(["--report", str(good), "--output-dir", str(good.parent)])
+    assert read_csv(good)[0].seq_len == 512
+    # measurement flags and overrides have nothing to act on
+    for extra in (["--models", "neobert"], ["compile=true"], ["--lengths", "512"]):
+        with pytest.raises(ConfigError, match="--report re-makes reports from CSVs"):
+            main(["--report", str(good), "--output-dir", str(out), *extra])
+    assert not out.exists()

@@ -11,12 +11,16 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from neobert.config.throughput import LAYOUTS, MODEL_NAMES, MODES
+from neobert.errors import ConfigError
 from neobert.eval.host_waits import host_wait_lines
 from neobert.eval.kernel_profile import CATEGORIES, NAME_COLUMNS
 from neobert.eval.throughput import WINDOW_NOTE, ThroughputRow
+from neobert.layout import THROUGHPUT_CSV
 
 CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow) if f.name != "profile"]  # the profile has its own
 PROFILE_KEYS = ["model", "mode", "layout", "seq_len", "batch_size"]  # which row a profile line belongs to
+# the row's fields without a default: a CSV without one of these columns is not the job's
+REQUIRED_COLUMNS = {f.name for f in dataclasses.fields(ThroughputRow) if f.default is dataclasses.MISSING}
 
 
 def write_csv(rows: Sequence[ThroughputRow], path: str | Path) -> Path:
@@ -134,15 +138,32 @@ def host_waits_markdown(rows: Sequence[ThroughputRow]) -> str:
 
 
 def read_csv(path: str | Path) -> list[ThroughputRow]:
-    """Reads a CSV written by `write_csv` (for the notebook and for re-plotting)."""
+    """The rows of a CSV written by `write_csv` (the notebook's, and `--report`'s re-made reports); columns it does not
+    know (a later version's) are left out. A missing file, another kind of CSV, a malformed row or no row: a ConfigError
+    naming the file."""
     types = {"batch_size": int, "seq_len": int, "params": int, "tokens_per_s": float, "step_s": float,
              "flops_per_token": float, "achieved_flops": float, "mfu": float, "peak_flops": float,
              "reference_standalone": float, "issued_share": float}
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"throughput CSV {str(path)!r} does not exist")
     rows = []
-    with Path(path).open() as handle:
-        for raw in csv.DictReader(handle):
-            values = {k: (types[k](v) if v not in ("", None) else None) if k in types else v for k, v in raw.items()}
-            rows.append(ThroughputRow(**values))
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = sorted(REQUIRED_COLUMNS - set(reader.fieldnames or ()))
+        if missing:
+            raise ConfigError(f"{path}: not a throughput CSV (no column {', '.join(missing)}): the job's "
+                              f"{THROUGHPUT_CSV} is")
+        known = {f.name for f in dataclasses.fields(ThroughputRow)}
+        for number, raw in enumerate(reader, start=2):
+            try:
+                values = {k: (types[k](v) if v not in ("", None) else None) if k in types else v
+                          for k, v in raw.items() if k in known}
+                rows.append(ThroughputRow(**values))
+            except (TypeError, ValueError) as err:
+                raise ConfigError(f"{path}, line {number}: not a throughput row ({err})") from err
+    if not rows:
+        raise ConfigError(f"{path}: no rows")
     return rows
 
 

@@ -37,7 +37,7 @@ from neobert.eval.throughput import (MATMUL_REFERENCE_SHAPE, Batch, BenchModel, 
                                      make_batch, profile_step, resolve_device, resolve_dtype, search_batch_size,
                                      time_step)
 from neobert.eval.throughput_report import (PROFILE_FAILED, host_waits_markdown, markdown_table, profile_markdown,
-                                            profile_was_asked, write_csv, write_profile_csvs)
+                                            profile_was_asked, read_csv, write_csv, write_profile_csvs)
 from neobert.jobs.cli import one_line
 from neobert.layout import (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
                             THROUGHPUT_PROFILE_NAMES_CSV, THROUGHPUT_TRACES_DIR)
@@ -67,6 +67,20 @@ def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
             write_reports(rows, config.output_dir, unfinished=True)
         raise
     return write_reports(rows, config.output_dir)
+
+
+def report_from_csvs(csv_paths: Sequence[str | Path], output_dir: str | Path) -> dict[str, Path]:
+    """The reports (CSV, Markdown, the Figure 3 plot) of rows measured earlier, read from throughput CSVs in the order
+    given (a GPU lease's steps each return one, without a plot): no model runs. Profiles are not in a CSV, so their
+    tables are not re-made. Refused, before anything is written, where the merged CSV would replace one it reads."""
+    if not csv_paths:
+        raise ConfigError("--report needs at least one throughput CSV")
+    target = (Path(output_dir) / THROUGHPUT_CSV).resolve()
+    if any(Path(path).resolve() == target for path in csv_paths):
+        raise ConfigError(f"--output-dir {output_dir}: its {THROUGHPUT_CSV} is one of the CSVs read, which the report "
+                          f"would replace; choose another output directory")
+    rows = [row for path in csv_paths for row in read_csv(path)]
+    return write_reports(rows, output_dir)
 
 
 UNFINISHED = "**Written while the run went on: its later rows and profiles are missing where it stopped.**"

@@ -5,7 +5,8 @@
 # RESULTS (default: $OUT, else runs/gpu_checks) gets these files, so that a device call brings all back (it returns
 # at most 8):
 # log.txt (every step's summary and report), tests.txt and tests_fa4.txt (the CUDA tests' whole output),
-# checks.tgz (each gpu_check's report, JSON and profile tables, each throughput run's CSV, profile tables and log)
+# checks.tgz (each gpu_check's report, JSON and profile tables, each throughput run's CSV, plot, profile tables and
+# log)
 # and traces.tar (each throughput run's Chrome traces, apart: a returned file holds 16 MiB at most, and should the
 # traces pass that, only they are lost), packed again after every step so that a call cut short still returns what
 # finished.
@@ -155,10 +156,10 @@ say() { echo "=== $(date -u +%T) $*" | tee -a "$LOG"; }
 # throughput NAME SECONDS key=value...: one experiments.throughput run, profiled (once every row is timed, one more
 # step per row: where its time goes, by kind of kernel); its report (throughput.md: the tables, then the profile's,
 # rewritten as the run goes, so a run cut short leaves what it measured, saying so) logged, and where the run did
-# not end well its last lines too (where it stopped, a traceback); its CSV kept as
-# NAME.csv, its profile tables as NAME_profile.csv and NAME_profile_names.csv, its rows' traces in traces.tar as
-# NAME/. Nothing of an earlier run of the step
-# on this machine is kept or reported.
+# not end well its last lines too (where it stopped, a traceback); its CSV kept as NAME.csv, its plot (a finished
+# run's) as NAME.png, its profile tables as NAME_profile.csv and NAME_profile_names.csv, its rows' traces in
+# traces.tar as NAME/. Nothing of an earlier run of the step on this machine is kept or reported. Merge steps' CSVs
+# into one report and plot with `python -m experiments.throughput --report A.csv B.csv --output-dir DIR`.
 throughput() {
     local name=$1 seconds=$2
     shift 2
@@ -171,6 +172,7 @@ throughput() {
     [ "$status" -ne 0 ] && tail -30 "$SCRATCH"/"$name".log | tee -a "$LOG"
     cp "$SCRATCH"/"$name".log "$STAGE"/"$name".log
     cp "$SCRATCH"/"$name"/throughput.csv "$STAGE"/"$name".csv 2>/dev/null
+    cp "$SCRATCH"/"$name"/throughput.png "$STAGE"/"$name".png 2>/dev/null  # Figure 3's plot (a finished run's)
     cp "$SCRATCH"/"$name"/throughput_profile.csv "$STAGE"/"$name"_profile.csv 2>/dev/null
     cp "$SCRATCH"/"$name"/throughput_profile_names.csv "$STAGE"/"$name"_profile_names.csv 2>/dev/null
     # each profiled row's Chrome trace (gzip): where the device waited on the host. Left out where they would take

@@ -1049,6 +1049,8 @@ def test_report_refuses_what_it_cannot_read_or_would_overwrite_and_writes_nothin
     good = job.write_reports(gpu_rows([512], ["neobert"], 900_000.0), tmp_path / "good", plot=False)["csv"]
     other = tmp_path / "other.csv"
     other.write_text("step,loss\n1,2.5\n")
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(good.read_bytes().replace(b"neobert", b"neo\xff\xfebert"))
     bad_row = tmp_path / "bad_row.csv"
     bad_row.write_text(good.read_text().replace(",512,", ",five hundred,"))
     empty = tmp_path / "empty.csv"
@@ -1056,7 +1058,8 @@ def test_report_refuses_what_it_cannot_read_or_would_overwrite_and_writes_nothin
     out = tmp_path / "out"
     cases = {
         str(tmp_path / "missing.csv"): "does not exist",
-        str(other): "not a throughput CSV (no column",
+        str(other): "other.csv: not the throughput job's CSV (throughput.csv): no column achieved_flops, batch_size",
+        str(binary): "binary.csv: not a readable CSV (UnicodeDecodeError",
         str(bad_row): "bad_row.csv, line 2: not a throughput row",
         str(empty): "empty.csv: no rows",
     }

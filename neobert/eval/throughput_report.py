@@ -148,20 +148,23 @@ def read_csv(path: str | Path) -> list[ThroughputRow]:
     if not path.is_file():
         raise ConfigError(f"throughput CSV {str(path)!r} does not exist")
     rows = []
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = sorted(REQUIRED_COLUMNS - set(reader.fieldnames or ()))
-        if missing:
-            raise ConfigError(f"{path}: not a throughput CSV (no column {', '.join(missing)}): the job's "
-                              f"{THROUGHPUT_CSV} is")
-        known = {f.name for f in dataclasses.fields(ThroughputRow)}
-        for number, raw in enumerate(reader, start=2):
-            try:
-                values = {k: (types[k](v) if v not in ("", None) else None) if k in types else v
-                          for k, v in raw.items() if k in known}
-                rows.append(ThroughputRow(**values))
-            except (TypeError, ValueError) as err:
-                raise ConfigError(f"{path}, line {number}: not a throughput row ({err})") from err
+    known = {f.name for f in dataclasses.fields(ThroughputRow)}
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            missing = sorted(REQUIRED_COLUMNS - set(reader.fieldnames or ()))
+            if missing:
+                raise ConfigError(f"{path}: not the throughput job's CSV ({THROUGHPUT_CSV}): no column "
+                                  f"{', '.join(missing)}")
+            for number, raw in enumerate(reader, start=2):
+                try:
+                    values = {k: (types[k](v) if v not in ("", None) else None) if k in types else v
+                              for k, v in raw.items() if k in known}
+                    rows.append(ThroughputRow(**values))
+                except (TypeError, ValueError) as err:
+                    raise ConfigError(f"{path}, line {number}: not a throughput row ({err})") from err
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise ConfigError(f"{path}: not a readable CSV ({type(err).__name__}: {err})") from err
     if not rows:
         raise ConfigError(f"{path}: no rows")
     return rows

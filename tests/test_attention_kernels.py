@@ -315,6 +315,40 @@ def test_the_preflight_refuses_a_kernel_the_run_cannot_use_naming_the_override()
     assert not report.refusals and "PyTorch's varlen_attn" in "\n".join(report.lines)
 
 
+def test_a_preflight_without_a_gpu_says_what_a_hopper_or_blackwell_target_would_run(monkeypatch):
+    """`auto` decides on the GPU it runs on; a preflight for an H100 on a machine without one (and without FA4) names
+    varlen_attn, and says that the H100 takes FlashAttention 4 where it is installed there. Not for a GPU FA4 was not
+    written for, an explicit kernel, dropout, padded batches, float32, or where FA4 is installed here (the kernel's
+    own line says so then)."""
+    from neobert.jobs.preflight import Preflight, attention_section, gpu_generation
+    from neobert.jobs.pretrain import load_pretrain_config
+
+    assert [gpu_generation(name) for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA GH200 480GB",
+                                              "NVIDIA B200", "NVIDIA A100-SXM4-80GB", "NVIDIA H20")] == \
+        [9, 9, 9, 10, None, None]
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", False)
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)
+    monkeypatch.setattr(attention, "cuda_capability", lambda: (0, 0))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def lines(gpu="NVIDIA H100 80GB HBM3", overrides=("data.packing=best_fit",), precision="bf16-mixed", **model):
+        config = load_pretrain_config("demo", list(overrides))
+        report = Preflight()
+        attention_section(report, config, NeoBERTConfig.from_preset("tiny", **model), precision, gpu)
+        return "\n".join(report.lines)
+
+    note = "on the {}: FlashAttention 4 instead where flash-attn-4 is installed there (pip install -e '.[fa4]'"
+    words = lines()
+    assert "PyTorch's varlen_attn" in words and note.format("NVIDIA H100 80GB HBM3") in words
+    assert note.format("NVIDIA B200") in lines("NVIDIA B200")
+    wide_heads = {"num_attention_heads": 2, "hidden_size": 2 * 264}  # head size 264: past FA4's 256
+    for other in (lines("NVIDIA A100-SXM4-80GB"), lines(attention_kernel="varlen_attn"), lines(dropout=0.1),
+                  lines(overrides=("data.unpad=false",)), lines(precision="32-true"), lines(**wide_heads)):
+        assert "FlashAttention 4 instead" not in other
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)  # installed here: the kernel's own line says it
+    assert "FlashAttention 4 instead" not in lines() and "FlashAttention 4's instead on a Hopper" in lines()
+
+
 # ---------------------------------------------------------------------------------------------- the wiring
 def _attention_per_document(q, k, v, cu_seqlens):
     """What every varlen kernel computes: each document attends to itself only."""

@@ -217,6 +217,13 @@ def _flash_attn_4_usable() -> bool:
     return _flash_attn_4_usable_cache[0]
 
 
+def flash_attn_4_takes(generation: int, head_dim: int) -> bool:
+    """Whether FlashAttention 4 runs on a GPU of this compute capability's major version (9: Hopper; 10: Blackwell) at
+    this head size."""
+    takes_head_dim = _FLASH_ATTN_4_HEAD_DIMS.get(generation)
+    return takes_head_dim is not None and takes_head_dim(head_dim)
+
+
 def _flash_attn_4_runs(head_dim: int | None) -> bool:
     """Whether `auto` takes FlashAttention 4 here: installed and usable, on Hopper or Blackwell, at this head size
     (None: not known)."""

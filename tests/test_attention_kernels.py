@@ -764,6 +764,72 @@ def test_each_installed_kernel_equals_padded_sdpa_on_cuda(kernel, head_dim):
         assert error_chosen <= 1.5 * error_ref + 1e-3, f"{kernel} {error_chosen:.4f} vs padded_sdpa {error_ref:.4f}"
 
 
+def test_cudnns_masked_backward_nan_is_guarded_exactly_where_its_conditions_hold():
+    """pytorch#196678's conditions but the data's: a CUDA GPU of compute capability 9 (Hopper), torch 2.11 or later, a
+    mask, keys 64 more than a multiple of 128, and a backward to follow. Each condition alone lifts the guard."""
+    exposed = attention.cudnn_masked_backward_exposed
+    hopper = dict(device_type="cuda", length=192, masked=True, needs_grad=True, capability=(9, 0),
+                  torch_version="2.11.0+cu130")
+    assert exposed(**hopper) and exposed(**{**hopper, "length": 64}) and exposed(**{**hopper, "length": 1088})
+    assert exposed(**{**hopper, "torch_version": "2.13.0"})
+    for change in ({"device_type": "cpu"}, {"length": 256}, {"length": 200}, {"masked": False},
+                   {"needs_grad": False}, {"capability": (8, 0)}, {"capability": (10, 0)},
+                   {"torch_version": "2.10.1+cu128"}):
+        assert not exposed(**{**hopper, **change}), change
+
+
+def test_the_guard_leaves_out_cudnn_alone_and_keeps_the_backends_the_caller_left_on(monkeypatch):
+    """Where the conditions hold (stood in for here: a CPU's tensors, as if on a Hopper GPU), SDPA runs with cuDNN's
+    kernel disabled for that call only, in the padded path and in padded_sdpa's grid, with the same result; elsewhere
+    (the control length, no backward, no mask) as PyTorch chooses. A backend the caller disabled stays disabled."""
+    real = attention.cudnn_masked_backward_exposed
+    seen = []
+    monkeypatch.setattr(attention, "cudnn_masked_backward_exposed",
+                        lambda device_type, length, masked, needs_grad, capability:
+                        real("cuda", length, masked, needs_grad, (9, 0)))
+    sdpa = F.scaled_dot_product_attention
+
+    def recording_sdpa(*args, **kwargs):
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled()))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording_sdpa)
+
+    def run(length: int, grad: bool = True, padded: bool = True, kernel_layout: str = "padded") -> torch.Tensor:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(2, length, 2, 16, requires_grad=grad) for _ in range(3))
+        mask = torch.ones(2, length, dtype=torch.long)
+        if padded:
+            mask[1, length - 40:] = 0
+        if kernel_layout == "padded":
+            return attention.attend(q, k, v, attention.AttentionLayout.padded(mask))
+        lengths = mask.sum(1)
+        cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+        flat = [t.reshape(-1, 2, 16)[mask.reshape(-1).bool()] for t in (q, k, v)]
+        return attention.attend(*flat, attention.AttentionLayout.from_cu_seqlens(cu, length), kernel="padded_sdpa")
+
+    before = (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled())
+    guarded = run(192)
+    assert seen.pop() == (False, True)
+    assert (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled()) == before
+    run(192, kernel_layout="packed")  # padded_sdpa's grid: the longest document's length, with its mask
+    assert seen.pop() == (False, True)
+    with torch.no_grad():
+        unguarded = run(192, grad=False)
+    torch.testing.assert_close(guarded.detach(), unguarded)
+    run(256)
+    run(192, padded=False)  # no padding: no mask
+    assert seen[-3:] == [before] * 3
+    seen.clear()
+    torch.backends.cuda.enable_mem_efficient_sdp(False)  # the caller's choice stays
+    try:
+        run(192)
+        assert seen.pop() == (False, False)
+        assert not torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_mem_efficient_sdp(before[1])
+
+
 def test_the_preflight_words_follow_the_head_size_auto_takes_fa4_at(monkeypatch):
     """FlashAttention 4's tiles follow the head size: on Blackwell it takes 8-128 or 256, so `auto` runs varlen_attn
     for a head of 192, and the preflight, given the model's head size, says so."""
@@ -783,8 +849,8 @@ def test_padded_sdpa_gradients_stay_finite_where_cudnns_masked_backward_fails_on
     pytorch/pytorch#196678: since torch 2.11, on H100/H200, cuDNN's SDPA backward returns NaN in q's gradient when a
     mask is given, the length is 64 more than a multiple of 128 (192 here; 256 is the control) and a query row's
     logsumexp is below ln(FLT_MAX) = -88.7 (forced here as in the issue's repro: every logit near -120). Fine-tuning
-    batches are padded to a multiple of 8, so one in 16 has such a length. A failure here means the default GPU path
-    is exposed and needs a guard (cuDNN left out of those calls); it ran on no GPU yet."""
+    batches are padded to a multiple of 8, so one in 16 has such a length. The guard (`masked_sdpa`: cuDNN left out
+    of those calls) must keep every gradient finite; it ran on no GPU yet."""
     torch.manual_seed(0)
     heads, head_dim = 2, 64
     q = torch.randn(2, length, heads, head_dim, device="cuda", dtype=torch.bfloat16) * 0.1

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.varlen import varlen_attn
 
 
@@ -149,11 +150,47 @@ def attend(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: 
     `kernel`: NeoBERTConfig.attention_kernel, the packed layout's kernel (padded batches run SDPA)."""
     if layout.packed:
         return _attend_packed(q, k, v, layout, dropout_p, kernel)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=layout.key_padding_mask, dropout_p=dropout_p,
-    )
+    out = masked_sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), layout.key_padding_mask, dropout_p)
     return out.transpose(1, 2)
+
+
+# pytorch/pytorch#196678: since torch 2.11, on Hopper (H100/H200), cuDNN's SDPA backward returns NaN in q's gradient
+# when a mask is given, the keys' length is 64 more than a multiple of 128 and a query row's logsumexp is below
+# ln(FLT_MAX) = -88.7 (the padded half of its last 128-key tile is scored 0, not -inf; huggingface/trl#7181 met it in
+# training). PyTorch picks cuDNN for masked SDPA on Hopper, and the fine-tuning collators pad to a multiple of 8: one
+# batch length in 16. The issue is closed upstream without a release named here, so every torch from 2.11 is guarded.
+_CUDNN_MASKED_BACKWARD_NAN_SINCE = (2, 11)
+
+
+def cudnn_masked_backward_exposed(device_type: str, length: int, masked: bool, needs_grad: bool,
+                                  capability: tuple[int, int], torch_version: str = torch.__version__) -> bool:
+    """Whether a masked SDPA call meets pytorch#196678's conditions but the logits' (which only the data decides):
+    on a Hopper GPU, under torch 2.11 or later, with a mask, keys 64 more than a multiple of 128, and a backward."""
+    return (device_type == "cuda" and masked and needs_grad and length % 128 == 64 and capability[0] == 9
+            and torch.torch_version.TorchVersion(torch_version) >= _CUDNN_MASKED_BACKWARD_NAN_SINCE)
+
+
+def sdpa_backends_without_cudnn() -> list[SDPBackend]:
+    """The SDPA backends enabled now (globally, or by an enclosing `sdpa_kernel`), cuDNN's left out."""
+    enabled = ((SDPBackend.FLASH_ATTENTION, torch.backends.cuda.flash_sdp_enabled()),
+               (SDPBackend.EFFICIENT_ATTENTION, torch.backends.cuda.mem_efficient_sdp_enabled()),
+               (SDPBackend.MATH, torch.backends.cuda.math_sdp_enabled()))
+    return [backend for backend, on in enabled if on]
+
+
+def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+    """SDPA over [B, heads, L, d] with a boolean mask (None: none), cuDNN's kernel left out of the calls that meet
+    pytorch#196678 (`cudnn_masked_backward_exposed`): PyTorch then takes the memory-efficient kernel, which is correct
+    there. Eager calls only: compiled, SDPA's choice is made at tracing, where this reading of the global flags is not
+    (a compiled padded training step, `data.unpad=false` under `model.compile`, stays as PyTorch chooses)."""
+    guard = contextlib.nullcontext()
+    if not torch.compiler.is_compiling() and cudnn_masked_backward_exposed(
+            q.device.type, k.shape[-2], mask is not None, torch.is_grad_enabled() and q.requires_grad,
+            cuda_capability()):
+        backends = sdpa_backends_without_cudnn()
+        guard = sdpa_kernel(backends) if backends else guard  # only cuDNN enabled: the caller's own choice
+    with guard:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 def attention_kernel_missing_reason(kernel: str) -> str | None:
@@ -411,9 +448,7 @@ def _attend_packed_by_padding(q: Tensor, k: Tensor, v: Tensor, layout: Attention
         grid[layout.pad_index] = x
         return grid.view(n_docs, layout.max_seqlen, heads, dim).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(
-        to_grid(q), to_grid(k), to_grid(v), attn_mask=layout.pad_mask, dropout_p=dropout_p
-    )
+    out = masked_sdpa(to_grid(q), to_grid(k), to_grid(v), layout.pad_mask, dropout_p)
     return out.transpose(1, 2).reshape(n_docs * layout.max_seqlen, heads, dim)[layout.pad_index]
 
 

@@ -324,7 +324,7 @@ def test_a_preflight_without_a_gpu_says_what_a_hopper_or_blackwell_target_would_
     from neobert.jobs.pretrain import load_pretrain_config
 
     assert [gpu_generation(name) for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA GH200 480GB",
-                                              "NVIDIA B200", "NVIDIA A100-SXM4-80GB", "NVIDIA H20")] == \
+                                              "NVIDIA B200", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S")] == \
         [9, 9, 9, 10, None, None]
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", False)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)
@@ -768,14 +768,18 @@ def test_cudnns_masked_backward_nan_is_guarded_exactly_where_its_conditions_hold
     """pytorch#196678's conditions but the data's: a CUDA GPU of compute capability 9 (Hopper), torch 2.11 or later, a
     mask, keys 64 more than a multiple of 128, and a backward to follow. Each condition alone lifts the guard."""
     exposed = attention.cudnn_masked_backward_exposed
-    hopper = dict(device_type="cuda", length=192, masked=True, needs_grad=True, capability=(9, 0),
+    hopper = dict(device_type="cuda", length=192, masked=True, needs_grad=True, capability=lambda: (9, 0),
                   torch_version="2.11.0+cu130")
     assert exposed(**hopper) and exposed(**{**hopper, "length": 64}) and exposed(**{**hopper, "length": 1088})
-    assert exposed(**{**hopper, "torch_version": "2.13.0"})
+    for version in ("2.13.0", "2.11.0a0+5228986c39.nv26.01", "2.11.0rc1", "2.12.0.dev20260901"):  # NGC, pre-releases
+        assert exposed(**{**hopper, "torch_version": version}), version
     for change in ({"device_type": "cpu"}, {"length": 256}, {"length": 200}, {"masked": False},
-                   {"needs_grad": False}, {"capability": (8, 0)}, {"capability": (10, 0)},
-                   {"torch_version": "2.10.1+cu128"}):
+                   {"needs_grad": False}, {"capability": lambda: (8, 0)}, {"capability": lambda: (10, 0)},
+                   {"torch_version": "2.10.1+cu128"}, {"torch_version": "1.13.1"}):
         assert not exposed(**{**hopper, **change}), change
+    # the GPU is asked last: never on a CPU, nor where another condition already fails
+    assert not exposed(**{**hopper, "device_type": "cpu", "capability": lambda: pytest.fail("read the GPU")})
+    assert not exposed(**{**hopper, "length": 256, "capability": lambda: pytest.fail("read the GPU")})
 
 
 def test_the_guard_leaves_out_cudnn_alone_and_keeps_the_backends_the_caller_left_on(monkeypatch):
@@ -786,7 +790,7 @@ def test_the_guard_leaves_out_cudnn_alone_and_keeps_the_backends_the_caller_left
     seen = []
     monkeypatch.setattr(attention, "cudnn_masked_backward_exposed",
                         lambda device_type, length, masked, needs_grad, capability:
-                        real("cuda", length, masked, needs_grad, (9, 0)))
+                        real("cuda", length, masked, needs_grad, lambda: (9, 0)))
     sdpa = F.scaled_dot_product_attention
 
     def recording_sdpa(*args, **kwargs):
@@ -850,17 +854,41 @@ def test_padded_sdpa_gradients_stay_finite_where_cudnns_masked_backward_fails_on
     mask is given, the length is 64 more than a multiple of 128 (192 here; 256 is the control) and a query row's
     logsumexp is below ln(FLT_MAX) = -88.7 (forced here as in the issue's repro: every logit near -120). Fine-tuning
     batches are padded to a multiple of 8, so one in 16 has such a length. The guard (`masked_sdpa`: cuDNN left out
-    of those calls) must keep every gradient finite; it ran on no GPU yet."""
+    of those calls) must keep every gradient finite. The same call with cuDNN forced, unguarded, is the control: its
+    count of non-finite gradients is printed (run_checks' -rA shows it), so that a pass says whether the bug was
+    there to guard against on this GPU and torch; it ran on no GPU yet."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     torch.manual_seed(0)
     heads, head_dim = 2, 64
-    q = torch.randn(2, length, heads, head_dim, device="cuda", dtype=torch.bfloat16) * 0.1
-    k = torch.randn_like(q) * 0.1
-    v = torch.randn_like(q)
-    q[..., 0], k[..., 0] = 1.0, -120 * head_dim ** 0.5  # every logit about -120: each row's logsumexp below -88.7
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    base = torch.randn(2, length, heads, head_dim, device="cuda", dtype=torch.bfloat16) * 0.1
     mask = torch.ones(2, length, dtype=torch.long, device="cuda")
     mask[1, length - 40:] = 0
-    out = attention.attend(q, k, v, attention.AttentionLayout.padded(mask))
-    out.backward(torch.randn_like(out))
-    for name, tensor in (("output", out), ("q", q.grad), ("k", k.grad), ("v", v.grad)):
+    layout = attention.AttentionLayout.padded(mask)
+    upstream = torch.randn_like(base)
+
+    def gradients(call) -> list[torch.Tensor]:
+        q, k, v = base.clone(), torch.randn_like(base) * 0.1, torch.randn_like(base)
+        q[..., 0], k[..., 0] = 1.0, -120 * head_dim ** 0.5  # every logit about -120: each row's logsumexp < -88.7
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = call(q, k, v)
+        out.backward(upstream)
+        return [out, q.grad, k.grad, v.grad]
+
+    torch.manual_seed(1)
+    guarded = gradients(lambda q, k, v: attention.attend(q, k, v, layout))
+    torch.manual_seed(1)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        try:
+            control = gradients(lambda q, k, v: F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=layout.key_padding_mask
+            ).transpose(1, 2))
+            bad = int((~torch.isfinite(control[1])).sum())
+            guard = attention.cudnn_masked_backward_exposed("cuda", length, True, True,
+                                                            torch.cuda.get_device_capability)
+            print(f"control, cuDNN forced at length {length}: {bad} non-finite values in q's gradient "
+                  f"({'the bug reproduced' if bad else 'no bug here'}; the guard {'on' if guard else 'off'})")
+        except RuntimeError as err:  # cuDNN's kernel not available for these inputs on this GPU
+            print(f"control, cuDNN forced at length {length}: not run ({err})")
+    for name, tensor in zip(("output", "q", "k", "v"), guarded):
         assert torch.isfinite(tensor).all(), f"{name}: {int((~torch.isfinite(tensor)).sum())} values not finite"

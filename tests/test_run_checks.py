@@ -209,8 +209,10 @@ def test_each_test_step_selects_cuda_tests_in_files_that_exist(step, tmp_path):
         for test in re.findall(r"^@pytest\.mark\.gpu_image\b.*\n(?:@.*\n)*def (test_\w+)", (ROOT / file).read_text(),
                                re.M):
             assert f"<Function {test}>" in collected.stdout, test  # -v: the collected tree
-    for program in [c[2] for c in commands if c[:2] == ["python3", "-c"]]:  # tests_fa4's import check
-        compile(program, step, "exec")
+    probes = [c for c in commands if c[0] == "timeout" and c[2:4] == ["python3", "-c"]]  # tests_fa4's import check
+    assert len(probes) == (step == "tests_fa4") and all(0 < int(c[1]) <= CALL_LIMIT for c in probes)
+    for probe in probes:
+        compile(probe[4], step, "exec")
 
 
 def test_a_throughput_steps_reports_profile_tables_and_traces_come_back_in_the_archive(tmp_path):
@@ -254,9 +256,11 @@ echo "the job's log"
     assert not (tmp_path / "results" / "traces.tar").exists() and (tmp_path / "results" / "checks.tgz").exists()
 
 
-def run_under_budget(steps: list[str], budget: str, work: Path, step_seconds: int = 0) -> tuple[list[int], str]:
+def run_under_budget(steps: list[str], budget: str, work: Path, step_seconds: int = 0,
+                     seconds_before: int = 0) -> tuple[list[int], str]:
     """run_checks.sh with RUN_CHECKS_SECONDS=budget and the recorders on PATH, each `timeout` taking step_seconds
-    (a step's run): the time limit of each step it started, and its log."""
+    (a step's run), SECONDS=seconds_before in its environment: the time limit of each `timeout` it ran, and its
+    log."""
     bin_dir = work / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     for name, pause in (("timeout", step_seconds), ("python3", 0), ("nvidia-smi", 0)):
@@ -265,7 +269,7 @@ def run_under_budget(steps: list[str], budget: str, work: Path, step_seconds: in
     calls = work / "calls"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUN_CHECKS_CALLS": str(calls),
            "RUN_CHECKS_SCRATCH": str(work / "scratch"), "RUN_CHECKS_SITE": str(work / "site-packages"),
-           "TMPDIR": str(work), "RUN_CHECKS_SECONDS": budget}
+           "TMPDIR": str(work), "RUN_CHECKS_SECONDS": budget, "SECONDS": str(seconds_before)}
     run = subprocess.run(["bash", str(SCRIPT), str(work), str(work / "results"), *steps], env=env,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -291,6 +295,24 @@ def test_a_calls_budget_cuts_each_steps_limit_to_what_is_left_and_leaves_out_ste
     assert limits == [] and "tests left out" in log and "mlp left out" in log
     # unset or 0: each step's own limit
     assert run_under_budget(["infer"], "0", tmp_path / "unbounded")[0] == [120]
+    # leading zeros are decimal (bash would read 0100 as octal, 64 s), and a SECONDS in the environment is not the clock
+    assert 80 <= run_under_budget(["infer"], "0100", tmp_path / "zeros", seconds_before=1000)[0][0] <= 85
+
+
+def test_a_step_whose_first_part_took_the_rest_of_the_budget_gets_a_limit_of_one_second_not_none(tmp_path):
+    """tests_fa4 probes FA4's import before its tests, each with its own limit: where the probe took what was left,
+    the tests' `timeout` gets 1 s, not 0 (no limit at all for GNU timeout) nor a negative value (an error). The
+    script's own `within_budget`, run by bash at a clock past the budget."""
+    function = re.search(r"^within_budget\(\) \{\n.*?^\}\n", TEXT, re.S | re.M).group(0)
+
+    def limit(own: int, budget: int, clock: int) -> int:
+        program = f"{function}BUDGET={budget}; PACK_SECONDS=15; SECONDS={clock}; within_budget {own}"
+        return int(subprocess.run(["bash", "-c", program], capture_output=True, text=True, check=True).stdout)
+
+    assert [limit(300, 100, clock) for clock in (0, 40, 84, 85, 99, 150)] == [85, 45, 1, 1, 1, 1]
+    assert limit(60, 100, 0) == 60 and limit(300, 0, 500) == 300  # its own where it fits; no budget, no cut
+    limits, _ = run_under_budget(["tests_fa4"], "100", tmp_path, step_seconds=2)
+    assert len(limits) == 2 and limits[1] <= limits[0] - 2  # the probe's limit, then the tests' after it
 
 
 def test_a_budget_that_is_not_a_whole_number_of_seconds_stops_the_script_before_any_step(tmp_path):

@@ -1024,8 +1024,9 @@ def gpu_rows(lengths, models, first_tokens):
 
 
 def test_report_re_makes_the_tables_and_the_plot_of_several_runs_csvs_without_running_a_model(tmp_path, monkeypatch):
-    """A lease's steps each return a CSV and no plot: --report merges them in the order given into one CSV, its
-    Markdown tables (the later CSV's rows beside the earlier's, their ratios per length) and the Figure 3 plot."""
+    """A lease's steps each return a CSV: --report merges them in the order given into one CSV (written aside, then
+    renamed), its Markdown tables (the later CSV's rows beside the earlier's, their ratios per length) and the Figure 3
+    plot."""
     from experiments.throughput import main
 
     first = job.write_reports(gpu_rows([1024, 2048], ["neobert", "modernbert-base-fa4"], 700_000.0), tmp_path / "a",
@@ -1036,6 +1037,7 @@ def test_report_re_makes_the_tables_and_the_plot_of_several_runs_csvs_without_ru
     out = tmp_path / "merged"
     paths = main(["--report", str(first), str(second), "--output-dir", str(out)])
     assert paths["plot"] == out / "throughput.png" and paths["plot"].stat().st_size > 0
+    assert not list(out.glob("*.part"))
     merged = read_csv(paths["csv"])
     assert merged == read_csv(first) + read_csv(second)  # every field back, in the order given
     table = paths["markdown"].read_text()
@@ -1053,6 +1055,10 @@ def test_report_refuses_what_it_cannot_read_or_would_overwrite_and_writes_nothin
     binary.write_bytes(good.read_bytes().replace(b"neobert", b"neo\xff\xfebert"))
     bad_row = tmp_path / "bad_row.csv"
     bad_row.write_text(good.read_text().replace(",512,", ",five hundred,"))
+    cut_short = tmp_path / "cut_short.csv"  # a line cut where a writer stopped
+    cut_short.write_text(good.read_text() + "bert-base,inference,full,\n")
+    too_long = tmp_path / "too_long.csv"
+    too_long.write_text(good.read_text().rstrip("\n") + ",extra\n")
     empty = tmp_path / "empty.csv"
     empty.write_text(good.read_text().splitlines()[0] + "\n")
     out = tmp_path / "out"
@@ -1062,6 +1068,8 @@ def test_report_refuses_what_it_cannot_read_or_would_overwrite_and_writes_nothin
         str(binary): "binary.csv: not a readable CSV (UnicodeDecodeError",
         str(bad_row): "bad_row.csv, line 2: not a throughput row",
         str(empty): "empty.csv: no rows",
+        str(cut_short): "cut_short.csv, line 3: not a throughput row",
+        str(too_long): "too_long.csv, line 2: not a throughput row",
     }
     for path, message in cases.items():
         with pytest.raises(ConfigError, match=re.escape(message)):

@@ -24,13 +24,16 @@ REQUIRED_COLUMNS = {f.name for f in dataclasses.fields(ThroughputRow) if f.defau
 
 
 def write_csv(rows: Sequence[ThroughputRow], path: str | Path) -> Path:
+    """Written aside, then renamed: a run killed while writing (a lease's time limit) leaves the last whole CSV."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as handle:
+    part = path.with_name(path.name + ".part")
+    with part.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
         writer.writeheader()
         for row in rows:
             writer.writerow({name: getattr(row, name) for name in CSV_FIELDS})
+    part.replace(path)
     return path
 
 
@@ -157,8 +160,11 @@ def read_csv(path: str | Path) -> list[ThroughputRow]:
                 raise ConfigError(f"{path}: not the throughput job's CSV ({THROUGHPUT_CSV}): no column "
                                   f"{', '.join(missing)}")
             for number, raw in enumerate(reader, start=2):
+                if None in raw or None in raw.values():  # more fields than the header, or fewer (a line cut short)
+                    raise ConfigError(f"{path}, line {number}: not a throughput row ({len(raw) - (None in raw)} "
+                                      f"columns in the header, a line of another length)")
                 try:
-                    values = {k: (types[k](v) if v not in ("", None) else None) if k in types else v
+                    values = {k: (types[k](v) if v != "" else None) if k in types else v
                               for k, v in raw.items() if k in known}
                     rows.append(ThroughputRow(**values))
                 except (TypeError, ValueError) as err:

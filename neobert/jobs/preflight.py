@@ -412,7 +412,7 @@ def memory_section(report: Preflight, config: PretrainConfig, model, parameters:
 
 # The compute capability's major version of the GPUs FlashAttention 4 was written for, by a word of their name
 # (torch.cuda.get_device_name: "NVIDIA H100 80GB HBM3", "NVIDIA GH200 480GB", "NVIDIA B200")
-GPU_GENERATIONS = {"h100": 9, "h200": 9, "h800": 9, "gh200": 9, "b100": 10, "b200": 10, "gb200": 10}
+GPU_GENERATIONS = {"h100": 9, "h200": 9, "h800": 9, "h20": 9, "gh200": 9, "b100": 10, "b200": 10, "gb200": 10}
 
 
 def gpu_generation(gpu: str) -> int | None:

@@ -71,7 +71,7 @@ def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
 
 def report_from_csvs(csv_paths: Sequence[str | Path], output_dir: str | Path) -> dict[str, Path]:
     """The reports (CSV, Markdown, the Figure 3 plot) of rows measured earlier, read from throughput CSVs in the order
-    given (a GPU lease's steps each return one, without a plot): no model runs. Profiles are not in a CSV, so their
+    given (a GPU lease's steps each return one): no model runs. Profiles are not in a CSV, so their
     tables are not re-made. Refused, before anything is written, where the merged CSV would replace one it reads."""
     if not csv_paths:
         raise ConfigError("--report needs at least one throughput CSV")

@@ -38,10 +38,11 @@ import contextlib
 import importlib.metadata
 import importlib.util
 import inspect
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -163,11 +164,14 @@ _CUDNN_MASKED_BACKWARD_NAN_SINCE = (2, 11)
 
 
 def cudnn_masked_backward_exposed(device_type: str, length: int, masked: bool, needs_grad: bool,
-                                  capability: tuple[int, int], torch_version: str = torch.__version__) -> bool:
+                                  capability: Callable[[], tuple[int, int]], torch_version: str = torch.__version__
+                                  ) -> bool:
     """Whether a masked SDPA call meets pytorch#196678's conditions but the logits' (which only the data decides):
-    on a Hopper GPU, under torch 2.11 or later, with a mask, keys 64 more than a multiple of 128, and a backward."""
-    return (device_type == "cuda" and masked and needs_grad and length % 128 == 64 and capability[0] == 9
-            and torch.torch_version.TorchVersion(torch_version) >= _CUDNN_MASKED_BACKWARD_NAN_SINCE)
+    on a Hopper GPU (`capability()`, read last), under torch 2.11 or later (its pre-releases and NVIDIA's builds,
+    2.11.0a0+..., included), with a mask, keys 64 more than a multiple of 128, and a backward."""
+    major_minor = tuple(map(int, re.match(r"(\d+)\.(\d+)", torch_version).groups()))
+    return (device_type == "cuda" and masked and needs_grad and length % 128 == 64
+            and major_minor >= _CUDNN_MASKED_BACKWARD_NAN_SINCE and capability()[0] == 9)
 
 
 def sdpa_backends_without_cudnn() -> list[SDPBackend]:
@@ -186,7 +190,7 @@ def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p:
     guard = contextlib.nullcontext()
     if not torch.compiler.is_compiling() and cudnn_masked_backward_exposed(
             q.device.type, k.shape[-2], mask is not None, torch.is_grad_enabled() and q.requires_grad,
-            cuda_capability()):
+            lambda: torch.cuda.get_device_capability(q.device)):  # q's GPU, not the current one
         backends = sdpa_backends_without_cudnn()
         guard = sdpa_kernel(backends) if backends else guard  # only cuDNN enabled: the caller's own choice
     with guard:

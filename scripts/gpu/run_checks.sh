@@ -130,11 +130,15 @@ mkdir -p "$SCRATCH"
 mkdir -p "$RESULTS"
 BUDGET=${RUN_CHECKS_SECONDS:-0}
 case $BUDGET in ''|*[!0-9]*) echo "RUN_CHECKS_SECONDS must be a whole number of seconds, got '$BUDGET'"; exit 2 ;; esac
+BUDGET=$((10#$BUDGET))  # decimal whatever its leading zeros (bash reads 0600 as octal)
+SECONDS=0  # the budget counts from here, whatever SECONDS the environment passed in
 PACK_SECONDS=15  # the archives are packed after a step: about 1 s, traces included
 MIN_STEP_SECONDS=30  # less than this, a step would be cut before it compiled or loaded anything worth reporting
 # within_budget SECONDS: a step's own time limit, cut to what the call's budget has left less the packing's time
+# (at least 1: `timeout 0` would mean no limit, a negative one an error, where a step's first part took the rest)
 within_budget() {
     local left=$(( BUDGET - SECONDS - PACK_SECONDS ))
+    (( left < 1 )) && left=1
     if [ "$BUDGET" -gt 0 ] && [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
 }
 if ls "$PREPARED"/wheels/*.whl >/dev/null 2>&1; then
@@ -237,7 +241,8 @@ for step in $STEPS; do
     say "$step"
     case $step in
         # the CUDA test leaves out a kernel it does not find, so first: is FA4 found, and does it import?
-        tests_fa4) python3 -c "from neobert.model import attention as a; assert a._HAS_FLASH_ATTN_4, 'not found'
+        tests_fa4) timeout "$(within_budget 120)" python3 -c "from neobert.model import attention as a
+assert a._HAS_FLASH_ATTN_4, 'not found'
 import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass', cutlass.__version__)" \
                        > "$RESULTS"/tests_fa4.txt 2>&1
                    timeout "$(within_budget 300)" "${CUDA_TESTS[@]}" tests/test_attention_kernels.py \

@@ -502,18 +502,21 @@ def apply_rope(x: Tensor, rotations: Tensor | RotaryTables) -> Tensor:
     if not isinstance(rotations, RotaryTables):
         rotations = RotaryTables.side_by_side(rotations, x.shape[-1] // (2 * rotations.shape[-2]))
     compiling = torch.compiler.is_compiling()
-    if compiling or x.dtype in _HALF:
-        # x * cos + swap_pairs(x) * signed sin. Eager bf16/fp16: in x's dtype, three elementwise passes and no float32
-        # copy of x and back (addcmul adds in float32 before its one rounding). Compiled: one fused kernel computing in
-        # float32 (Inductor has no complex code generation; the real-pair `stack` form wrote a float32 copy of q
-        # and k per layer, which this form does not).
+    if compiling or (x.dtype in _HALF and x.device.type != "cuda"):
+        # x * cos + swap_pairs(x) * signed sin. Eager bf16/fp16 off a GPU: in x's dtype, three elementwise passes and
+        # no float32 copy of x and back (addcmul adds in float32 before its one rounding): 2.3x the complex multiply
+        # below on a CPU with avx512_bf16. Compiled: one fused kernel computing in float32 (Inductor has no complex
+        # code generation; the real-pair `stack` form wrote a float32 copy of q and k per layer, which this form
+        # does not).
         cos, signed_sin = rotations.interleaved(torch.float32 if compiling else x.dtype)
         swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0) for every pair (x0, x1)
         if compiling:
             return (x.float() * cos + swapped.float() * signed_sin).type_as(x)
         return torch.mul(x, cos).addcmul_(swapped, signed_sin)
     # float32: one complex multiply, ~3x faster than the real-pair form on CPU (measured, docs/benchmarks.md), and
-    # the official code's arithmetic bit for bit.
+    # the official code's arithmetic bit for bit. Eager bf16/fp16 on a GPU too, cast back once: forward + backward
+    # 1.31x the three passes on an H200, whose multiply-adds ran PyTorch's non-vectorized kernels over the strided
+    # view of q and k (scripts/bench/rope_ab.py, docs/benchmarks.md).
     pairs = x.float().unflatten(-1, (-1, 2))
     rotated = torch.view_as_complex(pairs) * torch.view_as_complex(rotations.rotations)
     return torch.view_as_real(rotated).flatten(-2).type_as(x)

@@ -469,8 +469,8 @@ def rope_tables(head_dim: int, positions: Tensor, theta: float) -> Tensor:
 @dataclass
 class RotaryTables:
     """The rotations of one forward pass, laid out for q and k side by side (`vectors_per_head` head vectors per
-    head), built once before the first layer; the tables a bf16/fp16 eager rotation needs are made on first use,
-    once per dtype, not once per layer."""
+    head), built once before the first layer; the tables a bf16/fp16 eager rotation off a GPU needs are made on first
+    use, once per dtype, not once per layer."""
 
     rotations: Tensor  # float32 [..., 1, vectors_per_head * head_dim // 2, 2] (rope_tables', broadcast over heads)
     _interleaved: dict = field(default_factory=dict, repr=False, compare=False)

@@ -492,6 +492,19 @@ class RotaryTables:
         return self._interleaved[dtype]
 
 
+def swap_pairs(x: Tensor) -> Tensor:
+    """(x1, x0) for every adjacent pair (x0, x1) of the last axis."""
+    return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+
+
+def rotate_in_dtype(x: Tensor, rotations: RotaryTables) -> Tensor:
+    """`apply_rope`'s eager 16-bit rotation off a GPU: x * cos + swap_pairs(x) * signed sin in x's dtype, three
+    elementwise passes and no float32 copy of x and back (addcmul adds in float32 before its one rounding); 1.4-2.3x
+    the complex multiply on a CPU with avx512_bf16 (three runs), 0.76x it on an H200 (docs/benchmarks.md)."""
+    cos, signed_sin = rotations.interleaved(x.dtype)
+    return torch.mul(x, cos).addcmul_(swap_pairs(x), signed_sin)
+
+
 def apply_rope(x: Tensor, rotations: Tensor | RotaryTables) -> Tensor:
     """Rotates adjacent pairs (dims 0-1, 2-3, ...) of every head vector of x, and returns x's dtype.
 
@@ -501,21 +514,16 @@ def apply_rope(x: Tensor, rotations: Tensor | RotaryTables) -> Tensor:
     """
     if not isinstance(rotations, RotaryTables):
         rotations = RotaryTables.side_by_side(rotations, x.shape[-1] // (2 * rotations.shape[-2]))
-    compiling = torch.compiler.is_compiling()
-    if compiling or (x.dtype in _HALF and x.device.type != "cuda"):
-        # x * cos + swap_pairs(x) * signed sin. Eager bf16/fp16 off a GPU: in x's dtype, three elementwise passes and
-        # no float32 copy of x and back (addcmul adds in float32 before its one rounding): 2.3x the complex multiply
-        # below on a CPU with avx512_bf16. Compiled: one fused kernel computing in float32 (Inductor has no complex
-        # code generation; the real-pair `stack` form wrote a float32 copy of q and k per layer, which this form
-        # does not).
-        cos, signed_sin = rotations.interleaved(torch.float32 if compiling else x.dtype)
-        swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (x1, x0) for every pair (x0, x1)
-        if compiling:
-            return (x.float() * cos + swapped.float() * signed_sin).type_as(x)
-        return torch.mul(x, cos).addcmul_(swapped, signed_sin)
+    if torch.compiler.is_compiling():
+        # One fused kernel computing in float32 (Inductor has no complex code generation; the real-pair `stack` form
+        # wrote a float32 copy of q and k per layer, which this form does not).
+        cos, signed_sin = rotations.interleaved(torch.float32)
+        return (x.float() * cos + swap_pairs(x).float() * signed_sin).type_as(x)
+    if x.dtype in _HALF and x.device.type != "cuda":
+        return rotate_in_dtype(x, rotations)
     # float32: one complex multiply, ~3x faster than the real-pair form on CPU (measured, docs/benchmarks.md), and
     # the official code's arithmetic bit for bit. Eager bf16/fp16 on a GPU too, cast back once: forward + backward
-    # 1.31x the three passes on an H200, whose multiply-adds ran PyTorch's non-vectorized kernels over the strided
+    # 1.31x `rotate_in_dtype` on an H200, whose multiply-adds ran PyTorch's non-vectorized kernels over the strided
     # view of q and k (scripts/bench/rope_ab.py, docs/benchmarks.md).
     pairs = x.float().unflatten(-1, (-1, 2))
     rotated = torch.view_as_complex(pairs) * torch.view_as_complex(rotations.rotations)

@@ -1,11 +1,12 @@
 """NeoBERT's RoPE over q and k of packed documents in bf16, forward + backward, each way it could run (issue 34):
 
-* eager: `neobert.model.attention.apply_rope`, what the model runs (q and k side by side in one pass over the fused
-  projection's view: a copy for the swapped pairs, then a multiply and a fused multiply-add);
+* eager: `neobert.model.attention.rotate_in_dtype`, the eager bf16 rotation off a GPU (q and k side by side in one
+  pass over the fused projection's view: a copy for the swapped pairs, then a multiply and a fused multiply-add),
+  which the model ran on GPUs too until the fifth lease timed it here at 0.76x `complex`: its three kernels over
+  the strided view took 27% of eager inference's kernel time on the H100 (its `mul` and `addcmul` ran PyTorch's
+  non-vectorized elementwise kernel, its `flip` an index kernel);
 * complex: q and k copied to float32 and turned by one complex multiply, then cast back: the float32 path of
-  `apply_rope` (the official code's arithmetic), a candidate for the eager bf16 path on a GPU, where the eager path's
-  three kernels over the strided view took 27% of eager inference's kernel time on the H100 (its `mul` and
-  `addcmul` ran PyTorch's non-vectorized elementwise kernel, its `flip` an index kernel);
+  `apply_rope` (the official code's arithmetic), which the model's eager bf16 rotation takes on a GPU since;
 * compiled: the same under `torch.compile` (one fused kernel each way);
 * quack: QuACK's `apply_rotary_emb` (Dao-AILab's CuTe DSL kernel, `quack-kernels`, which comes with
   scripts/gpu/prepare_fa4.sh's archive): `interleaved=True` rotates adjacent pairs, NeoBERT's layout (Liger's RoPE
@@ -27,7 +28,8 @@ import torch
 
 from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute, seconds_per_call
 from neobert.model import NeoBERTConfig
-from neobert.model.attention import RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables
+from neobert.model.attention import (RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables,
+                                     rotate_in_dtype)
 
 DOCUMENT = 512  # tokens per packed document
 
@@ -73,13 +75,16 @@ def main(tokens: int = 32768, repeats: int = 20) -> None:
     positions = position_ids_from_cu_seqlens(cu_seqlens, tokens)
     tables = RotaryTables.side_by_side(rope_tables(head_dim, positions, config.rope_theta), 2)
 
-    def reference(x):
+    def in_dtype(x):
+        return rotate_in_dtype(x, tables)
+
+    def as_the_model_does(x):  # float32: the complex multiply, the errors' reference
         return apply_rope(x, tables)
 
     def complex_rotation(x):
         return apply_rope(x.float(), tables).type_as(x)
 
-    variants = {"eager": reference, "complex": complex_rotation, "compiled": torch.compile(reference)}
+    variants = {"eager": in_dtype, "complex": complex_rotation, "compiled": torch.compile(as_the_model_does)}
     print(f"RoPE forward + backward of q and k, {tokens:,} tokens in documents of {DOCUMENT} x {heads} heads x "
           f"{head_dim}, bf16, {device_label(device)}, torch {torch.__version__}, median of {repeats} samples of "
           f"{CALLS_PER_SAMPLE} calls")
@@ -87,11 +92,11 @@ def main(tokens: int = 32768, repeats: int = 20) -> None:
     def measure(rotations: dict) -> None:
         """Times `rotations` in alternation with eager and prints each: time, ratio, errors."""
         def describe(rotate, median: float, eager: float) -> str:
-            output, gradient = errors(rotate, reference, qk, grad)
+            output, gradient = errors(rotate, as_the_model_does, qk, grad)
             return (f"{median * 1e3:8.3f} ms  {eager / median:5.2f}x eager  max error vs float32: output "
                     f"{output:.2e}, gradient {gradient:.2e}")
 
-        print("\n".join(compare({"eager": reference, **rotations}, lambda rotate: timed(rotate, qk, grad), describe,
+        print("\n".join(compare({"eager": in_dtype, **rotations}, lambda rotate: timed(rotate, qk, grad), describe,
                                 repeats, width=9)))
 
     measure(variants)

@@ -7,7 +7,7 @@
   non-vectorized elementwise kernel, its `flip` an index kernel);
 * complex: q and k copied to float32 and turned by one complex multiply, then cast back: the float32 path of
   `apply_rope` (the official code's arithmetic), which the model's eager bf16 rotation takes on a GPU since;
-* compiled: the same under `torch.compile` (one fused kernel each way);
+* compiled: `apply_rope` under `torch.compile` (one fused kernel each way, computing in float32);
 * quack: QuACK's `apply_rotary_emb` (Dao-AILab's CuTe DSL kernel, `quack-kernels`, which comes with
   scripts/gpu/prepare_fa4.sh's archive): `interleaved=True` rotates adjacent pairs, NeoBERT's layout (Liger's RoPE
   rotates halves, so it would need q and k permuted); `cu_seqlens` restarts positions per document; q and k in one

@@ -151,7 +151,6 @@ def read_csv(path: str | Path) -> list[ThroughputRow]:
     if not path.is_file():
         raise ConfigError(f"throughput CSV {str(path)!r} does not exist")
     rows = []
-    known = {f.name for f in dataclasses.fields(ThroughputRow)}
     try:
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
@@ -165,7 +164,7 @@ def read_csv(path: str | Path) -> list[ThroughputRow]:
                                       f"columns in the header, a line of another length)")
                 try:
                     values = {k: (types[k](v) if v != "" else None) if k in types else v
-                              for k, v in raw.items() if k in known}
+                              for k, v in raw.items() if k in CSV_FIELDS}
                     rows.append(ThroughputRow(**values))
                 except (TypeError, ValueError) as err:
                     raise ConfigError(f"{path}, line {number}: not a throughput row ({err})") from err

@@ -169,9 +169,9 @@ def cudnn_masked_backward_exposed(device_type: str, length: int, masked: bool, n
     """Whether a masked SDPA call meets pytorch#196678's conditions but the logits' (which only the data decides):
     on a Hopper GPU (`capability()`, read last), under torch 2.11 or later (its pre-releases and NVIDIA's builds,
     2.11.0a0+..., included), with a mask, keys 64 more than a multiple of 128, and a backward."""
-    major_minor = tuple(map(int, re.match(r"(\d+)\.(\d+)", torch_version).groups()))
     return (device_type == "cuda" and masked and needs_grad and length % 128 == 64
-            and major_minor >= _CUDNN_MASKED_BACKWARD_NAN_SINCE and capability()[0] == 9)
+            and tuple(map(int, re.match(r"(\d+)\.(\d+)", torch_version).groups())) >= _CUDNN_MASKED_BACKWARD_NAN_SINCE
+            and capability()[0] == 9)
 
 
 def sdpa_backends_without_cudnn() -> list[SDPBackend]:

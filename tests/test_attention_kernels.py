@@ -337,9 +337,9 @@ def test_a_preflight_without_a_gpu_says_what_a_hopper_or_blackwell_target_would_
         attention_section(report, config, NeoBERTConfig.from_preset("tiny", **model), precision, gpu)
         return "\n".join(report.lines)
 
-    note = "on the {}: FlashAttention 4 instead where flash-attn-4 is installed there (pip install -e '.[fa4]'"
+    note = "on the {}: FlashAttention 4 instead where flash-attn-4 is installed there, pip install -e '.[fa4]'"
     words = lines()
-    assert "PyTorch's varlen_attn" in words and note.format("NVIDIA H100 80GB HBM3") in words
+    assert "PyTorch's varlen_attn (FlashAttention varlen) (" + note.format("NVIDIA H100 80GB HBM3") in words
     assert note.format("NVIDIA B200") in lines("NVIDIA B200")
     wide_heads = {"num_attention_heads": 2, "hidden_size": 2 * 264}  # head size 264: past FA4's 256
     for other in (lines("NVIDIA A100-SXM4-80GB"), lines(attention_kernel="varlen_attn"), lines(dropout=0.1),

@@ -37,7 +37,7 @@ from neobert.lit.optim import muon_split
 from neobert.lit.strategies import is_deepspeed, loop_dtypes
 from neobert.lit.trainer import build_strategy
 from neobert.model import NeoBERTForMaskedLM
-from neobert.model.attention import attention_kernel_missing_reason, flash_attn_4_takes, training_attention_kernel
+from neobert.model.attention import training_attention_kernel
 
 DEFAULT_GPU = "NVIDIA H100 80GB HBM3"  # what torch.cuda.get_device_name() says on an H100 SXM
 ASSUMED_MFU = 0.40  # for the cost line only: a typical well-tuned encoder pretraining MFU, not a measurement
@@ -423,27 +423,22 @@ def gpu_generation(gpu: str) -> int | None:
 def attention_section(report: Preflight, config: PretrainConfig, model_config, precision: str,
                       gpu: str = DEFAULT_GPU) -> None:
     """The attention kernel of the training step: `auto` decides it on the GPU it runs on, so a preflight on a
-    machine without one names what this machine's packages give, and says what `gpu` would take instead."""
+    machine without one names what this machine's packages give, and what `gpu` would take instead."""
     report.section("Attention kernel")
     # The dtype attention computes in: bf16 under bf16-mixed autocast and bf16-true, else what the weights are.
     dtype = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16,
              "16-true": torch.float16}.get(precision, torch.float32)
+    generation = gpu_generation(gpu)
+    target = (gpu, generation) if generation is not None and not torch.cuda.is_available() else None
     try:
         kernel = training_attention_kernel(config.data.packing, model_config.attention_backend, "cuda",
                                            unpad=config.data.unpad, dtype=dtype, dropout=model_config.dropout,
-                                           kernel=model_config.attention_kernel, head_dim=model_config.head_dim)
+                                           kernel=model_config.attention_kernel, head_dim=model_config.head_dim,
+                                           target_gpu=target)
     except ValueError as err:  # the chosen attention kernel cannot take this step's precision or dropout
         report.refuse("model.overrides.attention_kernel", str(err))
         return
     report.add(f"- {kernel}")
-    generation = gpu_generation(gpu)
-    if (not torch.cuda.is_available() and model_config.attention_kernel == "auto" and dtype != torch.float32
-            and model_config.dropout == 0.0 and (config.data.packing != "none" or config.data.unpad)
-            and generation is not None and flash_attn_4_takes(generation, model_config.head_dim)
-            and attention_kernel_missing_reason("flash_attn_4") is not None):
-        report.add(f"- on the {gpu}: FlashAttention 4 instead where flash-attn-4 is installed there (pip install -e "
-                   f"'.[fa4]'; FlashAttention 3 first on sm90 where built; docs/pretraining.md, \"Attention "
-                   f"kernels\"); this machine has no GPU, so the line above is what its own packages choose")
     if "attention_backend" in config.derived_model_overrides():
         origin = ("derived from the data: its batches carry cu_seqlens (data.packing, data.unpad); "
                   "model.overrides.attention_backend sets another")

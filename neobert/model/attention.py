@@ -258,19 +258,17 @@ def _flash_attn_4_usable() -> bool:
     return _flash_attn_4_usable_cache[0]
 
 
-def flash_attn_4_takes(generation: int, head_dim: int) -> bool:
+def flash_attn_4_takes(generation: int, head_dim: int | None) -> bool:
     """Whether FlashAttention 4 runs on a GPU of this compute capability's major version (9: Hopper; 10: Blackwell) at
-    this head size."""
+    this head size (None: not known)."""
     takes_head_dim = _FLASH_ATTN_4_HEAD_DIMS.get(generation)
-    return takes_head_dim is not None and takes_head_dim(head_dim)
+    return takes_head_dim is not None and (head_dim is None or takes_head_dim(head_dim))
 
 
 def _flash_attn_4_runs(head_dim: int | None) -> bool:
     """Whether `auto` takes FlashAttention 4 here: installed and usable, on Hopper or Blackwell, at this head size
     (None: not known)."""
-    takes_head_dim = _FLASH_ATTN_4_HEAD_DIMS.get(cuda_capability()[0])
-    return (_HAS_FLASH_ATTN_4 and takes_head_dim is not None and (head_dim is None or takes_head_dim(head_dim))
-            and _flash_attn_4_usable())
+    return _HAS_FLASH_ATTN_4 and flash_attn_4_takes(cuda_capability()[0], head_dim) and _flash_attn_4_usable()
 
 
 def packed_kernel(device_type: str, dtype: torch.dtype, dropout_p: float, head_dim: int | None = None,
@@ -412,12 +410,14 @@ _KERNEL_WORDS = {
 
 def training_attention_kernel(packing: str, attention_backend: str, device_type: str, unpad: bool = True,
                               dtype: torch.dtype = torch.bfloat16, dropout: float = 0.0, kernel: str = "auto",
-                              head_dim: int | None = None) -> str:
+                              head_dim: int | None = None, target_gpu: tuple[str, int] | None = None) -> str:
     """In words, the attention kernel of a pretraining step (data.packing, the model's attention_backend, the device
     type, data.unpad, the compute dtype, the model's dropout, its attention_kernel and head size: a kernel's tiles
     follow it, and `auto` leaves out one that does not take it). In training the batch's layout
     chooses the path, not `attention_backend`: the step reads nothing from the device, so a padded batch is never
-    unpadded inside. A ValueError naming the field where the chosen kernel cannot run the step."""
+    unpadded inside. `target_gpu`: (name, compute capability's major version) of the GPU a preflight on a machine
+    without one plans for, whose FlashAttention 4 the words name. A ValueError naming the field where the chosen
+    kernel cannot run the step."""
     chosen = f" (attention_kernel={kernel})" if kernel != "auto" else ""
     if packing == "none" and not unpad:
         note = " (attention_backend=varlen does not unpad it in training)" if attention_backend == "varlen" else ""
@@ -440,6 +440,11 @@ def training_attention_kernel(packing: str, attention_backend: str, device_type:
         elif not _HAS_FLASH_ATTN_4 and picked != "flash_attn_3" and on_fa4_gpu:
             chosen = (" (on this GPU FlashAttention 4 would run it faster: pip install -e '.[fa4]'; "
                       "docs/pretraining.md, \"Attention kernels\")")
+        elif (not _HAS_FLASH_ATTN_4 and picked != "flash_attn_3" and target_gpu is not None
+              and flash_attn_4_takes(target_gpu[1], head_dim)):
+            chosen = (f" (on the {target_gpu[0]}: FlashAttention 4 instead where flash-attn-4 is installed there, pip "
+                      "install -e '.[fa4]'; FlashAttention 3 first on sm90 where built; docs/pretraining.md, "
+                      "\"Attention kernels\")")
     return f"{layout} with cu_seqlens: {_KERNEL_WORDS[picked]}{chosen}"
 
 

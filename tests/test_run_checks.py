@@ -56,19 +56,23 @@ def bash_words(body: str) -> list[str]:
     return out.split("\0")[:-1]
 
 
-def run_script(step: str, prepared: Path, work: Path) -> tuple[list[list[str]], list[str], str]:
-    """Runs run_checks.sh for one step with the recorders on PATH, its scratch folder at a path with a space: the
-    commands it ran, where each one's standard output went, and the step's log."""
+def run_script(steps: str | list[str], prepared: Path, work: Path, env: dict[str, str] | None = None,
+               timeout_seconds: int = 0) -> tuple[list[list[str]], list[str], str]:
+    """Runs run_checks.sh for a step (or several) with the recorders on PATH, its scratch folder at a path with a
+    space, `env` added to its environment, each `timeout` taking `timeout_seconds` (a step's run): the commands it
+    ran, where each one's standard output went, and the log."""
+    steps = [steps] if isinstance(steps, str) else steps
     bin_dir = work / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("timeout", "python3", "nvidia-smi"):
-        (bin_dir / name).write_text(RECORDER)
+    for name, pause in (("timeout", timeout_seconds), ("python3", 0), ("nvidia-smi", 0)):
+        (bin_dir / name).write_text(RECORDER + (f"sleep {pause}\n" if pause else ""))
         (bin_dir / name).chmod(0o755)
-    calls = work / f"{step}.calls"
+    calls = work / "calls"
+    calls.unlink(missing_ok=True)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUN_CHECKS_CALLS": str(calls),
            "RUN_CHECKS_SCRATCH": str(work / "scratch dir"), "RUN_CHECKS_SITE": str(work / "site-packages"),
-           "TMPDIR": str(work)}
-    subprocess.run(["bash", str(SCRIPT), str(prepared), str(work / "results"), step], env=env, check=True,
+           "TMPDIR": str(work), **(env or {})}
+    subprocess.run(["bash", str(SCRIPT), str(prepared), str(work / "results"), *steps], env=env, check=True,
                    capture_output=True, timeout=60)
     words = calls.read_text().split("\0")[:-1] if calls.exists() else []
     commands, current = [], []
@@ -258,24 +262,11 @@ echo "the job's log"
 
 def run_under_budget(steps: list[str], budget: str, work: Path, step_seconds: int = 0,
                      seconds_before: int = 0) -> tuple[list[int], str]:
-    """run_checks.sh with RUN_CHECKS_SECONDS=budget and the recorders on PATH, each `timeout` taking step_seconds
-    (a step's run), SECONDS=seconds_before in its environment: the time limit of each `timeout` it ran, and its
-    log."""
-    bin_dir = work / "bin"
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    for name, pause in (("timeout", step_seconds), ("python3", 0), ("nvidia-smi", 0)):
-        (bin_dir / name).write_text(RECORDER + f"sleep {pause}\n")
-        (bin_dir / name).chmod(0o755)
-    calls = work / "calls"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RUN_CHECKS_CALLS": str(calls),
-           "RUN_CHECKS_SCRATCH": str(work / "scratch"), "RUN_CHECKS_SITE": str(work / "site-packages"),
-           "TMPDIR": str(work), "RUN_CHECKS_SECONDS": budget, "SECONDS": str(seconds_before)}
-    run = subprocess.run(["bash", str(SCRIPT), str(work), str(work / "results"), *steps], env=env,
-                         capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    words = calls.read_text().split("\0") if calls.exists() else []
-    limits = [int(words[i + 1]) for i, word in enumerate(words) if word == "timeout"]  # name, then SECONDS
-    return limits, (work / "results" / "log.txt").read_text()
+    """`run_script` with RUN_CHECKS_SECONDS=budget, each `timeout` taking step_seconds, SECONDS=seconds_before in its
+    environment: the time limit of each `timeout` it ran, and its log."""
+    commands, _, log = run_script(steps, work, work, {"RUN_CHECKS_SECONDS": budget, "SECONDS": str(seconds_before)},
+                                  step_seconds)
+    return [int(command[1]) for command in commands if command[0] == "timeout"], log
 
 
 def test_a_calls_budget_cuts_each_steps_limit_to_what_is_left_and_leaves_out_steps_it_cannot_start(tmp_path):

@@ -71,9 +71,10 @@ def test_the_checkpointed_data_position_is_the_plain_stream_state(corpus, tokeni
     batch = twelfth_batch(corpus, tokenizer, "best_fit")
     data = PretrainDataConfig(source=str(corpus), max_length=MAX_LENGTH, packing="best_fit", num_workers=0)
     datamodule = PretrainingDataModule(data, MaskingConfig(), tokenizer, MICRO_BATCH)
+    datamodule.trained_batches = 11  # the stream's eleven batches before it were trained too
     datamodule.record(batch[DATA_STATE_KEY])
     saved = datamodule.state_dict()
-    assert saved["streams"] == {0: batch_stream_state(batch)} and saved["trained_batches"] == [1]
+    assert saved["streams"] == {0: batch_stream_state(batch)} and saved["trained_batches"] == [12]
     assert type(saved["streams"][0]) is dict and type(saved["streams"][0]["builder"]["packer"]["open"]) is list
     resumed = PretrainingDataModule(data, MaskingConfig(), tokenizer, MICRO_BATCH)
     resumed.load_state_dict(saved)

@@ -79,7 +79,8 @@ def test_batch_size_warmup_ramps_by_tokens_to_the_full_batch():
     tokens = itertools.accumulate(size * 4 * 100 for size in sizes)
     full_from = next(step for step, size in enumerate(sizes) if size == 16)
     assert list(tokens)[full_from - 1] >= 20_000 * (1 - 4 / 64)  # full once (nearly) all the ramp's tokens are in
-    assert schedule.step_of(0) == schedule.step_of(1) == 0 and schedule.step_of(2) == 1
+    # the run's micro-batches, all ranks together: 2 accumulation x 2 devices = 4 per optimizer step
+    assert schedule.step_of(0) == schedule.step_of(3) == 0 and schedule.step_of(4) == 1
     assert DataSchedule(16).batch_size(0) == 16  # no warm-up
 
 

@@ -30,6 +30,7 @@ WITHOUT_CUDA_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotu
 # hooks, with contiguous gradients; its _offload variant too), so that an accumulation never keeps them in a CUDA
 # graph's memory
 GRADIENT_COPYING_STRATEGY = "deepspeed_stage_2"
+MAX_STREAMS = 4096  # data.streams: every stream is its own reader's state in each checkpoint
 
 
 def compile_warmup_steps(compile_mode: str) -> int:
@@ -117,6 +118,10 @@ class PretrainDataConfig:
     bucket_queue_docs: int = 32  # documents held per bucket while waiting to be drawn
     pretokenized_dir: Optional[str] = None  # parquet shards written by `experiments.pretrain --pretokenize`
     num_workers: int = 2
+    # Canonical streams the corpus is cut into, fixed for the run and recorded in its checkpoints: the batches of
+    # every optimizer step are the same on any devices x nodes x max(1, num_workers) readers dividing it, and a
+    # checkpoint resumes on any such layout (neobert.data.stream_layout). 0 = the checkpoint's, else one per reader.
+    streams: int = 0
     validation_docs: int = 0  # the first N documents are held out for a validation loss (0 = none)
     validation_batches: int = 0  # cap on validation batches per check (0 = all)
     # The unigram-entropy baseline (the loss of a context-free model) over this many training documents; 0 = off.
@@ -378,6 +383,8 @@ class PretrainConfig:
         require(data.max_length >= 8, "data.max_length", "must be at least 8")
         require(data.shuffle_buffer >= 1, "data.shuffle_buffer", "must be >= 1 (1 = no shuffling)")
         require(data.num_workers >= 0, "data.num_workers", "must be >= 0")
+        require(0 <= data.streams <= MAX_STREAMS, "data.streams",
+                f"must be 0 (one per reader) to {MAX_STREAMS:,} (each stream reads its own share of the corpus)")
         require(data.validation_docs >= 0, "data.validation_docs", "must be >= 0")
         require(data.text_sample_by in ("paragraph", "line", "document"), "data.text_sample_by",
                 "must be paragraph, line or document")

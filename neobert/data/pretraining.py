@@ -2,10 +2,11 @@
 through Hugging Face `datasets`), drawn from a mixture of sources or of length buckets (`neobert.data.mixture`),
 truncation or packing, masking, and an exactly resumable stream of batches behind a LightningDataModule.
 
-How the stream is cut up, so that nothing is duplicated and a resumed run sees the very batches an
-uninterrupted one would:
-* Every (rank, dataloader worker) pair reads its own *stream*: ``split_dataset_by_node`` over
-  ``world_size x workers`` streams (whole shards when they divide evenly, else every n-th document).
+How the stream is cut up, so that nothing is duplicated and a resumed run, on any number of devices, nodes or
+workers, sees the very batches an uninterrupted one would:
+* The corpus is cut into `data.streams` canonical streams (``split_dataset_by_node``: whole shards when they divide
+  evenly, else every n-th document), fixed for the run; every (rank, dataloader worker) pair reads whole streams and
+  serves their batches in the run's one order of micro-batches (`neobert.data.stream_layout`).
 * A stream reads documents in blocks of ``data.shuffle_buffer`` and shuffles each block with a seed derived
   from (seed, stream, epoch, block). Its state (`StreamState`): the source's own ``state_dict`` at the start of
   the current block, how many documents of the block were used, the packing carry-over (every token id of the
@@ -13,19 +14,14 @@ uninterrupted one would:
 * Each batch carries the state of its stream *after* it (``batch["data_state"]``); the LightningModule
   hands it to the DataModule in ``training_step``, and the DataModule's ``state_dict`` (saved in every
   Lightning checkpoint) holds the latest state of every stream that fed a trained batch. Prefetched but
-  untrained batches therefore never count. On resume each worker restarts its stream from that state, and
-  workers are rotated so that the round-robin order of the DataLoader continues where it stopped.
-* In the batch that state is an `EncodedStreamState` (`neobert.data.stream_state`, where the state lives): pickled
-  once in the worker into one object that nothing on the way walks (with packing the state holds every token id of
-  the packer's rows, and Lightning would otherwise visit each at every batch's transfer to the device), beside the
-  few numbers read per batch. It is decoded into the plain state only for a checkpoint
-  (`PretrainingDataModule.state_dict`) or a restart (`batch_stream_state` reads a batch's).
+  untrained batches therefore never count. On resume each reader restarts its streams from those states.
+* In the batch that state is an `EncodedStreamState` (`neobert.data.stream_state`): pickled once in the worker, a
+  leaf that nothing on the way walks, decoded only for a checkpoint or a restart (`batch_stream_state`).
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 import os
 import random
@@ -37,15 +33,17 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from neobert.data.corpus import (DocumentTokenizer, check_has_documents, local_data_files, no_usable_documents,
-                                  open_source, read_blocks, source_key, text_column, truncate)
+from neobert.data.corpus import (DocumentTokenizer, check_has_documents, document_digest, held_out_digests,
+                                  local_data_files, no_usable_documents, open_source, read_blocks, source_key,
+                                  text_column, truncate)
 from neobert.data.masking import MLMMasker
 from neobert.data.mixture import bucketed_documents, mixed_documents, mixture_sources
 from neobert.data.packing import make_packer
 from neobert.data.schedules import DataSchedule
+from neobert.data.stream_layout import StreamLayout, legacy_streams, resume_problem
 from neobert.data.stream_state import (DATA_STATE_KEY, EncodedStreamState, MixtureState, SourcePosition, StreamState,
                                        carried_state, derived_seed, source_identity)
-from neobert.errors import DataError
+from neobert.errors import CheckpointError, ConfigError, DataError
 from neobert.hub import require_hub
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the workers tokenize; no nested thread pools
@@ -122,36 +120,25 @@ class BatchBuilder:
             self.packer.load(state["packer"])
 
 
-def document_digest(value) -> bytes:
-    """A document's identity (its text, or its token ids when pre-tokenized)."""
-    raw = value.encode("utf-8", "replace") if isinstance(value, str) else str(value).encode()
-    return hashlib.blake2b(raw, digest_size=16).digest()
-
-
-def held_out_digests(data, count: int) -> frozenset[bytes]:
-    """The digests of the first `count` documents of the source: validation's documents, kept out of training."""
-    column = text_column(data)
-    return frozenset(document_digest(example[column]) for example in open_source(data).take(count))
-
-
 # ---------------------------------------------------------------------------------------------- the stream
 
 
 class PretrainingStream(IterableDataset):
     """An endless, exactly resumable stream of masked batches (see the module docstring).
 
-    `world_size`/`rank` are the data-parallel ranks; every DataLoader worker reads its own stream.
-    `start_states` maps global stream ids to saved states; `rotation` shifts the worker -> stream map.
+    `world_size`/`rank` are the data-parallel ranks; every DataLoader worker is one reader of the run's canonical
+    streams (`neobert.data.stream_layout`): `streams` of them (default: data.streams, or one per reader).
+    `start_states` maps stream ids to saved states; `rotation` shifts the worker -> reader map.
     `schedule` gives the micro-batch size and masking rate of each optimizer step (default: `micro_batch_size`
     and `masking.rate` throughout).
     """
 
     def __init__(self, data, masking, tokenizer, micro_batch_size: int, rank: int = 0, world_size: int = 1,
                  start_states: dict | None = None, rotation: int = 0, skip_docs: int = 0,
-                 schedule: DataSchedule | None = None):
+                 schedule: DataSchedule | None = None, streams: int = 0):
         super().__init__()
         self.data, self.micro_batch_size = data, micro_batch_size
-        self.schedule = schedule or DataSchedule(micro_batch_size, mask_rate=masking.rate)
+        self.schedule = schedule or DataSchedule(micro_batch_size, world_size=world_size, mask_rate=masking.rate)
         self.rank, self.world_size = rank, world_size
         self.start_states = start_states or {}
         self.rotation, self.skip_docs = rotation, skip_docs
@@ -161,18 +148,37 @@ class PretrainingStream(IterableDataset):
         self.special_ids = set(tokenizer.all_special_ids)
         self.tokenizers = [DocumentTokenizer(tokenizer, text_column(source.data)) for source in self.sources]
         self.workers = max(1, data.num_workers)
+        readers = world_size * self.workers
+        self.layout = StreamLayout(streams or data.streams or readers, world_size, self.workers)
+        problem = self.layout.problem()
+        if problem:
+            raise ConfigError(f"invalid config key 'data.streams': {problem}")
 
     @property
     def num_streams(self) -> int:
-        return self.world_size * self.workers
+        return self.layout.streams
 
-    def stream_id(self) -> int:
+    def reader(self) -> int:
         info = get_worker_info()
         worker = info.id if info is not None else 0
-        return self.rank * self.workers + (worker + self.rotation) % self.workers
+        return self.layout.reader(self.rank, (worker + self.rotation) % self.workers)
 
     def __iter__(self) -> Iterator[dict]:
-        stream = self.stream_id()
+        """This reader's streams' batches in the run's order of micro-batches (each stream's next one is
+        `layout.global_index(stream, batches made)`)."""
+        streams = self.layout.streams_of(self.reader())
+        batches = {stream: self.stream_batches(stream) for stream in streams}
+        made = {stream: self.start_states.get(stream, {}).get("batches", 0) for stream in streams}
+        while True:
+            stream = min(streams, key=lambda s: self.layout.global_index(s, made[s]))
+            made[stream] += 1
+            batch = next(batches[stream], None)
+            if batch is None:  # the stream's sources are spent
+                return
+            yield batch
+
+    def stream_batches(self, stream: int) -> Iterator[dict]:
+        """Stream `stream`'s batches, from its start state."""
         start = self.start_states.get(stream)
         state = StreamState() if start is None else StreamState.from_dict(copy.deepcopy(start))
         builder = BatchBuilder(self.masker, self.data.max_length, self.data.packing, self.special_ids,
@@ -186,12 +192,10 @@ class PretrainingStream(IterableDataset):
         drawn = list(state.mixture.tokens) if mixture else []  # per source, at the previous batch
         if self.data.length_buckets:
             documents = bucketed_documents(documents, state, self.data, stream, self.num_streams)
-        # This stream's k-th batch is the rank's (k x workers + position)-th micro-batch (module docstring).
-        position = stream - self.rank * self.workers
         for ids in documents:
             builder.add(ids)
             while True:
-                step = self.schedule.step_of(state.batches * self.workers + position)
+                step = self.schedule.step_of(self.layout.global_index(stream, state.batches))
                 if not builder.ready(self.schedule.batch_size(step)):
                     break
                 generator = torch.Generator().manual_seed(derived_seed(self.data.seed, stream, state.batches))
@@ -253,8 +257,8 @@ class PretrainingStream(IterableDataset):
                         yield ids
                 position.source, position.block, position.taken = dataset.state_dict(), position.block + 1, 0
             if not produced and whole_epoch:  # a whole epoch without a document: the next would be the same
-                detail = (f"stream {stream} of {self.num_streams} (devices x data.num_workers) got none: use fewer "
-                          f"workers or devices for a small corpus" if self.num_streams > 1 else "")
+                detail = (f"stream {stream} of data.streams={self.num_streams} got none: use fewer streams (and "
+                          f"workers or devices) for a small corpus" if self.num_streams > 1 else "")
                 raise no_usable_documents(source.data, position.skipped, self.skip_docs, detail)
             position.epoch, position.source, position.block, position.taken = position.epoch + 1, None, 0, 0
 
@@ -282,6 +286,7 @@ class PretrainingDataModule(L.LightningDataModule):
         # global stream id -> its state after its latest trained batch, decoded only for a checkpoint or a restart
         self.stream_states: dict[int, EncodedStreamState] = {}
         self.trained_batches = 0  # on this rank
+        self.saved_streams = 0  # data.streams of the checkpoint resumed (0: none)
         self.validation_batches: list[dict] = []
 
     def check_source(self) -> None:
@@ -310,10 +315,8 @@ class PretrainingDataModule(L.LightningDataModule):
                 self.validation_batches += self.deal(batches, source.name)
 
     def deal(self, batches: list[dict], source: str = "") -> list[dict]:
-        """This rank's share of the validation batches (of one source). Every rank gets the same number: under
-        FSDP2 every forward is a collective (the shards are all-gathered), so a rank with one batch more would wait
-        forever for the others, and every rank logs every source's loss. The remainder is dropped;
-        data.validation_batches caps each rank's share."""
+        """This rank's share of the validation batches (of one source), the same number on every rank (under FSDP2
+        every forward is a collective): the remainder is dropped; data.validation_batches caps each rank's share."""
         of_source = f" of source {source!r}" if source else ""
         per_rank, remainder = divmod(len(batches), self.world_size)
         if per_rank == 0:
@@ -341,16 +344,26 @@ class PretrainingDataModule(L.LightningDataModule):
                 totals["tokens"][source.name] += count
         return totals
 
-    def train_stream(self) -> PretrainingStream:
+    def layout(self) -> StreamLayout:
+        """data.streams (0: the checkpoint's, else one per reader of the run that starts) and this run's readers."""
         workers = max(1, self.data.num_workers)
-        schedule = None
+        streams = self.data.streams or self.saved_streams or self.world_size * workers
+        return StreamLayout(streams, self.world_size, workers)
+
+    def batches_per_step(self) -> int:
+        """Micro-batches per optimizer step, all ranks together."""
+        accumulate = self.trainer_config.accumulate_grad_batches if self.trainer_config is not None else 1
+        return accumulate * self.world_size
+
+    def train_stream(self) -> PretrainingStream:
+        layout, schedule = self.layout(), None
         if self.trainer_config is not None:
             schedule = DataSchedule.from_config(self.trainer_config, self.masking, self.data.max_length,
                                                 self.world_size, first_step=self.first_step)
         start_states = {stream: state.decode() for stream, state in self.stream_states.items()}
         return PretrainingStream(self.data, self.masking, self.tokenizer, self.micro_batch_size, self.rank,
-                                 self.world_size, start_states, rotation=self.trained_batches % workers,
-                                 skip_docs=self.data.validation_docs, schedule=schedule)
+                                 self.world_size, start_states, rotation=self.trained_batches % layout.workers,
+                                 skip_docs=self.data.validation_docs, schedule=schedule, streams=layout.streams)
 
     def train_dataloader(self) -> DataLoader:
         workers = self.data.num_workers
@@ -368,6 +381,7 @@ class PretrainingDataModule(L.LightningDataModule):
         self.trained_batches += 1
 
     def state_dict(self) -> dict:
+        """Every stream's position after its latest trained batch, each rank's micro-batches, the batch layout."""
         per_rank = [{"streams": self.stream_states, "trained_batches": self.trained_batches}]
         if torch.distributed.is_available() and torch.distributed.is_initialized() and self.world_size > 1:
             per_rank = [None] * torch.distributed.get_world_size()
@@ -375,21 +389,30 @@ class PretrainingDataModule(L.LightningDataModule):
                 per_rank, {"streams": self.stream_states, "trained_batches": self.trained_batches})
         streams = {k: v.decode() for part in per_rank for k, v in part["streams"].items()}  # plain, as ever
         return {"streams": streams, "trained_batches": [p["trained_batches"] for p in per_rank],
-                "num_streams": self.world_size * max(1, self.data.num_workers), "phase": self.phase,
+                "num_streams": self.layout().streams, "batches_per_step": self.batches_per_step(),
+                "micro_batch_size": self.micro_batch_size, "phase": self.phase,
                 "sources": [source_identity(s.data) for s in self.sources]}
 
+    def check_resume(self, state: dict) -> StreamLayout:
+        """This run's layout for a checkpoint's data position; a ConfigError if it cannot go on exactly there
+        (`resume_problem`). The pretraining job asks before the Trainer starts, so nothing is written."""
+        self.saved_streams = state["num_streams"]
+        layout = self.layout()
+        problem = resume_problem(state, layout, self.batches_per_step(), self.micro_batch_size,
+                                 state.get("phase", "") == self.phase)
+        if problem:
+            raise ConfigError(f"resume: {problem}")
+        return layout
+
     def load_state_dict(self, state: dict) -> None:
-        num_streams = self.world_size * max(1, self.data.num_workers)
+        """Resumes at the next micro-batch of the run on this run's layout."""
         if self.trainer is not None:
-            num_streams = self.trainer.world_size * max(1, self.data.num_workers)
             self.rank, self.world_size = self.trainer.global_rank, self.trainer.world_size
-        if state["num_streams"] != num_streams:
-            log.warning("the checkpoint's data position was saved with %d streams (devices x data.num_workers), "
-                        "this run has %d: the data stream restarts from its beginning", state["num_streams"],
-                        num_streams)
-            return
+        layout, same_phase = self.check_resume(state), state.get("phase", "") == self.phase
         streams = {int(k): StreamState.from_dict(v) for k, v in state["streams"].items()}
-        if state.get("phase", "") != self.phase:  # the checkpoint ends the phase before: a new phase starts
+        if "batches_per_step" not in state:
+            streams = legacy_streams(streams, layout)
+        if not same_phase:  # the checkpoint ends the phase before: a new phase starts
             saved = [tuple(identity) for identity in state.get("sources", [])]
             now = [source_identity(s.data) for s in self.sources]
             self.stream_states = {k: EncodedStreamState(carried_state(v, saved, now)) for k, v in streams.items()}
@@ -398,7 +421,11 @@ class PretrainingDataModule(L.LightningDataModule):
                      "(%d of %d sources)", self.phase, len(set(saved) & set(now)), len(now))
             return
         self.stream_states = {k: EncodedStreamState(v) for k, v in streams.items()}
-        self.trained_batches = state["trained_batches"][self.rank]
+        # Every rank trained as many micro-batches (one optimizer step is as many on each): this rank's share.
+        self.trained_batches = sum(state["trained_batches"]) // self.world_size
+        problem = layout.position_problem({k: v.batches for k, v in streams.items()}, sum(state["trained_batches"]))
+        if problem:
+            raise CheckpointError(f"the checkpoint's data position is inconsistent: {problem}")
 
 
 def validation_batches(data, masking, tokenizer, micro_batch_size: int) -> list[dict]:

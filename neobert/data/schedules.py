@@ -2,7 +2,7 @@
 and the masking rate of a `masking.rate_schedule`.
 
 Both are functions of the optimizer step a micro-batch belongs to, and a stream knows that step from its own
-batch count alone (see `DataSchedule.step_of`), so a resumed run builds the very batches an uninterrupted one
+batch count alone (see `DataSchedule.step_of`, `neobert.data.stream_layout`), so a resumed run builds the very batches an uninterrupted one
 would, mid-ramp included, without asking the Trainer.
 """
 
@@ -63,8 +63,9 @@ class DataSchedule:
                    mask_rate=masking.rate, mask_rate_schedule=masking.rate_schedule, first_step=first_step)
 
     def step_of(self, micro_batch_index: int) -> int:
-        """The optimizer step of the rank's `micro_batch_index`-th micro-batch (0-based) since `first_step`."""
-        return self.first_step + micro_batch_index // self.accumulate
+        """The optimizer step of the run's `micro_batch_index`-th micro-batch (0-based, all ranks together:
+        `neobert.data.stream_layout`) since `first_step`."""
+        return self.first_step + micro_batch_index // (self.accumulate * self.world_size)
 
     def batch_size(self, step: int) -> int:
         """Micro-batch size (sequences per device per forward) at optimizer step `step`."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import glob
+import hashlib
 import json
 import logging
 import math
@@ -314,3 +315,15 @@ def pretokenize(data, tokenizer, out_dir: str | Path, docs_per_shard: int = 100_
     if skipped:
         log.warning("pretokenize skipped documents: %s", skipped)
     return shards
+
+
+def document_digest(value) -> bytes:
+    """A document's identity (its text, or its token ids when pre-tokenized)."""
+    raw = value.encode("utf-8", "replace") if isinstance(value, str) else str(value).encode()
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+def held_out_digests(data, count: int) -> frozenset[bytes]:
+    """The digests of the first `count` documents of the source: validation's documents, kept out of training."""
+    column = text_column(data)
+    return frozenset(document_digest(example[column]) for example in open_source(data).take(count))

@@ -134,6 +134,15 @@ EXPORT_NOT_OWNED = ("invalid config key 'export_dir': {directory} holds an expor
                     "output_dir, or the export_dir of the checkpoint it continues)")
 
 
+def refuse_another_data_layout(checkpoint: Path, datamodule: PretrainingDataModule, world_size: int) -> None:
+    """A checkpoint whose data position cannot go on exactly on this run's devices, nodes, workers and batch is
+    refused before the Trainer starts (`PretrainingDataModule.check_resume`): one line, nothing written."""
+    saved = verified_checkpoint(checkpoint).get(type(datamodule).__qualname__)
+    if saved is not None:
+        datamodule.world_size = world_size
+        datamodule.check_resume(saved)
+
+
 def claim_export_dir(config: PretrainConfig, ckpt_path: Path | None) -> None:
     """The end-of-run export replaces only this run's own export (neobert.outputs.claim_output_dir): one inside its
     output_dir, or the export_dir its own checkpoint was written with (a resumed run). Another run's export, files
@@ -216,6 +225,8 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
                             validate=config.data.validation_docs > 0,
                             max_epochs=-1,  # the training stream is endless: max_steps ends the run
                             use_distributed_sampler=False)  # every rank reads its own streams
+    if ckpt_path is not None:
+        refuse_another_data_layout(ckpt_path, datamodule, trainer.world_size)
     baselines = {}  # per source of a mixture ("" for data.source)
     if config.data.baseline_docs and trainer.is_global_zero:
         for source in mixture_sources(config.data):

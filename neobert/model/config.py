@@ -64,16 +64,16 @@ class NeoBERTConfig:
     # with SwiGLU in its GEMMs): a choice of the machine, not of the model, so it is not written to config.json.
     kernels: str = "eager"
     # The MLM head in training as Liger's fused linear cross-entropy (neobert.model.kernels; needs liger-kernel, runs
-    # on a GPU): no logits kept (1.4 GiB less at 32 x 1,024 tokens), but slower: on the H200 the fused head took
-    # 12.4 ms a step, the eager one 4.6 ms (docs/benchmarks.md, 2026-11-26). The machine's choice too.
+    # on a GPU): no logits kept, which saves memory at a cost in time (docs/benchmarks.md), hence off. The machine's
+    # choice too.
     fused_mlm_loss: bool = False
     # Which kernel runs attention over packed (cu_seqlens) batches (neobert.model.attention: auto takes the fastest
     # installed; an explicit one is measured against it by experiments.throughput): also the machine's choice.
     attention_kernel: str = "auto"
     # The MLM decoder's matmuls with the vocabulary padded by zero rows to a multiple of this, in the computation only
-    # (the weight, the checkpoint and the logits keep vocab_size; 1 = as is): the logits' rows of 30,522 bf16 values
-    # are not 16-byte aligned, and on the H200 the decoder's GEMMs ran Ampere-generation kernels with 2-element
-    # alignment (docs/benchmarks.md). The machine's choice too; the eager head's (the fused loss takes the weight).
+    # (the weight, the checkpoint and the logits keep vocab_size; 1 = as is): rows of 30,522 bf16 logits are not
+    # 16-byte aligned, which keeps cuBLAS off its aligned kernels. The machine's choice too; the eager head's (the fused
+    # loss takes the weight).
     decoder_pad_multiple: int = 1
     embedding_init_range: float = 0.02
     decoder_init_range: float = 0.02

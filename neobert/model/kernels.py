@@ -1,24 +1,20 @@
-"""Fused GPU kernels for the encoder's elementwise work, chosen by `NeoBERTConfig.kernels`.
+"""Fused GPU kernels for the encoder's elementwise work, chosen by `NeoBERTConfig.kernels` (what each is worth on which
+GPU: docs/benchmarks.md).
 
 * ``eager``: PyTorch's own ops, the reference (and what `torch.compile` fuses by itself).
 * ``liger``: Liger-Kernel's Triton kernels (`pip install liger-kernel`) for RMSNorm and SwiGLU on CUDA tensors: one
-  kernel forward and one backward each, where eager runs a chain of elementwise kernels over the activations
-  (issue 34's profile: RMSNorm, SwiGLU, RoPE and casts were 11% of a step's kernel time, `mul` another 13%).
+  kernel forward and one backward each, where eager runs a chain of elementwise kernels over the activations.
   CPU tensors, LayerNorm and GELU (the ablation presets) and a model being compiled stay eager.
 * ``quack``: QuACK's MLP (Dao-AILab's CuTe DSL GEMMs, `pip install quack-kernels`; flash-attn-4 brings it) on CUDA
   tensors: SwiGLU computed in the first GEMM's epilogue forward and its gradient in the backward GEMM's, so that the
-  2 x 2,048-wide activation gets no elementwise pass of its own (issue 34's profile on the H200, compiled with
-  FlashAttention 4: SwiGLU's fused elementwise kernels were 10.5 ms of a 111.7 ms step). Compiled graphs included:
-  QuACK's GEMMs are torch.library custom ops that Dynamo traces. Measured on the H200 (docs/benchmarks.md, fifth
-  lease): the whole model 1.25x faster in compiled inference at 512 (CUDA graphs, FlashAttention 4: 1.22x BERT per
-  FLOP), no faster in compiled training (0.99-1.01x; unprofiled, so why not is open). The norms stay
-  PyTorch's fused kernel (faster than QuACK's and Liger's on the H200); CPU tensors, float32 computation and GELU stay
-  eager (`use_quack`).
+  2 x 2,048-wide activation gets no elementwise pass of its own. Compiled graphs included: QuACK's GEMMs are
+  torch.library custom ops that Dynamo traces. It pays in compiled inference, not in training. The norms stay
+  PyTorch's fused kernel; CPU tensors, float32 computation and GELU stay eager (`use_quack`).
 
 `NeoBERTConfig.fused_mlm_loss` (either choice): in training, the MLM head's decoder and cross-entropy run as Liger's
 fused linear cross-entropy: the logits of the masked rows (rows x 30,522) are made chunk by chunk and dropped, never
 kept for the backward; the gradients are computed in the forward, and the argmax of each row comes out for the
-training accuracy. It saves memory, not time (slower than the eager head on the H200: docs/benchmarks.md).
+training accuracy. It saves memory, not time.
 
 RoPE stays ours under every choice: Liger rotates the two halves of a head vector (Llama's layout), NeoBERT rotates
 adjacent pairs (the released checkpoint's layout); the two agree only after permuting q and k, which costs the copy

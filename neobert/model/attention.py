@@ -14,8 +14,8 @@ The packed kernel is `NeoBERTConfig.attention_kernel` (a choice of the machine, 
 
 * ``auto``, fastest first: FlashAttention 3 (``flash_attn_3`` installed, a Hopper GPU, sm90; no dropout),
   FlashAttention 4 (``flash-attn-4`` installed and importable, a Hopper or Blackwell GPU, sm90/sm100, a head size
-  it takes; in training, no dropout: on an H200 it trained 1.09x faster than ``varlen_attn`` eager and 1.13x
-  compiled, docs/benchmarks.md; its forward alone is not measured against it yet), flash-attn's varlen kernel
+  it takes; in training, no dropout, where it is faster than ``varlen_attn``, docs/benchmarks.md; evaluation and
+  inference keep the next kernel, as its forward alone has no such figure), flash-attn's varlen kernel
   (``flash_attn`` installed), PyTorch's ``varlen_attn`` (FlashAttention 2 inside PyTorch; no dropout), xFormers'
   block-diagonal attention (installed, for dropout), else ``padded_sdpa``: all but the last on CUDA tensors in
   bf16/fp16 only;
@@ -504,8 +504,8 @@ def swap_pairs(x: Tensor) -> Tensor:
 
 def rotate_in_dtype(x: Tensor, rotations: RotaryTables) -> Tensor:
     """`apply_rope`'s eager 16-bit rotation off a GPU: x * cos + swap_pairs(x) * signed sin in x's dtype, three
-    elementwise passes and no float32 copy of x and back (addcmul adds in float32 before its one rounding); 1.4-2.3x
-    the complex multiply on a CPU with avx512_bf16 (three runs), 0.76x it on an H200 (docs/benchmarks.md)."""
+    elementwise passes and no float32 copy of x and back (addcmul adds in float32 before its one rounding): faster than
+    the complex multiply on a CPU, slower on a GPU (scripts/bench/rope_ab.py)."""
     cos, signed_sin = rotations.interleaved(x.dtype)
     return torch.mul(x, cos).addcmul_(swap_pairs(x), signed_sin)
 
@@ -526,10 +526,9 @@ def apply_rope(x: Tensor, rotations: Tensor | RotaryTables) -> Tensor:
         return (x.float() * cos + swap_pairs(x).float() * signed_sin).type_as(x)
     if x.dtype in _HALF and x.device.type != "cuda":
         return rotate_in_dtype(x, rotations)
-    # float32: one complex multiply, ~3x faster than the real-pair form on CPU (measured, docs/benchmarks.md), and
-    # the official code's arithmetic bit for bit. Eager bf16/fp16 on a GPU too, cast back once: forward + backward
-    # 1.31x `rotate_in_dtype` on an H200, whose multiply-adds ran PyTorch's non-vectorized kernels over the strided
-    # view of q and k (scripts/bench/rope_ab.py, docs/benchmarks.md).
+    # float32: one complex multiply, faster than the real-pair form on CPU, and the official code's arithmetic bit for
+    # bit. Eager bf16/fp16 on a GPU too, cast back once: faster there than `rotate_in_dtype`, whose multiply-adds run
+    # PyTorch's non-vectorized kernels over the strided view of q and k (scripts/bench/rope_ab.py, docs/benchmarks.md).
     pairs = x.float().unflatten(-1, (-1, 2))
     rotated = torch.view_as_complex(pairs) * torch.view_as_complex(rotations.rotations)
     return torch.view_as_real(rotated).flatten(-2).type_as(x)

@@ -84,8 +84,8 @@ def quack_takes(dtype: torch.dtype, widths: tuple[int, int]) -> bool:
     """Whether QuACK's GEMMs run an MLP of these widths computed in `dtype` on this GPU: bf16 or fp16 (QuACK has no
     float32 GEMM on Hopper, and makes it TF32 on Blackwell), both widths multiples of 8 (what QuACK's own MLP module
     asks before taking its GEMMs), compute capability 8.0 or later."""
-    # the major version alone: torch 2.11's Dynamo could not compare the capability's tuple (an error in every
-    # compiled block of kernels="quack" on the H100, 2026-11-26)
+    # the major version alone: torch 2.11's Dynamo cannot compare the capability's tuple (it raised in every compiled
+    # block of kernels="quack")
     return (dtype in (torch.bfloat16, torch.float16) and all(width % 8 == 0 for width in widths)
             and cuda_capability()[0] >= 8)
 

@@ -50,8 +50,8 @@ class MaskedLMOutput:
 
     def predicted_ids(self) -> Tensor:
         """The most likely token of every row the head scored: from the logits, or the fused loss's predictions. max's
-        indices, not argmax: on bf16 logits argmax is 5.7x slower on a CPU (28 x 30,522: 1.39 against 0.24 ms),
-        and the training loop asks every micro-batch (the first of equal maxima either way)."""
+        indices, not argmax: on bf16 logits argmax is several times slower on a CPU, and the training loop asks every
+        micro-batch (the first of equal maxima either way)."""
         return self.logits.max(-1).indices if self.logits is not None else self.predictions
 
 
@@ -88,7 +88,7 @@ class EncoderBlock(nn.Module):
         qk, v = self.qkv(h).unflatten(-1, (self.num_heads, 3 * self.head_dim)).split(
             (2 * self.head_dim, self.head_dim), dim=-1)
         if rope is not None:
-            qk = apply_rope(qk, rope)  # q and k in one pass: ~1.7x faster than two (measured)
+            qk = apply_rope(qk, rope)  # q and k in one pass, faster than two
         q, k = qk.chunk(2, dim=-1)
         attn = attend(q, k, v, layout, self.dropout_p if self.training else 0.0, self.attention_kernel)
         x = x + self.dropout(self.wo(attn.flatten(-2)))
@@ -383,10 +383,9 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
 
     def compile_masked_scoring(self, **kwargs) -> None:
         """`score_masked_rows` compiled (`torch.compile`'s arguments; compile_scope=blocks does it): the float32
-        logits of the loss and its softmax fused into the cross-entropy's kernels instead of written out whole (the
-        head forward + backward with the padded decoder 1.75x eager on the H200, 1.72x on a 2-core CPU:
-        docs/benchmarks.md). The number of masked rows changes from batch to batch: dynamic, unless the caller says
-        otherwise or compiles for CUDA graphs, whose batches have one shape (data.static_shapes). Never CUDA graphs
+        logits of the loss and its softmax fused into the cross-entropy's kernels instead of written out whole (its
+        speed: docs/benchmarks.md). The number of masked rows changes from batch to batch: dynamic, unless the caller
+        says otherwise or compiles for CUDA graphs, whose batches have one shape (data.static_shapes). Never CUDA graphs
         itself: the head is a few large kernels, and a graph would keep its logits (rows x the vocabulary) in a pool
         that the next replay overwrites. A copy of the model (`__getstate__`) runs the eager method."""
         mode = kwargs.pop("mode", None)

@@ -336,7 +336,8 @@ class PretrainingDataModule(L.LightningDataModule):
         {"documents": {name: n}, "tokens": {name: n}}."""
         sources = self.sources if self.data.sources else []
         totals = {key: {source.name: 0 for source in sources} for key in ("documents", "tokens")}
-        for state in self.stream_states.values():  # the counts kept beside each encoded state: nothing decoded
+        mine = {k: v for k, v in self.stream_states.items() if k % self.world_size == self.rank}  # this rank's readers
+        for state in mine.values():  # the counts kept beside each encoded state: nothing decoded
             for key, by_source in totals.items():
                 for source, count in zip(sources, state.drawn[key]):
                     by_source[source.name] += count

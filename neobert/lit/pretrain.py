@@ -221,18 +221,20 @@ class MLMPretrainingModule(L.LightningModule):
     def _read_metrics(self, accumulate: int) -> None:
         self.check_finite(f"before the update of global step {self.trainer.global_step}")
         step, world = self._step, self.trainer.world_size
-        loss, correct, masked, tokens, interval_tokens = (
-            torch.stack([torch.as_tensor(v, dtype=torch.float64, device=self.device) for v in (
-                step["loss"], step["correct"], step["masked"], step["tokens"], self._interval_tokens)]).tolist())
+        values = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=self.device) for v in (
+            step["loss"], step["correct"], step["masked"], step["tokens"], self._interval_tokens)])
+        if world > 1:  # the global batch's figures, whatever the layout (every rank reads at the same step)
+            values = self.trainer.strategy.reduce(values, reduce_op="sum")
+        loss, correct, masked, tokens, interval_tokens = values.tolist()
         metrics = {
-            "train/loss": loss / accumulate,
+            "train/loss": loss / (accumulate * world),
             "train/accuracy": correct / max(1.0, masked),
             "train/lr": self.trainer.optimizers[0].param_groups[0]["lr"],
-            "train/tokens": tokens * world,
+            "train/tokens": tokens,
         }
         if step["capacity"]:
             metrics["train/batch_size"] = float(step["sequences"] * world)  # sequences (packed rows) per step
-            metrics["train/packing_efficiency"] = tokens / step["capacity"]  # real tokens / row capacity
+            metrics["train/packing_efficiency"] = tokens / (step["capacity"] * world)  # real tokens / row capacity
             metrics["train/mask_rate"] = step["mask_rate"]
         datamodule = self.trainer.datamodule
         if self.config.data.sources and datamodule is not None:  # a mixture: what each source has given so far
@@ -244,11 +246,11 @@ class MLMPretrainingModule(L.LightningModule):
                 metrics[f"train/share/{name}"] = counts["documents"][name] / documents if documents else 0.0
         now = time.perf_counter()  # the read above waited for the device: the interval's time is real
         if self._interval_started is not None:
-            tokens_per_second = interval_tokens * world / (now - self._interval_started)
+            tokens_per_second = interval_tokens / (now - self._interval_started)
             metrics["train/tokens_per_sec"] = tokens_per_second
             peak = peak_flops(self.device, loop_compute_dtype(self.config.trainer.strategy, self.trainer.precision))
             if peak and interval_tokens:
-                per_token = self.training_flops_per_token(interval_tokens, self._interval_squared_lengths)
+                per_token = self.training_flops_per_token(interval_tokens / world, self._interval_squared_lengths)
                 metrics["train/mfu"] = mfu(tokens_per_second / world, per_token, peak)
         self._interval_started, self._interval_tokens, self._interval_squared_lengths = now, 0.0, 0
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)

@@ -26,9 +26,8 @@ class MtebConfig:
     max_examples: Optional[int] = None  # cap on the examples of local tasks (quick checks)
     beir_split: Optional[str] = None  # beir:<dir> tasks: the qrels split (qrels/<split>.tsv); null = the only one
     device: Optional[str] = None  # default: cuda if available
-    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU, neobert.model.kernels: 1.2-1.4x
-    # faster inference measured on an H200, docs/benchmarks.md) | quack (QuACK's MLP on a GPU: the whole model 1.25x
-    # faster in compiled inference on the H200; eager inference, which this job runs, not measured yet);
+    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU, neobert.model.kernels: faster eager
+    # inference, docs/benchmarks.md) | quack (QuACK's MLP on a GPU, made for compiled inference; this job runs eager);
     # other encoders run their own code.
     kernels: str = "eager"
     # Autocast dtype of the encoder: float32 | bfloat16; null = bfloat16 on GPU (the paper), float32 on CPU.

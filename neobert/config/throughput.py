@@ -68,7 +68,7 @@ class ThroughputConfig:
     matmul_calls: int = 20  # timed matmuls of that reference after every repetition of the models (the median of all)
     compile: bool = False  # torch.compile every model first (compilation is not timed)
     # With compile=true, the rows that stay eager: a reference at its best, side by side with compiled rows in one
-    # run. bert-base compiled ran 0.39x its eager speed on the H100 (Inductor lowers its masked SDPA to float32 GEMMs)
+    # run (bert-base runs slower compiled than eager: Inductor lowers its masked SDPA to float32 GEMMs)
     eager_models: List[str] = field(default_factory=list)
     # torch.compile's mode (model.compile_mode's choices): reduce-overhead replays each shape's CUDA graphs (no launch
     # per kernel); max-autotune-no-cudagraphs searches matmul tiles (minutes per shape); both compilation, not timed

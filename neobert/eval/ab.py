@@ -1,4 +1,4 @@
-"""Side-by-side timing of interchangeable implementations (the A/B scripts under scripts/bench, run on a GPU lease).
+"""Side-by-side timing of interchangeable implementations (the A/B scripts under scripts/bench).
 
 Each variant is a callable that runs one sample and returns its seconds per call (`seconds_per_call`: calls back to
 back, so that the device's work is timed, not the host's launches before an idle device; on a GPU with the share of
@@ -7,7 +7,7 @@ a compiled variant can compile again at its second call, when a guard sees what 
 cache the compiled code filled), then timed in alternation (A, B, C, A, B, C, ...), so that a change of clock or load
 falls on every variant alike, and the median is kept. A variant that raises (an optional kernel library on a GPU it
 does not support, a compile error, an error at its n-th call) is left out with the first line of the reason, and the
-others are still measured: a candidate cannot cost a lease its baseline.
+others are still measured: a candidate cannot cost the run its baseline.
 """
 
 from __future__ import annotations

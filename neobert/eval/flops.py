@@ -75,8 +75,8 @@ def peak_flops_of(device_name: str) -> float | None:
     return PEAK_FLOPS[max(matches, key=len)] if matches else None
 
 
-# CPU flags of native bfloat16 matmuls (Linux /proc/cpuinfo names). Without them PyTorch emulates bf16: measured
-# ~100x slower than float32 on an AVX2-only EPYC, ~5x faster on an EPYC with avx512_bf16 (docs/benchmarks.md).
+# CPU flags of native bfloat16 matmuls (Linux /proc/cpuinfo names). Without them PyTorch emulates bf16, far slower
+# than float32; with them bf16 is the faster (docs/benchmarks.md).
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 

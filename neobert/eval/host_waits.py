@@ -40,7 +40,7 @@ WRAPPER_PREFIXES = ("Optimizer.step#", "Optimizer.zero_grad#", "ProfilerStep#", 
 NO_HOST_OP = "(no host operator)"  # a launch outside every recorded operator (Python between operators)
 NO_LAUNCH = "(launch not in the trace)"
 # The profiler's own host work that holds the thread whose call needs it (kineto's "overhead" event of CUPTI's buffer
-# requests, seen in the H200's traces inside an aten::div for 2.2 ms), which an unprofiled step has not. Its other
+# requests, which can hold an operator for milliseconds), which an unprofiled step has not. Its other
 # overhead events (buffer flushes, driver compiles) are not counted: they carry no thread, and not all block one.
 BLOCKING_OVERHEADS = frozenset({"Activity Buffer Request"})
 PROFILER = "(the profiler's own work)"

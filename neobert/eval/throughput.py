@@ -122,8 +122,8 @@ def _hf_config(name: str):
 def compiled_graphs_per_shape(name: str) -> int:
     """How many graphs of one code object a row compiles per shape under compile=true: 1, but for transformers'
     FlashAttention 4 rows, whose attention function breaks the graph (CuTe DSL's DLTensorWrapper) and whose resumed
-    frame torch 2.11's Dynamo compiles once per layer (it guards `module.layer_idx`): ModernBERT with FA4 hit 9 graphs
-    at its first shape on the H100 (2026-11-26), and a CPU model of the break recompiled once per layer."""
+    frame torch 2.11's Dynamo compiles once per layer (it guards `module.layer_idx`; a CPU model of the break
+    recompiles once per layer too)."""
     return _hf_config(name).num_hidden_layers if WINDOWED_MODELS.get(name) == "flash_attention_4" else 1
 
 
@@ -393,10 +393,9 @@ MATMUL_REFERENCE_SHAPE = (4096, 768, 3072)
 class MatmulReference:
     """What one plain matmul reaches on this device in `dtype`: the ceiling an encoder's FLOP/s is compared with
     where no peak is published (CPUs). Warmed up, then every `measure()` times `calls` matmuls into one preallocated
-    output (a fresh 4096x3072 output per call would time the allocator's page faults, not the matmul: single calls
-    after a model step measured 0.46x a standalone rate). The caller interleaves `measure()` with the timed model
-    steps, in the models' threads and compute dtype, so that the reference shares their conditions (load, clock),
-    and takes the median of all the calls."""
+    output (a fresh 4096x3072 output per call would time the allocator's page faults, not the matmul). The caller
+    interleaves `measure()` with the timed model steps, in the models' threads and compute dtype, so that the
+    reference shares their conditions (load, clock), and takes the median of all the calls."""
 
     def __init__(self, device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int] = MATMUL_REFERENCE_SHAPE,
                  calls: int = 20, warmup: int = 3):

@@ -24,7 +24,7 @@ REQUIRED_COLUMNS = {f.name for f in dataclasses.fields(ThroughputRow) if f.defau
 
 
 def write_csv(rows: Sequence[ThroughputRow], path: str | Path) -> Path:
-    """Written aside, then renamed: a run killed while writing (a lease's time limit) leaves the last whole CSV."""
+    """Written aside, then renamed: a run killed while writing (at a time limit) leaves the last whole CSV."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_name(path.name + ".part")

@@ -13,7 +13,7 @@ throughput_traces/ (docs/ablations.md).
 
     python -m experiments.throughput --report a/throughput.csv b/throughput.csv --output-dir runs/merged
 
-re-makes the CSV, the Markdown tables and the plot from rows measured earlier (a GPU lease's CSVs), running no model.
+re-makes the CSV, the Markdown tables and the plot from rows measured earlier (earlier runs' CSVs), running no model.
 """
 
 from __future__ import annotations

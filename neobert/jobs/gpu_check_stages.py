@@ -146,8 +146,8 @@ STAGE_DONE = "gpu_check stage done:"  # how the log says a stage's row as soon a
 
 def attempt(row: StageRow, work: Callable[[], None]) -> None:
     """Runs one stage's work; an exception is printed with its traceback and marks the row FAILED (Ctrl-C is not
-    caught: it stops the check). The row is then printed on one line: a check killed at a time limit (a GPU lease's)
-    still says, in its log, what its finished stages measured."""
+    caught: it stops the check). The row is then printed on one line: a check killed at a time limit still says, in
+    its log, what its finished stages measured."""
     try:
         work()
     except Exception as err:  # noqa: BLE001 - any failure of a stage is reported, and the check goes on

@@ -53,8 +53,8 @@ def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
     rows: list[ThroughputRow] = []
 
     def write_so_far(done: list[ThroughputRow]) -> None:
-        """The tables after each layout and length, and after each profile: a run killed by a time limit (a GPU
-        lease's) leaves what it measured. A failure to write them is logged; the run goes on."""
+        """The tables after each layout and length, and after each profile: a run killed by a time limit leaves
+        what it measured. A failure to write them is logged; the run goes on."""
         try:
             write_reports(done, config.output_dir, plot=False, unfinished=True)
         except Exception as err:  # noqa: BLE001 - the end of the run writes them again
@@ -71,7 +71,7 @@ def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
 
 def report_from_csvs(csv_paths: Sequence[str | Path], output_dir: str | Path) -> dict[str, Path]:
     """The reports (CSV, Markdown, the Figure 3 plot) of rows measured earlier, read from throughput CSVs in the order
-    given (a GPU lease's steps each return one): no model runs. Profiles are not in a CSV, so their
+    given (one per run, e.g. of several machines): no model runs. Profiles are not in a CSV, so their
     tables are not re-made. Refused, before anything is written, where the merged CSV would replace one it reads."""
     if not csv_paths:
         raise ConfigError("--report needs at least one throughput CSV")

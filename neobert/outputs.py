@@ -11,10 +11,13 @@ is written, `claim_output_dir` refuses an output directory that
   replace it; and returns those earlier entries. Only they are ever removed (`clear_output_dir`), or the directory
   as a whole is swapped for a complete new one (`replace_directory`), built in a fresh `staging_dir` beside it.
 Names are those of `neobert.layout`; the few written by others (transformers' tokenizer files) are listed here.
+A disk without room for an output is an OSError (ENOSPC) saying what did not fit, where, and what was kept
+(`check_free_space` before a write whose size is known, `out_of_space` after one that filled the disk).
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import shutil
@@ -155,3 +158,52 @@ def replace_directory(new: str | Path, target: str | Path) -> None:
     os.replace(target, old)  # onto the fresh empty directory: a rename
     os.replace(new, target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- a full disk
+# Free bytes below which a failed write is taken for a full disk: torch's zip writer ("unexpected pos") and
+# safetensors do not pass the operating system's errno on.
+FULL_DISK_MARGIN = 1 << 20
+
+
+def free_space(path: str | Path) -> int:
+    """Free bytes on the file system of `path` (or of its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def megabytes(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB" if size >= 1e5 else f"{size / 1e3:,.0f} kB"
+
+
+def out_of_space(directory: str | Path, what: str, needed: int, outcome: str, *, known: bool = True) -> OSError:
+    """The error of a full disk: an OSError with ENOSPC, which every command line prints as one line, status 2.
+    `needed`: the bytes `what` takes (`known`), or those written before the disk filled (more are needed)."""
+    need = f"about {megabytes(needed)}" if known else f"more than the {megabytes(needed)} written before it filled"
+    return OSError(errno.ENOSPC, f"no space left on device for {what} in {staged_for(directory)}: it needs {need}, "
+                                 f"{megabytes(free_space(directory))} free; {outcome}")
+
+
+def staged_for(directory: str | Path) -> Path:
+    """The target of a `staging_dir` (.<target>.<random>.partial: what the user named); any other directory itself."""
+    directory = Path(directory)
+    if directory.name.startswith(".") and directory.name.endswith(STAGING_SUFFIX):
+        return directory.with_name(directory.name[1:-len(STAGING_SUFFIX)].rsplit(".", 1)[0])
+    return directory
+
+
+def check_free_space(directory: str | Path, needed: int, what: str, outcome: str) -> None:
+    """Refuses, before writing, `what` (about `needed` bytes) into a directory whose disk has less free."""
+    if needed > free_space(directory):
+        raise out_of_space(directory, what, needed, outcome)
+
+
+def filled_the_disk(err: BaseException, directory: str | Path) -> bool:
+    """Whether a write into `directory` failed for want of space (call it before removing what it wrote)."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if not isinstance(err, Exception):  # an interrupt
+        return False
+    return "No space left on device" in str(err) or free_space(directory) < FULL_DISK_MARGIN

@@ -22,6 +22,7 @@ from experiments import convert_official as convert_cli
 from experiments import glue as glue_cli
 from experiments import mteb as mteb_cli
 from experiments import pretrain as pretrain_cli
+from neobert import outputs
 from neobert.config import ConfigError, load_config
 from neobert.config.pretrain import MaskingConfig, PretrainConfig, PretrainDataConfig
 from neobert.data import corpus
@@ -443,11 +444,13 @@ def test_a_full_disk_leaves_no_partial_file(tmp_path, capsys, monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), where)
 
     monkeypatch.setattr(corpus.pq, "write_table", write_half_then_fail)
+    monkeypatch.setattr(outputs, "free_space", lambda path: 4096)
     assert run_cli(pretrain_cli.main, ["--pretokenize", str(tmp_path / "shards"), f"data.source={source}"]) == 2
-    shard = tmp_path / "shards" / "shard-00000.parquet.tmp"
-    assert error_line(capsys.readouterr().err) == f"error: No space left on device: '{shard}'"
-    assert files_under(tmp_path / "shards") == []  # neither the half-written temporary file nor a shard
-    assert files_under(tmp_path) == ["data", "data/docs.jsonl", "shards"]
+    assert error_line(capsys.readouterr().err) == (
+        f"error: no space left on device for shard-00000.parquet in {tmp_path / 'shards'}: it needs more than the "
+        f"0 kB written before it filled, 4 kB free; no partial shard is left, and the shards this run wrote before "
+        f"it are removed (an incomplete set)")
+    assert files_under(tmp_path) == ["data", "data/docs.jsonl"]  # no temporary file, shard or empty directory
 
 
 def test_empty_texts_in_contrastive_and_mteb_files_are_one_line_naming_the_example(tmp_path, capsys, monkeypatch):

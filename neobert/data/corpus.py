@@ -25,7 +25,7 @@ from neobert.config import ConfigError
 from neobert.config.pretrain import SourceData
 from neobert.errors import DataError
 from neobert.hub import is_hub_name, require_hub
-from neobert.outputs import SHARDS, claim_output_dir
+from neobert.outputs import SHARDS, claim_output_dir, filled_the_disk, out_of_space
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +277,24 @@ def source_inputs(data) -> list[tuple[str, str]]:
 
 PRETOKENIZED_EXISTS = ("pretokenize directory {directory} already holds shards of an earlier --pretokenize ({held}): "
                        "they would be read beside the new ones; remove them or choose another directory")
+NO_PARTIAL_SHARDS = "no partial shard is left, and the shards this run wrote before it are removed (an incomplete set)"
+
+
+def write_shard(rows: list, path: Path) -> Path:
+    """One parquet shard of token ids, written under a temporary name and renamed: a failed write leaves none."""
+    table = pa.table({TOKENS_COLUMN: pa.array(rows, type=pa.list_(pa.int32()))})
+    tmp = Path(str(path) + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)  # only once there is a shard to write
+    try:
+        pq.write_table(table, str(tmp))
+    except BaseException as err:
+        full, written = filled_the_disk(err, path.parent), tmp.stat().st_size if tmp.exists() else 0
+        tmp.unlink(missing_ok=True)
+        if full:
+            raise out_of_space(path.parent, path.name, written, NO_PARTIAL_SHARDS, known=False) from err
+        raise
+    os.replace(tmp, path)
+    return path
 
 
 def pretokenize(data, tokenizer, out_dir: str | Path, docs_per_shard: int = 100_000) -> list[Path]:
@@ -288,28 +306,21 @@ def pretokenize(data, tokenizer, out_dir: str | Path, docs_per_shard: int = 100_
     claim_output_dir(out_dir, SHARDS, where=f"pretokenize directory {out_dir}", noun="directory",
                      earlier=PRETOKENIZED_EXISTS, inputs=source_inputs(data))
     tokenize, skipped = DocumentTokenizer(tokenizer, text_column(data)), {}
-    shards, rows = [], []
-
-    def flush(chunk: list) -> None:
-        path = out_dir / f"shard-{len(shards):05d}.parquet"
-        table = pa.table({TOKENS_COLUMN: pa.array(chunk, type=pa.list_(pa.int32()))})
-        tmp = Path(str(path) + ".tmp")
-        out_dir.mkdir(parents=True, exist_ok=True)  # only once there is a shard to write
-        try:
-            pq.write_table(table, str(tmp))
-        except BaseException:  # a full disk or an interrupt: no half-written shard is left behind
-            tmp.unlink(missing_ok=True)
-            raise
-        os.replace(tmp, path)
-        shards.append(path)
-
-    for block in read_blocks(open_source(data), 1000, data):
-        rows.extend(tokenize(block, skipped))
-        while len(rows) >= docs_per_shard:
-            flush(rows[:docs_per_shard])
-            rows = rows[docs_per_shard:]
-    if rows:
-        flush(rows)
+    shards, rows, created = [], [], not out_dir.exists()
+    try:
+        for block in read_blocks(open_source(data), 1000, data):
+            rows.extend(tokenize(block, skipped))
+            while len(rows) >= docs_per_shard:
+                shards.append(write_shard(rows[:docs_per_shard], out_dir / f"shard-{len(shards):05d}.parquet"))
+                rows = rows[docs_per_shard:]
+        if rows:
+            shards.append(write_shard(rows, out_dir / f"shard-{len(shards):05d}.parquet"))
+    except BaseException:  # a full disk, bad data further on, an interrupt: an incomplete set of shards is no output
+        for shard in shards:
+            shard.unlink(missing_ok=True)
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
     if not shards:
         raise no_usable_documents(data, skipped)
     if skipped:

@@ -28,6 +28,7 @@ from neobert.config import TrainerConfig
 from neobert.errors import CheckpointError, ConfigError
 from neobert.layout import LAST_CHECKPOINT, checkpoint_dir
 from neobert.model.checkpoint import submodule_state
+from neobert.outputs import check_free_space, filled_the_disk, out_of_space
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ CHECKPOINT_KEY = "neobert"
 OPTIMIZER_NAME_KEY = "neobert_optimizer"
 # The EMA of the weights (trainer.ema, neobert.lit.ema): the same keys and shapes as the checkpoint's state_dict.
 EMA_STATE_KEY = "ema_state_dict"
+CHECKPOINTS_KEPT = ("nothing was lost: the checkpoints already there are intact and no partial one is left (a "
+                    "pretraining or contrastive run continues from the newest with resume=true)")
 # A checkpoint being written: `.<name>.<random>.tmp` beside it (never `*.ckpt`, so never taken for a checkpoint).
 PARTIAL_SUFFIX = ".tmp"
 STEP_CHECKPOINT = re.compile(r"step-(\d+)(?:-v(\d+))?\.ckpt")  # ModelCheckpoint's "step-{step:08d}" (+ "-vN")
@@ -62,6 +65,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        check_free_space(path.parent, _checkpoint_size(path.parent), "a checkpoint", CHECKPOINTS_KEPT)
         handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=PARTIAL_SUFFIX)
         try:
             with os.fdopen(handle, "wb") as f:
@@ -69,11 +73,25 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(partial, path)
-        except BaseException:
+        except BaseException as err:
+            full, written = filled_the_disk(err, path.parent), _size(partial)
             with contextlib.suppress(OSError):
                 os.unlink(partial)
+            if full:
+                raise out_of_space(path.parent, "a checkpoint", written, CHECKPOINTS_KEPT, known=False) from err
             raise
         _fsync_directory(path.parent)  # the rename itself survives a power loss
+
+
+def _checkpoint_size(directory: Path) -> int:
+    """What the next checkpoint in `directory` takes: about as much as the largest one there (0: none yet)."""
+    return max((_size(p) for p in directory.glob("*.ckpt") if p.is_file()), default=0)
+
+
+def _size(path: str | Path) -> int:
+    with contextlib.suppress(OSError):
+        return os.path.getsize(path)
+    return 0
 
 
 def _fsync_directory(directory: Path) -> None:

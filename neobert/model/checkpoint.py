@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -20,19 +21,46 @@ from safetensors.torch import load_file, save_file
 from neobert.errors import CheckpointError
 from neobert.layout import CONFIG_NAME, WEIGHTS_NAME
 from neobert.model.config import NeoBERTConfig
+from neobert.outputs import check_free_space, filled_the_disk, out_of_space
 
 log = logging.getLogger(__name__)
 
 HEAD_PREFIXES = ("decoder.", "dense.", "classifier.")
+# Room counted for the tokenizer's files beside the weights (bert-base-uncased's take 0.7 MB).
+TOKENIZER_ALLOWANCE = 4 << 20
+NO_PARTIAL_EXPORT = "no partial export is left, and the checkpoints or model it comes from are untouched"
 
 
 def save_pretrained(model, directory: str | os.PathLike, tokenizer=None) -> None:
-    """`model` is one of our modules; its class names its hub architecture (`hub_architecture`)."""
+    """`model` is one of our modules; its class names its hub architecture (`hub_architecture`). A disk without
+    room for it is refused before writing; a write that fails leaves none of its files (nor an empty directory)."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     config = {"architectures": [type(model).hub_architecture], **model.config.to_hub_dict()}
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     config["torch_dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    size = sum(t.nbytes for t in state.values()) + TOKENIZER_ALLOWANCE
+    check_free_space(directory, size, "an export", NO_PARTIAL_EXPORT)
+    directory.mkdir(parents=True, exist_ok=True)
+    before = set(directory.iterdir())
+    try:
+        _write_export(directory, state, config, tokenizer)
+    except BaseException as err:
+        full = filled_the_disk(err, directory)
+        _remove_new_entries(directory, before)
+        if full:
+            raise out_of_space(directory, "an export", size, NO_PARTIAL_EXPORT) from err
+        raise
+
+
+def _remove_new_entries(directory: Path, before: set[Path]) -> None:
+    """What a failed export wrote into `directory`, and the directory itself when that leaves it empty."""
+    for path in set(directory.iterdir()) - before:
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    if not any(directory.iterdir()):
+        directory.rmdir()
+
+
+def _write_export(directory: Path, state: dict[str, torch.Tensor], config: dict, tokenizer) -> None:
     # Write to temporary names first so a crash never leaves a half-written checkpoint under the real name.
     tmp_weights, tmp_config = directory / (WEIGHTS_NAME + ".tmp"), directory / (CONFIG_NAME + ".tmp")
     save_file(state, str(tmp_weights), metadata={"format": "pt"})

@@ -1,0 +1,119 @@
+"""Issue 57: a full disk, a broken tokenizer directory, shards whose columns differ, unbounded sizes and the
+throughput report's inputs (docs/reliability.md, "A full disk, broken inputs and unbounded sizes (round 5)").
+Each used to end in a library traceback, or after minutes of work; each is now one line naming the key, the file
+or the directory, before anything is written. A full disk is simulated: the free space the suite sees, and a
+write that fails as torch's, safetensors' or arrow's writers fail when it fills."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments import export as export_cli
+from experiments import pretrain as pretrain_cli
+from neobert import outputs
+from neobert.jobs.cli import run_cli
+from neobert.lit import checkpoints
+from neobert.lit.checkpoints import AtomicCheckpointIO
+from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
+from neobert.model import checkpoint as model_checkpoint
+
+FREE_WHEN_FULL = 4096  # what a full disk still shows free (rounded to "4 kB" in the messages)
+
+
+@pytest.fixture(autouse=True)
+def _drop_log_handlers_the_commands_install():
+    """A command's `logging.basicConfig` writes to the stream it found (this test's captured one, closed after)."""
+    handlers = list(logging.root.handlers)
+    yield
+    for handler in [h for h in logging.root.handlers if h not in handlers]:
+        logging.root.removeHandler(handler)
+
+
+def error_lines(capsys) -> list[str]:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return [line for line in err.splitlines() if line.startswith("error: ")]
+
+
+def entries(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------- 1. a full disk
+def test_a_full_disk_refuses_the_next_checkpoint_before_writing_and_the_run_resumes(tmp_path, capsys, monkeypatch):
+    """The second checkpoint (last.ckpt, after step-00000002.ckpt) does not fit: refused before a byte is written,
+    one line naming the directory and the size; once there is room, resume=true continues from step 2."""
+    from test_pretrain_slow import write_yaml
+
+    config = write_yaml(tmp_path, "trainer.max_steps=4", "trainer.checkpoint_every_n_steps=2")
+    saved = tmp_path / "run" / "checkpoints"
+    disk_fills_after_one = lambda path: FREE_WHEN_FULL if any(saved.glob("*.ckpt")) else 1 << 40  # noqa: E731
+    monkeypatch.setattr(outputs, "free_space", disk_fills_after_one)
+    assert run_cli(pretrain_cli.main, ["--config", str(config)]) == 2
+    size = outputs.megabytes((saved / "step-00000002.ckpt").stat().st_size)
+    assert error_lines(capsys) == [
+        f"error: no space left on device for a checkpoint in {saved}: it needs about {size}, 4 kB free; nothing was "
+        f"lost: the checkpoints already there are intact and no partial one is left (a pretraining or contrastive "
+        f"run continues from the newest with resume=true)"]
+    assert entries(saved) == ["step-00000002.ckpt"]  # no temporary file
+    monkeypatch.undo()
+    assert run_cli(pretrain_cli.main, ["--config", str(config), "resume=true"]) == 0
+    assert torch.load(saved / "last.ckpt", weights_only=False)["global_step"] == 4
+
+
+def test_a_checkpoint_write_that_fills_the_disk_leaves_no_partial_file(tmp_path, monkeypatch):
+    """torch's zip writer reports a full disk as `RuntimeError: [enforce fail at inline_container.cc:672] . unexpected
+    pos ...`: taken for a full disk when the disk has (almost) no room left, and the earlier last.ckpt stays."""
+    def fill_the_disk(checkpoint, file):
+        file.write(b"\0" * 5000)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 67396544 vs 67396436")
+
+    (tmp_path / "last.ckpt").write_bytes(b"the last good checkpoint")
+    monkeypatch.setattr(checkpoints.torch, "save", fill_the_disk)
+    monkeypatch.setattr(outputs, "free_space", lambda path: FREE_WHEN_FULL)
+    with pytest.raises(OSError) as raised:
+        AtomicCheckpointIO().save_checkpoint({"global_step": 3}, tmp_path / "last.ckpt")
+    assert str(raised.value.strerror) == (
+        f"no space left on device for a checkpoint in {tmp_path}: it needs more than the 5 kB written before it "
+        f"filled, 4 kB free; nothing was lost: the checkpoints already there are intact and no partial one is left "
+        f"(a pretraining or contrastive run continues from the newest with resume=true)")
+    assert entries(tmp_path) == ["last.ckpt"] and (tmp_path / "last.ckpt").read_bytes() == b"the last good checkpoint"
+
+
+def test_an_export_that_does_not_fit_is_refused_or_removed_whole(tmp_path, capsys, monkeypatch):
+    """The standalone export is refused before writing (its size is known: the weights and the tokenizer); a write
+    that fills the disk anyway (`SafetensorError: ... No space left on device (os error 28)`) leaves neither a file
+    nor an empty directory."""
+    from test_pretrain_slow import write_yaml
+
+    config = write_yaml(tmp_path, "trainer.max_steps=2", "trainer.checkpoint_every_n_steps=2")
+    assert run_cli(pretrain_cli.main, ["--config", str(config)]) == 0
+    monkeypatch.setattr(outputs, "free_space", lambda path: FREE_WHEN_FULL)
+    out = tmp_path / "out"
+    assert run_cli(export_cli.main, [str(tmp_path / "run" / "checkpoints" / "last.ckpt"), str(out)]) == 2
+    model = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", vocab_size=1000, max_length=64))
+    size = outputs.megabytes(sum(t.nbytes for t in model.state_dict().values()) + model_checkpoint.TOKENIZER_ALLOWANCE)
+    [line] = error_lines(capsys)
+    assert line.startswith(f"error: no space left on device for an export in {out}: it needs about ")
+    assert line.endswith(", 4 kB free; no partial export is left, and the checkpoints or model it comes from are "
+                         "untouched")
+    assert not out.exists() and entries(tmp_path) == ["corpus.jsonl", "run", "run.yaml"]  # no staging directory
+
+    def fill_the_disk(state, where, metadata=None):
+        Path(where).write_bytes(b"\0" * 3000)
+        raise model_checkpoint.SafetensorError("Error while serializing: I/O error: No space left on device (os "
+                                               "error 28)")
+
+    monkeypatch.setattr(outputs, "free_space", lambda path: 1 << 40)
+    monkeypatch.setattr(model_checkpoint, "save_file", fill_the_disk)
+    with pytest.raises(OSError) as raised:
+        model.save_pretrained(out)
+    assert str(raised.value.strerror) == (
+        f"no space left on device for an export in {out}: it needs about {size}, 1,099,511.6 MB free; no partial "
+        f"export is left, and the checkpoints or model it comes from are untouched")
+    assert not out.exists()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from experiments import export as export_cli
+from experiments import gpu_check as gpu_check_cli
 from experiments import pretrain as pretrain_cli
 from neobert import outputs
 from neobert.jobs.cli import run_cli
@@ -117,3 +118,31 @@ def test_an_export_that_does_not_fit_is_refused_or_removed_whole(tmp_path, capsy
         f"no space left on device for an export in {out}: it needs about {size}, 1,099,511.6 MB free; no partial "
         f"export is left, and the checkpoints or model it comes from are untouched")
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------- 2. a tokenizer
+@pytest.mark.parametrize("main", [pretrain_cli.main, gpu_check_cli.main], ids=["pretrain", "gpu_check"])
+def test_a_tokenizer_directory_that_cannot_be_loaded_is_one_line_naming_the_key(tmp_path, capsys, main):
+    """An empty directory, a `tokenizer.json` holding `garbage{` and a truncated `tokenizer_config.json` used to
+    end in `ValueError: Couldn't instantiate the backend tokenizer ...` or a `JSONDecodeError` traceback."""
+    from test_pretrain_slow import write_yaml
+
+    config = write_yaml(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "tokenizer.json").write_text("garbage{")
+    (tmp_path / "truncated").mkdir()
+    (tmp_path / "truncated" / "tokenizer_config.json").write_text('{"tokenizer_class": "BertTokenizer"\n')
+    expected = {
+        "empty": "is an empty directory, not a tokenizer (expected tokenizer.json, or vocab.txt with "
+                 "tokenizer_config.json)",
+        "garbage": "cannot be loaded as a tokenizer (it holds tokenizer.json): JSONDecodeError: Expecting value: "
+                   "line 1 column 1 (char 0)",
+        "truncated": "cannot be loaded as a tokenizer (it holds tokenizer_config.json): JSONDecodeError: Expecting "
+                     "',' delimiter: line 2 column 1 (char 36)"}
+    flags = ["--steps", "20", "--output-dir", str(tmp_path / "check")] if main is gpu_check_cli.main else []
+    for name, why in expected.items():
+        tokenizer = tmp_path / name
+        assert run_cli(main, ["--config", str(config), *flags, f"data.tokenizer={tokenizer}"]) == 2
+        assert error_lines(capsys) == [f"error: data.tokenizer={str(tokenizer)!r} {why}"]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "check").exists()

@@ -61,7 +61,7 @@ def load_tokenizer(name_or_path: str = BERT_BASE_UNCASED, max_length: int | None
     name that is not a directory is a ConfigError naming `config_key`); bert-base-uncased falls back to the
     verified packaged vocabulary when the hub cannot be reached."""
     if Path(name_or_path).is_dir():
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = load_local_tokenizer(Path(name_or_path), config_key)
     elif not is_hub_name(name_or_path):
         what = "is not a directory" if Path(name_or_path).exists() else "does not exist"
         raise ConfigError(f"{config_key}={name_or_path!r} {what} (a local tokenizer directory was expected; hub "
@@ -75,6 +75,22 @@ def load_tokenizer(name_or_path: str = BERT_BASE_UNCASED, max_length: int | None
     if max_length is not None:
         tokenizer.model_max_length = max_length
     return tokenizer
+
+
+def load_local_tokenizer(directory: Path, config_key: str):
+    """The tokenizer saved in `directory`; one that cannot be loaded (no tokenizer files, a corrupt tokenizer.json)
+    is a ConfigError naming `config_key`, the directory's files and why."""
+    files = sorted(p.name for p in directory.iterdir())
+    if not files:
+        raise ConfigError(f"{config_key}={str(directory)!r} is an empty directory, not a tokenizer (expected "
+                          f"tokenizer.json, or vocab.txt with tokenizer_config.json)")
+    try:
+        return AutoTokenizer.from_pretrained(str(directory))
+    except (ValueError, OSError, KeyError, TypeError) as err:  # transformers' errors for unusable files
+        why = " ".join(str(err).split()) or type(err).__name__
+        raise ConfigError(f"{config_key}={str(directory)!r} cannot be loaded as a tokenizer (it holds "
+                          f"{', '.join(files[:6])}{', ...' if len(files) > 6 else ''}): {type(err).__name__}: "
+                          f"{why}") from err
 
 
 TOKENIZER_KINDS = ("wordpiece", "bpe")

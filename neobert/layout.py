@@ -27,6 +27,9 @@ EXPORT_DIR = "export"
 METRICS_CSV = "metrics.csv"
 RUN_CONFIG = "config.yaml"
 RESULTS_JSON = "results.json"
+# In an output_dir while a run writes it: who holds it (pid, host, command, start), under an OS lock that ends with
+# that process (neobert.outputs.hold_output_dir)
+RUN_LOCK = ".run.lock"
 
 
 # What each job writes under its output_dir, besides the run-directory names above.

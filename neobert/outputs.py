@@ -1,8 +1,10 @@
 """What a command may write into an output directory, and what `--overwrite` / `overwrite=true` may replace: one
 rule for every job (docs/reliability.md, "Output directories").
 
-A command writes only where it is asked to, and replaces only what the suite itself wrote there. Before anything
+A command writes only where it is asked to, and replaces only what the suite itself wrote there. One run writes
+an output directory at a time: a run holds its own for its lifetime (`hold_output_dir`). Before anything
 is written, `claim_output_dir` refuses an output directory that
+* another live run holds;
 * holds one of the command's own inputs (a checkpoint it reads, the data, the model it starts from): an output
   never goes where its inputs are, whatever `overwrite` says;
 * holds checkpoints (a run directory, or its `checkpoints/`): nothing replaces a run's checkpoints;
@@ -17,22 +19,33 @@ A disk without room for an output is an OSError (ENOSPC) saying what did not fit
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import fnmatch
+import itertools
+import json
+import logging
 import os
+import shlex
 import shutil
+import socket
+import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator, Mapping
 
 from neobert.errors import ConfigError
 from neobert.layout import (AVERAGING_JSON, CHECKPOINT_DIR, CONFIG_NAME, EMA_EXPORT_DIR, GLUE_BEST_DIR,
                             GLUE_PREDICTIONS_DIR, GLUE_SWEEP_JSON, GLUE_SWEEP_MD, GPU_CHECK_JSON,
                             GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV, GPU_CHECK_LOOP_TRACE,
                             GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV,
-                            GPU_CHECK_RECIPE_RUN, GPU_CHECK_TRACE, MATRYOSHKA_JSON, RESULTS_JSON, TOKENIZER_FILES,
-                            WEIGHTS_NAME)
+                            GPU_CHECK_RECIPE_RUN, GPU_CHECK_TRACE, MATRYOSHKA_JSON, RESULTS_JSON, RUN_LOCK,
+                            TOKENIZER_FILES, WEIGHTS_NAME)
+
+log = logging.getLogger(__name__)
 
 # Written by transformers' save_pretrained beside TOKENIZER_FILES (by some of its versions).
 HF_TOKENIZER_EXTRAS = ("special_tokens_map.json", "added_tokens.json")
@@ -87,6 +100,163 @@ def holds_checkpoints(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name == CHECKPOINT_DIR or p.suffix == ".ckpt")
 
 
+# ---------------------------------------------------------------------------------------------- one run per directory
+# The variables a launcher sets in the processes it starts, as Lightning reads them (lightning.fabric.utilities.
+# rank_zero, plugins/environments): RANK, the global rank itself (torchrun, kubeflow, DeepSpeed's launcher); then
+# Lightning's own launcher, which re-runs the command with LOCAL_RANK set for each further device of a node, a node
+# other than the first having NODE_RANK (or torchelastic's GROUP_RANK) set; then srun's, jsrun's (LSF) and mpirun's.
+LIGHTNING_RANKS = ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK")
+SCHEDULER_RANKS = ("SLURM_PROCID", "JSM_NAMESPACE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+# What flock raises where the file system keeps no locks (Lustre without -o flock, some NFS mounts).
+NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
+NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+COMMAND_SHOWN = 300  # characters of the holder's command line in a refusal
+
+
+def is_global_rank_zero(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process is rank 0 of its run (any process without a launcher is): the one process of a run,
+    whatever its devices and nodes, that holds its output directory and writes its shared files."""
+    if "RANK" in environ:
+        return int(environ["RANK"]) == 0
+    lightning = [int(environ[key]) for key in LIGHTNING_RANKS if key in environ]
+    if lightning:
+        return not any(lightning)
+    return next((int(environ[key]) for key in SCHEDULER_RANKS if key in environ), 0) == 0
+
+
+@dataclass
+class _Hold:
+    lock: int  # the open lock file, flock'ed: the kernel releases it when this process ends, however it ends
+    path: Path
+    created: list[Path]  # the folders taking the hold made, innermost first: removed on leaving when still empty
+
+
+_HELD: dict[Path, _Hold] = {}  # this process's holds, by resolved directory
+
+
+@contextlib.contextmanager
+def hold_output_dir(directory: str | Path, where: str | None = None, noun: str = "output_dir") -> Iterator[bool]:
+    """Holds `directory` for one run while the block runs: a second run into it, from any process on any machine
+    sharing the file system, is refused (a ConfigError naming the holder: pid, host, start, command), before it
+    writes or removes anything. The hold is an OS lock on `directory/RUN_LOCK`, so it ends with the process that
+    took it, a kill -9 included; the file a killed run leaves behind blocks no one. Only rank 0 of a run holds
+    (`is_global_rank_zero`): the ranks a launcher starts belong to the run that holds. A process holding
+    `directory` already holds it again (a phase of a recipe, a resume inside the run); a folder inside it is
+    another directory. Yields whether this process is the run's writer (False: another rank of the run), the one
+    that may clean up after earlier runs. `where` begins the refusal (default "output_dir='<directory>'");
+    `noun` ends it ("choose another <noun>")."""
+    directory, key = Path(directory), Path(directory).resolve()
+    if not is_global_rank_zero() or key in _HELD:
+        yield key in _HELD
+        return
+    hold = _take(key, where or f"output_dir={str(directory)!r}", noun)
+    if hold is not None:
+        _HELD[key] = hold
+    try:
+        yield True
+    finally:
+        if hold is not None:
+            del _HELD[key]
+            _release(hold)
+
+
+def _take(directory: Path, where: str, noun: str) -> _Hold | None:
+    """The hold of `directory`, or None where it cannot be had: a directory this process cannot write (its first
+    write says so) or a file system without locks (warned). `directory`: resolved (a later chdir changes nothing)."""
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{where} is a file, not a directory")
+    created = list(itertools.takewhile(lambda folder: not folder.exists(), (directory, *directory.parents)))
+    while True:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            lock = os.open(directory / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            continue  # the run leaving it removed the folder it had made: make it again
+        except OSError as err:
+            if err.errno not in NOT_WRITABLE:
+                raise
+            return None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(lock)
+            os.close(lock)
+            raise in_use(where, noun, holder) from None
+        except OSError as err:
+            os.close(lock)
+            if err.errno not in NO_LOCKS:
+                raise
+            log.warning("%s: the file system keeps no locks (%s): a second run into it is not refused", directory,
+                        err.strerror)
+            return None
+        if _same_file(lock, directory / RUN_LOCK):
+            break
+        os.close(lock)  # the run before removed this file on leaving: lock the one there now
+    command = shlex.join([Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]])
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": command,
+              "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    os.ftruncate(lock, 0)  # the file a killed run left names a holder that is gone
+    os.write(lock, json.dumps(holder).encode())
+    return _Hold(lock, directory / RUN_LOCK, created)
+
+
+def _release(hold: _Hold) -> None:
+    if _same_file(hold.lock, hold.path):  # removed while still locked: no one takes a file on its way out
+        hold.path.unlink()
+    fcntl.flock(hold.lock, fcntl.LOCK_UN)  # a forked DataLoader worker may share the lock: end it for all
+    os.close(hold.lock)
+    for folder in hold.created:
+        try:
+            folder.rmdir()  # a run refused by its own checks leaves no folder behind
+        except OSError:
+            break
+
+
+def _same_file(lock: int, path: Path) -> bool:
+    try:
+        there, held = os.stat(path), os.fstat(lock)
+    except FileNotFoundError:
+        return False
+    return (there.st_dev, there.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _holder(lock: int) -> str:
+    """The holder a lock file names, in words."""
+    try:
+        holder = json.loads(os.pread(lock, 4096, 0))
+        command = " ".join(holder["command"].split())  # one line, whatever the command held
+        command = command if len(command) <= COMMAND_SHOWN else command[: COMMAND_SHOWN - 3] + "..."
+        return f"pid {holder['pid']} on {holder['host']}, started {holder['started']} by `{command}`"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "it is starting: its pid and command are not written yet"
+
+
+def in_use(where: str, noun: str, holder: str) -> ConfigError:
+    return ConfigError(f"{where} is in use by another run ({holder}): one run writes a directory at a time; wait "
+                       f"for that run to end (or stop it), or choose another {noun}")
+
+
+def running_holder(directory: str | Path) -> str | None:
+    """The live run holding `directory` (`hold_output_dir`), in words, when a process other than this one holds
+    it; None otherwise, and always on the other ranks of a run (its rank 0 holds for them)."""
+    directory = Path(directory)
+    if directory.resolve() in _HELD or not is_global_rank_zero():
+        return None
+    try:
+        lock = os.open(directory / RUN_LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)  # taken only while this looks: closing the file ends it
+    except BlockingIOError:
+        return _holder(lock)
+    except OSError:
+        return None  # a file system without locks
+    finally:
+        os.close(lock)
+    return None
+
+
 def claim_output_dir(directory: str | Path, kind: OutputKind, *, where: str, noun: str, earlier: str = "",
                      overwrite: bool = False, flag: str | None = None,
                      inputs: Iterable[tuple[str, str | Path | None]] = ()) -> list[Path]:
@@ -104,6 +274,9 @@ def claim_output_dir(directory: str | Path, kind: OutputKind, *, where: str, nou
         return []
     if not directory.is_dir():
         raise ConfigError(f"{where} is a file, not a directory")
+    holder = running_holder(directory)
+    if holder is not None:
+        raise in_use(where, noun, holder)
     included = f", {flag} included" if flag else ""
     for label, path in inputs:
         if path is not None and Path(path).exists() and is_within(path, directory):
@@ -113,7 +286,8 @@ def claim_output_dir(directory: str | Path, kind: OutputKind, *, where: str, nou
     if checkpoints:
         raise ConfigError(f"{where} holds checkpoints ({listing(checkpoints)}): an output never replaces a run's "
                           f"checkpoints{included}; choose another {noun}")
-    entries = sorted(directory.iterdir(), key=lambda p: p.name)
+    # RUN_LOCK (a run's hold): neither someone else's file nor an earlier output to replace
+    entries = sorted((p for p in directory.iterdir() if p.name != RUN_LOCK), key=lambda p: p.name)
     foreign = [p.name for p in entries if not kind.owns(p.name)]
     if kind.whole and foreign:
         raise ConfigError(f"{where} holds files that are not part of {kind.content} ({listing(foreign)}): it is "

@@ -21,13 +21,21 @@ from neobert.lit.checkpoints import (refuse_another_optimizer, refuse_existing_c
                                      step_checkpoint_callback)
 from neobert.lit.contrastive import ContrastiveModule
 from neobert.lit.trainer import build_trainer
+from neobert.outputs import hold_output_dir
 
 STS_TASK = "ContrastiveEvalSTS"
 
 
 def run_contrastive(config: ContrastiveConfig) -> dict:
     """Fine-tunes, exports to `<output_dir>/export` (hub + sentence-transformers layout) and returns the
-    summary (also in `<output_dir>/results.json`)."""
+    summary (also in `<output_dir>/results.json`). The run holds its output_dir throughout
+    (neobert.outputs.hold_output_dir): a second run into it is refused before it writes or removes anything."""
+    with hold_output_dir(config.output_dir):
+        return train_and_export(config)
+
+
+def train_and_export(config: ContrastiveConfig) -> dict:
+    """`run_contrastive` once its output_dir is held."""
     L.seed_everything(config.trainer.seed, workers=True)
     output_dir = Path(config.output_dir)
     if not config.resume:

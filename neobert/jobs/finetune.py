@@ -32,7 +32,7 @@ from neobert.layout import (GLUE_BEST_CHECKPOINT, GLUE_BEST_DIR, GLUE_SWEEP_JSON
                             RUN_CONFIG, checkpoint_dir)
 from neobert.lit.trainer import build_trainer
 from neobert.model.checkpoint import submodule_state
-from neobert.outputs import FINETUNE_TASK, claim_output_dir, clear_output_dir
+from neobert.outputs import FINETUNE_TASK, claim_output_dir, clear_output_dir, hold_output_dir
 
 
 def run_name(batch_size: int, lr: float, weight_decay: float, seed: int) -> str:
@@ -41,6 +41,7 @@ def run_name(batch_size: int, lr: float, weight_decay: float, seed: int) -> str:
 
 FINISHED_RUN = ("invalid config key 'overwrite': {directory} already holds a finished run ({held}): set "
                 "overwrite=true to replace it, or choose another output_dir")
+TASK_DIR = "invalid config key 'output_dir': the task directory {}"  # what a refusal of a task directory names
 
 
 def prepare_task_dir(task_dir: Path, overwrite: bool, inputs: Sequence[tuple[str, str | Path | None]] = ()) -> None:
@@ -48,8 +49,8 @@ def prepare_task_dir(task_dir: Path, overwrite: bool, inputs: Sequence[tuple[str
     what the suite wrote there first (results, best/, the runs; never anything else): a new result is never mixed
     with an earlier one's files. A task directory holding one of the run's `inputs` (its data, the model it starts
     from) is refused whatever `overwrite` says (`neobert.outputs.claim_output_dir`)."""
-    claim_output_dir(task_dir, FINETUNE_TASK, where=f"invalid config key 'output_dir': the task directory {task_dir}",
-                     noun="output_dir", overwrite=True, flag="overwrite=true", inputs=inputs)
+    claim_output_dir(task_dir, FINETUNE_TASK, where=TASK_DIR.format(task_dir), noun="output_dir", overwrite=True,
+                     flag="overwrite=true", inputs=inputs)
     finished = [name for name in (RESULTS_JSON, GLUE_BEST_DIR) if (task_dir / name).exists()]
     if finished and not overwrite:
         raise ConfigError(FINISHED_RUN.format(directory=task_dir, held=", ".join(finished)))
@@ -183,6 +184,8 @@ class FineTuneJob:
     export_best: Callable[[dict, Any, L.LightningDataModule, Backbone, Path], nn.Module]
     score_name: Callable[[Any], str]  # (task) -> the score sweep.md ranks by
     summary_fields: Callable[[Path], dict] = lambda task_dir: {}  # (task directory) -> the job's own summary keys
+    # (config, TaskRun) -> what the job writes into the task directory after the summary (GLUE's test predictions)
+    finish: Callable[[Any, TaskRun], None] = lambda config, run: None
 
     def load_task_config(self, task: str, config: str | Path | None = None, model: str | None = None,
                          overrides: Sequence[str] = ()):
@@ -210,10 +213,20 @@ class TaskRun(NamedTuple):
 def run_task(job: FineTuneJob, config, sweep: bool = False) -> TaskRun:
     """Fine-tunes one task: a single run with the config's hyperparameters, or (sweep=True) the grid with several
     seeds, ranked by the median over seeds. Keeps the best run's model in `<output_dir>/<task>/best/` and writes
-    each run's `results.json` and the task's summary (`write_summary`)."""
+    each run's `results.json`, the task's summary (`write_summary`) and what the job adds (`job.finish`). The task
+    directory is held throughout (neobert.outputs.hold_output_dir): a second run into it is refused before it
+    writes or removes anything."""
     task = job.get_task(config.task)
     job.check_hub_sources(config, task)
     task_dir = job.output_root(config) / task.name
+    with hold_output_dir(task_dir, where=TASK_DIR.format(task_dir)):
+        run = run_held_task(job, config, task, task_dir, sweep)
+        job.finish(config, run)
+    return run
+
+
+def run_held_task(job: FineTuneJob, config, task, task_dir: Path, sweep: bool) -> TaskRun:
+    """`run_task` once its task directory is held."""
     prepare_task_dir(task_dir, config.overwrite, job.run_inputs(config, task))
     backbone = load_backbone(config.model, tokenizer=config.tokenizer, kernels=config.kernels)
     datamodule = job.datamodule(task, backbone.tokenizer, config.data, seed=config.trainer.seed)

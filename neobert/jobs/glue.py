@@ -142,19 +142,22 @@ def run_inputs(config: GlueConfig, task: GlueTask) -> list[tuple[str, str | Path
     return inputs + ([(f"transfer_from={config.transfer_from!r} ({transfer})", transfer)] if transfer else [])
 
 
+def finish_task(config: GlueConfig, run: finetune.TaskRun) -> None:
+    """The test-split predictions of the best model, when `predict` is set (in the task directory, still held)."""
+    if config.predict:
+        write_predictions(config, run.datamodule, run.best_model, run.task_dir / GLUE_PREDICTIONS_DIR)
+
+
 GLUE = FineTuneJob(name="glue", config_class=GlueConfig, get_task=get_task, datamodule=GlueDataModule,
                    check_hub_sources=check_hub_sources, run_inputs=run_inputs, fine_tune=fine_tune,
-                   export_best=export_best, score_name=main_score_key)
+                   export_best=export_best, score_name=main_score_key, finish=finish_task)
 load_task_config = GLUE.load_task_config
 
 
 def run_task(config: GlueConfig, sweep: bool = False) -> dict:
     """Fine-tunes one task (`finetune.run_task`: one run or the grid with its seeds, the best model kept in
-    `<output_dir>/<task>/best/`), then writes its test-split predictions when `predict` is set."""
-    run = finetune.run_task(GLUE, config, sweep)
-    if config.predict:
-        write_predictions(config, run.datamodule, run.best_model, run.task_dir / GLUE_PREDICTIONS_DIR)
-    return run.summary
+    `<output_dir>/<task>/best/`), then writes its test-split predictions when `predict` is set (`finish_task`)."""
+    return finetune.run_task(GLUE, config, sweep).summary
 
 
 def run_all(configs: dict[str, GlueConfig], sweep: bool = False) -> dict:

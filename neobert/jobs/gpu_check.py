@@ -41,7 +41,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +59,7 @@ from neobert.jobs.gpu_check_stages import (BELOW_TARGET, CEILING, ENCODER, EXPOR
                                            loop_profiler, loop_stage, profile_stage, resume_stage)
 from neobert.jobs.pretrain import load_pretrain_config, prepare
 from neobert.layout import GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_RECIPE_RUN, write_atomically
-from neobert.outputs import GPU_CHECK, claim_output_dir, clear_output_dir
+from neobert.outputs import GPU_CHECK, claim_output_dir, clear_output_dir, is_global_rank_zero
 
 
 @dataclass
@@ -90,7 +89,7 @@ def run_gpu_check(config: GpuCheckConfig) -> GpuCheckResult:
 
 
 def _run_stages(config: GpuCheckConfig, plan: Plan) -> GpuCheckResult:
-    rank_zero = is_global_zero()
+    rank_zero = is_global_rank_zero()
     if rank_zero:
         clear_earlier_check(plan.output_dir, config.overwrite)
     rows, profiled = {}, None
@@ -205,11 +204,6 @@ def check_log_interval(config: GpuCheckConfig, recipe: PretrainConfig) -> None:
                           f"{config.warmup_steps} warm-up steps{profiled} at logging.log_every_n_steps={interval}; "
                           f"set steps={reads * interval} or more, or lower warmup_steps"
                           + (", profile_steps" if config.profile else "") + " or logging.log_every_n_steps")
-
-
-def is_global_zero() -> bool:
-    """Rank 0 of the run: not one of the ranks Lightning's launcher (or torchrun, srun) started."""
-    return all(os.environ.get(key, "0") == "0" for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))
 
 
 def clear_earlier_check(output_dir: Path, overwrite: bool) -> None:

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Sequence
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -41,6 +40,7 @@ from neobert.hub import HubUnreachableError
 from neobert.jobs.pretrain import prepare, run_pretraining
 from neobert.layout import EXPORT_DIR, PHASE_PLAN, checkpoint_dir, write_atomically
 from neobert.lit.checkpoints import refuse_existing_checkpoints, verify_checkpoint
+from neobert.outputs import hold_output_dir
 
 log = logging.getLogger(__name__)
 
@@ -202,27 +202,29 @@ def run_phases(config: PretrainConfig, from_phase: str | None = None,
     if from_phase is not None:
         runs = _branch(config, runs, from_phase)
     output = Path(runs[0].config.output_dir)  # output_dir, or output_dir/from-<name>
-    if not config.resume:  # as a single run: a new run must not mix its checkpoints with an earlier run's
-        refuse_existing_checkpoints(output)
-    plan = plan_record(runs)
-    refuse_another_plan(output, plan, branch=from_phase is not None)
-    check_phases(runs)
-    if rank_zero_only.rank == 0 and _read_plan(output) != plan:
-        write_atomically(output / PHASE_PLAN, [json.dumps(plan, indent=1) + "\n"])
-    exports = []
-    for run in runs:
-        if run.done():
-            log.info("phase %r (steps %d-%d) is done: %s", run.name, run.start_step, run.end_step,
-                     run.config.export_dir)
-        else:
-            log.info("phase %r: steps %d-%d of %d", run.name, run.start_step, run.end_step, run.total_steps)
-            run_pretraining(run.config, extra_callbacks, phase=run)
-            marker = Path(run.config.export_dir) / PHASE_DONE
-            if marker.parent.is_dir():  # rank 0 exported
-                marker.write_text(json.dumps({"phase": run.name, "start_step": run.start_step,
-                                              "end_step": run.end_step}) + "\n")
-        exports.append(Path(run.config.export_dir))
-    return exports
+    with hold_output_dir(output) as writer:  # for every phase: each one's run_pretraining holds it again
+        if not config.resume:  # as a single run: a new run must not mix its checkpoints with an earlier run's
+            refuse_existing_checkpoints(output)
+        plan = plan_record(runs)
+        refuse_another_plan(output, plan, branch=from_phase is not None)
+        check_phases(runs)
+        if writer and _read_plan(output) != plan:
+            write_atomically(output / PHASE_PLAN, [json.dumps(plan, indent=1) + "\n"])
+        return [run_phase(run, extra_callbacks) for run in runs]
+
+
+def run_phase(run: PhaseRun, extra_callbacks: Sequence[L.Callback]) -> Path:
+    """One phase of `run_phases` (a done one is only logged); returns its export directory."""
+    if run.done():
+        log.info("phase %r (steps %d-%d) is done: %s", run.name, run.start_step, run.end_step, run.config.export_dir)
+    else:
+        log.info("phase %r: steps %d-%d of %d", run.name, run.start_step, run.end_step, run.total_steps)
+        run_pretraining(run.config, extra_callbacks, phase=run)
+        marker = Path(run.config.export_dir) / PHASE_DONE
+        if marker.parent.is_dir():  # rank 0 exported
+            marker.write_text(json.dumps({"phase": run.name, "start_step": run.start_step,
+                                          "end_step": run.end_step}) + "\n")
+    return Path(run.config.export_dir)
 
 
 def check_phases(runs: list[PhaseRun]) -> None:

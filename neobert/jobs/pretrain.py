@@ -37,7 +37,7 @@ from neobert.lit.trainer import build_trainer, check_strategy_has_its_device
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model.config import ModelFieldError
 from neobert.model.checkpoint import load_state_dict_strict, read_weights, submodule_state
-from neobert.outputs import EXPORT, claim_output_dir, clear_output_dir, is_within
+from neobert.outputs import EXPORT, claim_output_dir, clear_output_dir, hold_output_dir, is_within
 
 log = logging.getLogger(__name__)
 DEMO_CONFIG = "demo"  # the embedded default: `python -m experiments.pretrain` with no --config
@@ -192,7 +192,14 @@ def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback
     computes the unigram-entropy baseline over that many training documents, prints it and draws it on the
     loss plot. `phase`: one phase of a phased recipe (a neobert.jobs.phases.PhaseRun, which runs them all): it
     starts from the phase before's final checkpoint, keeps the recipe's lr schedule, and writes its own final
-    checkpoint before the export."""
+    checkpoint before the export. The run holds its output_dir throughout (neobert.outputs.hold_output_dir): a
+    second run into it is refused before it writes or removes anything."""
+    with hold_output_dir(config.output_dir):
+        return train_and_export(config, extra_callbacks, phase)
+
+
+def train_and_export(config: PretrainConfig, extra_callbacks: Sequence[L.Callback] = (), phase=None) -> Path:
+    """`run_pretraining` once its output_dir is held."""
     if config.phases and phase is None:
         raise ConfigError("invalid config key 'phases': a phased recipe runs phase by phase "
                           "(neobert.jobs.phases.run_phases; `python -m experiments.pretrain` does)")

@@ -28,7 +28,7 @@ from neobert.config import TrainerConfig
 from neobert.errors import CheckpointError, ConfigError
 from neobert.layout import LAST_CHECKPOINT, checkpoint_dir
 from neobert.model.checkpoint import submodule_state
-from neobert.outputs import check_free_space, filled_the_disk, out_of_space
+from neobert.outputs import check_free_space, filled_the_disk, hold_output_dir, out_of_space
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,8 @@ def _fsync_directory(directory: Path) -> None:
 
 
 def remove_partial_writes(output_dir: str | Path) -> list[Path]:
-    """Deletes the temporary files of checkpoint writes that a kill interrupted (only when no run is writing
-    to `output_dir`, i.e. before a resumed run starts); returns them."""
+    """Deletes the temporary files of checkpoint writes that a kill interrupted (only by the process holding
+    `output_dir`, before it writes any: `resume_checkpoint`); returns them."""
     directory = checkpoint_dir(output_dir)
     removed = []
     for partial in directory.glob(f".*.ckpt.*{PARTIAL_SUFFIX}") if directory.is_dir() else ():
@@ -402,16 +402,20 @@ def refuse_another_optimizer(checkpoint: str | Path, name: str, start_over: str)
 def resume_checkpoint(output_dir: str | Path) -> Path | None:
     """The checkpoint resume=true starts from: the newest one that loads (verified here, before any training).
     Unreadable newer ones (a truncated or corrupt file) are renamed `<name>.unreadable` and the fallback is
-    logged in one line; leftovers of interrupted atomic writes are deleted. Raises CheckpointError when the
-    run has checkpoints but none is readable; None (a new run) when it has none."""
-    path, skipped = newest_readable_checkpoint(output_dir)
-    for partial in remove_partial_writes(output_dir):
-        log.info("removed %s, the temporary file of a checkpoint write that was interrupted", partial)
-    if path is None:
-        log.info("resume=true but %s has no checkpoint: starting a new run", output_dir)
-        return None
-    if skipped:
-        moved = set_aside([p for p, reason in skipped if not reason.startswith(OLDER)])
-        log.warning("resume=true: resuming from %s; skipped %s", path, "; ".join(
-            f"{p.name} ({reason})" + (f", renamed to {moved[p].name}" if p in moved else "") for p, reason in skipped))
+    logged in one line; leftovers of interrupted atomic writes are deleted. Only the process holding output_dir
+    renames or deletes (neobert.outputs.hold_output_dir, taken here if the job has not): never a live run's files,
+    and once per run, not on each of its ranks. Raises CheckpointError when the run has checkpoints but none is
+    readable; None (a new run) when it has none."""
+    with hold_output_dir(output_dir) as writer:
+        path, skipped = newest_readable_checkpoint(output_dir)
+        for partial in remove_partial_writes(output_dir) if writer else ():
+            log.info("removed %s, the temporary file of a checkpoint write that was interrupted", partial)
+        if path is None:
+            log.info("resume=true but %s has no checkpoint: starting a new run", output_dir)
+            return None
+        if skipped:
+            moved = set_aside([p for p, reason in skipped if not reason.startswith(OLDER)]) if writer else {}
+            log.warning("resume=true: resuming from %s; skipped %s", path, "; ".join(
+                f"{p.name} ({reason})" + (f", renamed to {moved[p].name}" if p in moved else "")
+                for p, reason in skipped))
     return path

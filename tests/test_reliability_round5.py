@@ -10,6 +10,8 @@ import json
 import logging
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -146,3 +148,41 @@ def test_a_tokenizer_directory_that_cannot_be_loaded_is_one_line_naming_the_key(
         assert run_cli(main, ["--config", str(config), *flags, f"data.tokenizer={tokenizer}"]) == 2
         assert error_lines(capsys) == [f"error: data.tokenizer={str(tokenizer)!r} {why}"]
     assert not (tmp_path / "run").exists() and not (tmp_path / "check").exists()
+
+
+# ---------------------------------------------------------------------------------------------- 3. shard columns
+def write_shards(directory: Path, suffix: str, columns: list[dict]) -> list[Path]:
+    """One file per dict of columns (each a list of 30 documents), named a, b, ... in the order given."""
+    directory.mkdir()
+    paths = []
+    for name, table in zip("abc", columns):
+        path = directory / f"{name}{suffix}"
+        if suffix == ".parquet":
+            pq.write_table(pa.table(table), path)
+        else:
+            rows = [dict(zip(table, values)) for values in zip(*table.values())]
+            path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_shards_whose_columns_differ_are_refused_before_the_first_step(tmp_path, capsys, suffix):
+    """One file with `content`, another with `text` used to be `datasets.table.CastError` mid-run (after
+    step-00000005.ckpt with a long first shard), and in --pretokenize; a column the first file lacks the same."""
+    from test_pretrain_slow import write_yaml
+
+    config = write_yaml(tmp_path)
+    docs = [f"Document {i} is about parsers and lexers, part {i}." for i in range(30)]
+    renamed = write_shards(tmp_path / "renamed", suffix, [{"content": docs}, {"text": docs}])
+    extra = write_shards(tmp_path / "extra", suffix, [{"content": docs}, {"content": docs, "topic": docs}])
+    expected = {
+        renamed[0].parent: f"{renamed[1]} has no column data.text_column='content' (its columns: ['text'])",
+        extra[0].parent: f"{extra[1]} has the column 'topic', which {extra[0]} lacks (its columns: ['content']): "
+                         f"every file of a source is read with the first file's columns; give them all the same "
+                         f"columns"}
+    for source, why in expected.items():
+        for flags in ([], ["--pretokenize", str(tmp_path / "shards")]):
+            assert run_cli(pretrain_cli.main, ["--config", str(config), *flags, f"data.source={source}"]) == 2
+            assert error_lines(capsys) == [f"error: data.source={str(source)!r}: {why}"]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "shards").exists()

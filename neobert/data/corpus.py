@@ -5,7 +5,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import csv
+import functools
 import glob
 import hashlib
 import json
@@ -93,6 +96,53 @@ def _is_empty_file(path: str) -> bool:
     return path.endswith(".parquet") and size < SMALL_PARQUET_BYTES and pq.ParquetFile(path).metadata.num_rows == 0
 
 
+def file_columns(path: str) -> list[str] | None:
+    """The columns of a local file, read cheaply: a parquet schema, a JSON lines file's first object, a CSV header;
+    None where there are none to read (a text file, a first line that is not a JSON object)."""
+    stat = os.stat(path)
+    columns = _read_columns(path, stat.st_mtime_ns, stat.st_size)
+    return None if columns is None else list(columns)
+
+
+@functools.lru_cache(maxsize=None)  # every stream opens its source: a file's columns are read once per process
+def _read_columns(path: str, mtime_ns: int, size: int) -> tuple[str, ...] | None:
+    suffix = Path(path).suffix
+    if suffix == ".parquet":
+        return tuple(pq.read_schema(path).names)
+    if suffix not in (".jsonl", ".csv"):
+        return None
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        first = next((line for line in handle if line.strip()), "")
+    if suffix == ".csv":
+        return tuple(next(csv.reader([first]), []))
+    with contextlib.suppress(json.JSONDecodeError):
+        row = json.loads(first)
+        return tuple(sorted(row)) if isinstance(row, dict) else None
+    return None
+
+
+def check_file_columns(data, files: list[str]) -> None:
+    """Every file of a source holds its text column, and no column the first file lacks (`datasets` reads every
+    file with the first one's columns: another one is a CastError mid-run); checked before any document is read."""
+    if data.pretokenized_dir or len(files) < 2:  # one file: a missing column is check_column's
+        return
+    column, reference = text_column(data), file_columns(files[0])
+    if reference is None:
+        return
+    key = source_key(data).rsplit(".", 1)[0] + ".text_column"
+    for path in files:
+        columns = file_columns(path)
+        if columns is None:
+            continue
+        if column not in columns:
+            raise DataError(f"{source_name(data)}: {path} has no column {key}={column!r} (its columns: {columns})")
+        extra = [name for name in columns if name not in reference]
+        if extra:
+            raise DataError(f"{source_name(data)}: {path} has the column {extra[0]!r}, which {files[0]} lacks (its "
+                            f"columns: {reference}): every file of a source is read with the first file's columns; "
+                            f"give them all the same columns")
+
+
 def open_source(data, split: str | None = None):
     """A streaming Hugging Face IterableDataset of raw documents (or of token ids when pre-tokenized). Empty local
     files are left out (the readers choke on them); a corpus of empty files only is a DataError."""
@@ -109,6 +159,7 @@ def open_source(data, split: str | None = None):
     nonempty = [f for f in files if not _is_empty_file(f)]
     if not nonempty:
         raise no_usable_documents(data, {}, detail=f"its {len(files)} file(s) are empty")
+    check_file_columns(data, nonempty)
     try:
         return load_dataset(builder, data_files=nonempty, split="train", streaming=True, **options)
     except StopIteration:  # the json builder's schema inference found no row

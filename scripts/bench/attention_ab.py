@@ -1,15 +1,12 @@
-"""NeoBERT's attention alone on full rows (no padding), bf16, each way it could run (issue 34: in compiled inference at
-512 on the H100, FlashAttention 4's forward took 373 µs per TFLOP of the model's work where the cuDNN kernel that
-eager BERT and eager NeoBERT ran took 250-262, and the model compiled with SDPA ran 0.88x the model compiled with FA4,
-unprofiled):
+"""NeoBERT's attention alone on full rows (no padding), bf16, each way it could run (issue 34: which kernel serves
+compiled inference best, FlashAttention 4 or SDPA's cuDNN kernel, timed apart from the model):
 
 * sdpa: `F.scaled_dot_product_attention` on q, k, v as the model hands them over (views of the fused projection's
   output, [batch, heads, length, head_dim] after a transpose; no mask), PyTorch's choice of kernel (cuDNN's first
   on Hopper and Blackwell with cuDNN 9.15 or later, else FlashAttention 2);
 * sdpa_cudnn, sdpa_flash, sdpa_efficient: the same with one backend forced (`sdpa_kernel`), where it runs;
 * sdpa_compiled: the same call under `torch.compile` (the kernel Inductor chose when tracing, called with its layout
-  constraints): whether a compiled model's attention loses what the eager call has (on the H200, 2026-11-27: 0.72x
-  eager forward, near the flash backend forced, 0.68x; 0.62x forward + backward, where flash forced ran 0.74x);
+  constraints): whether a compiled model's attention loses what the eager call has;
 * compiled_cudnn: the same compiled with cuDNN first in SDPA's priority (`sdpa_kernel(..., set_priority=True)`
   inside the compiled function, which Dynamo traces in one graph under torch 2.11 and 2.13): whether a compiled
   call can have cuDNN's kernel back. Its context sets SDPA's process-wide order and restores the one it found: it

@@ -2,7 +2,7 @@
 compilation), and eager, in one process (docs/benchmarks.md, issue 34). NeoBERTForMaskedLM of a preset (random
 weights) on `rows` x `length` tokens packed with cu_seqlens, 20% of them masked and scored through `masked_index`,
 forward + backward under bf16 autocast (the pretraining step). `blocks_head_eager` is compile_scope=blocks less
-its compiled MLM head (`NeoBERTForMaskedLM.score_masked_rows` eager: what the scope compiled before 2026-11-27).
+its compiled MLM head (`NeoBERTForMaskedLM.score_masked_rows` eager): what compiling the head adds.
 Reported: the first step of each (the compilation: run with a fresh TORCHINDUCTOR_CACHE_DIR for cold figures), then
 the training steps interleaved (eager, model, blocks, blocks_head_eager, eager, ...), median, and dynamo's graph
 count (a recompilation would show there).

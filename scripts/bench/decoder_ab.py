@@ -1,10 +1,9 @@
 """The MLM head over the masked rows (issue 34): NeoBERT's decoder (768 -> 30,522) and its float32 cross-entropy, in
 bf16, forward + backward, as the pretraining step runs them, and with the decoder padded for the matmuls only:
 
-* as_is: `nn.Linear(768, 30522)` and `F.cross_entropy(logits.float())`, what `NeoBERTForMaskedLM` runs. On the H200
-  its three GEMMs ran Ampere-generation CUTLASS kernels with 2-element alignment (`cutlass_80_..._align2`, 4.2 ms a
-  step of 6,989 masked rows, 226-240 TFLOP/s; docs/benchmarks.md): 30,522 is not a multiple of 8, so the logits'
-  rows are not 16-byte aligned;
+* as_is: `nn.Linear(768, 30522)` and `F.cross_entropy(logits.float())`, what `NeoBERTForMaskedLM` runs. On Hopper
+  its three GEMMs run Ampere-generation CUTLASS kernels with 2-element alignment (`cutlass_80_..._align2`): 30,522
+  is not a multiple of 8, so the logits' rows are not 16-byte aligned;
 * padded: the same weight and bias with zero rows up to a multiple of 64 (30,528) for the matmul, the logits sliced
   back to 30,522 (`neobert.model.modeling.padded_linear`, what `NeoBERTConfig.decoder_pad_multiple=64` runs): what
   padding in the computation only (the checkpoint keeps its shape) costs (the padded copy of the weight, the

@@ -1,12 +1,11 @@
 """NeoBERT's RoPE over q and k of packed documents in bf16, forward + backward, each way it could run (issue 34):
 
 * eager: `neobert.model.attention.rotate_in_dtype`, the eager bf16 rotation off a GPU (q and k side by side in one
-  pass over the fused projection's view: a copy for the swapped pairs, then a multiply and a fused multiply-add),
-  which the model ran on GPUs too until the fifth lease timed it here at 0.76x `complex`: its three kernels over
-  the strided view took 27% of eager inference's kernel time on the H100 (its `mul` and `addcmul` ran PyTorch's
-  non-vectorized elementwise kernel, its `flip` an index kernel);
+  pass over the fused projection's view: a copy for the swapped pairs, then a multiply and a fused multiply-add;
+  on a GPU its `mul` and `addcmul` run PyTorch's non-vectorized elementwise kernel over the strided view, its `flip`
+  an index kernel);
 * complex: q and k copied to float32 and turned by one complex multiply, then cast back: the float32 path of
-  `apply_rope` (the official code's arithmetic), which the model's eager bf16 rotation takes on a GPU since;
+  `apply_rope` (the official code's arithmetic), which the model's eager bf16 rotation takes on a GPU;
 * compiled: `apply_rope` under `torch.compile` (one fused kernel each way, computing in float32);
 * quack: QuACK's `apply_rotary_emb` (Dao-AILab's CuTe DSL kernel, `quack-kernels`, which comes with
   scripts/gpu/prepare_fa4.sh's archive): `interleaved=True` rotates adjacent pairs, NeoBERT's layout (Liger's RoPE

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Rehearses a GPU lease on this CPU: scripts/gpu/run_checks.sh run by a replica of the GPU image's Python (3.12,
-# torch 2.11.0+cu130 without a GPU, transformers 5.17, lightning 2.6.6, ...: ENVIRONMENT_NOTES.md's list, and what the
-# earlier leases' runs show it has), from a prepared folder as a device call would carry it. What a CPU can prove:
-# the folder installs and unpacks, its packages import (FlashAttention 4 and QuACK included), the CUDA tests collect
-# (those that need a GPU skip); a throughput or gpu_check step also validates its config with the real packages, but
-# then runs its full-size models on the CPU until its time limit. It found that a lease's `tests` step, carried with
-# .gpu_fa4 alone, stopped at collection (2026-11-26). The kernels themselves need the GPU.
+# Rehearses a GPU run on this CPU: scripts/gpu/run_checks.sh run by a replica of the GPU image's Python (3.12,
+# torch 2.11.0+cu130 without a GPU, transformers 5.17, lightning 2.6.6, ...: ENVIRONMENT_NOTES.md's list), from a
+# prepared folder as it would be copied to the GPU machine. What a CPU can prove: the folder installs and unpacks,
+# its packages import (FlashAttention 4 and QuACK included), the CUDA tests collect (those that need a GPU skip; a
+# folder lacking a package the tests import stops them at collection); a throughput or gpu_check step also validates
+# its config with the real packages, but then runs its full-size models on the CPU until its time limit. The kernels
+# themselves need the GPU.
 #   bash scripts/gpu/rehearse_on_cpu.sh [PREPARED=.gpu_fa4] [STEP ...=tests_fa4 tests]
 # PYTHON312 (default: python3.12 on PATH) makes the replica's venv once, in REPLICA (default /tmp/gpu_image_replica,
 # about 5.5 GB with torch's CUDA libraries; a folder of its own: outside the checkout, which a device call carries).

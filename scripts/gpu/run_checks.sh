@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On a GPU machine: the checks of docs/benchmarks.md's GPU sections, each with its own time limit, so a short lease
+# On a GPU machine: the checks of docs/benchmarks.md's GPU sections, each with its own time limit, so a run cut short
 # still returns what finished. Reads what scripts/gpu/prepare_offline.sh wrote (wheels are installed into
 # /tmp/site-packages when present), or scripts/gpu/prepare_fa4.sh's archive (unpacked there: PREPARED=.gpu_fa4).
 # RESULTS (default: $OUT, else runs/gpu_checks) gets these files, so that a device call brings all back (it returns
@@ -24,8 +24,8 @@
 #                    where an earlier call unpacked it, its GEMMs compiled first)                        ~2-3 min
 #   (every gpu_check step runs varlen_attn, but the _fa4 ones, check_blocks_quack and check_decoder_as_is
 #   FlashAttention 4, and check, check_recipe and check_recipe_compiled the recipe's auto: `auto` takes FA4 where
-#   an earlier call on the machine unpacked it, and the steps compare with each other; since
-#   2026-11-26 the recipe pads the MLM decoder to 30,528 rows, which the H200's loop figures did not)
+#   an earlier call on the machine unpacked it, and the steps compare with each other; the recipe pads the MLM
+#   decoder to 30,528 rows)
 #   check_blocks     gpu_check speed_only on best-fit packed rows, model.compile=true compile_scope=blocks
 #                    (static shapes, the filler documents left out since aed644e), profiled: the ceiling's
 #                    step and one optimizer step of the DeepSpeed loop side by side (where its extra time goes) ~2.5 min
@@ -65,7 +65,7 @@
 #   check_ds_buffers  check_packed, profiled, with DeepSpeed's overlap_comm and contiguous_gradients off (one GPU
 #                    has no reduction to overlap; whether their side stream and bucket copies cost time)  ~2.5 min
 #   loop_profile     check_packed with Lightning's simple profiler in the loop (where the loop's host time
-#                    goes: the packed loops ran 0.88-0.89 of their ceilings on the H200)                ~2 min
+#                    goes, when a loop runs under its ceiling)                                          ~2 min
 #   check            gpu_check, the recipe as shipped, every stage, profile                              ~4 min
 #   check_recipe     gpu_check speed_only on the recipe's own layout (no packing: unpadded documents of up to 1,024
 #                    tokens, each batch its own token count), attention auto (FA4 where unpacked), profiled: the
@@ -89,11 +89,11 @@
 #                    (Figure 3 with both compiled; needs FA4 unpacked)                                  ~3.5 min
 #   figure3_compiled  Figure 3 with NeoBERT compiled, not profiled: neobert (SDPA) and neobert-flash_attn_4 at 1,024,
 #                    2,048 and 4,096, batch 16, against ModernBERT with FA4's window eager (eager_models: its best
-#                    row on the H100, 536,253 tokens/s at 4,096, where eager NeoBERT's best ran 0.93x; compiled, it
-#                    compiles a graph per layer and length). infer_flex_compiled's NeoBERT rows without it  ~3 min
+#                    row; compiled, it compiles a graph per layer and length). infer_flex_compiled's NeoBERT rows
+#                    without it                                                                          ~3 min
 #   compiled         throughput training compiled: neobert, neobert-quack where unpacked, against bert-base
-#                    eager (eager_models: compiled, Inductor lowered its masked SDPA to float32 GEMMs on the
-#                    H100, 0.39x its eager speed; so in every compiled step below)                     ~2 min
+#                    eager (eager_models: compiled, Inductor lowers its masked SDPA to float32 GEMMs, slower
+#                    than eager; so in every compiled step below)                                        ~2 min
 #   infer_compiled   throughput inference compiled at 512: neobert, with FA4 and with QuACK's MLP where unpacked,
 #                    bert-base (the per-FLOP target)                                                     ~2 min
 #   infer_graphs     infer_quack_fa4 (below) with compile_mode=reduce-overhead (CUDA graphs: no launch per
@@ -106,9 +106,8 @@
 #   train_quack_fa4  the issue's training target the same way: 1,024 tokens, full rows and unpadded, compiled,
 #                    FA4, neobert and neobert-quack side by side                                         ~4 min
 #   train_graphs     the issue's training target (1,024 tokens, batch 32, full rows and unpadded, compiled, FA4)
-#                    with compile_mode=reduce-overhead (CUDA graphs) (on the H100 without graphs its device was busy
-#                    93% of the timed step, and its kernels alone came to 41.7% MFU); neobert alone since QuACK's
-#                    MLP measured no gain in training (0.99-1.01x, H200, 2026-11-27); not profiled, as
+#                    with compile_mode=reduce-overhead (CUDA graphs: the host's launches off the timed step);
+#                    neobert alone, as QuACK's MLP gains nothing in training; not profiled, as
 #                    infer_graphs                                                                ~2 min (H200)
 set -u
 cd "$(dirname "$0")/../.."
@@ -120,8 +119,8 @@ STAGE=$(mktemp -d)
 TRACES=$(mktemp -d)
 TRACES_LIMIT=${RUN_CHECKS_TRACES_LIMIT:-15000000}  # bytes: a device call returns a file of 16 MiB at most
 # Named site-packages on purpose: QuACK tells library code from user code by '/site-packages/' in a function's file
-# (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprinted CuTe DSL's own globals and its MLP
-# raised a TypeError (on the H200, 2026-11-26). RUN_CHECKS_SITE (a path ending in site-packages): a rehearsal's own
+# (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprints CuTe DSL's own globals and its MLP
+# raises a TypeError. RUN_CHECKS_SITE (a path ending in site-packages): a rehearsal's own
 SITE=${RUN_CHECKS_SITE:-/tmp/site-packages}
 case $SITE in */site-packages) ;; *) echo "RUN_CHECKS_SITE must end in /site-packages (QuACK's kernel cache)"; exit 2 ;; esac
 # Each step's run directory and log: SCRATCH/NAME (tests/test_run_checks.py sets RUN_CHECKS_SCRATCH)
@@ -257,7 +256,7 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
         mlp) bench mlp_ab 180 ;;
         rope) bench rope_ab 120 ;;
         attention_alone) bench attention_ab 240 ;;
-        decoder) bench decoder_ab 150 6989 ;;  # the masked rows of 32 x 1,024 tokens in the H200's profile
+        decoder) bench decoder_ab 150 6989 ;;  # the masked rows of one 32 x 1,024-token micro-batch of the recipe
         check_liger) gpu_check check_liger 180 speed_only=true profile=true model.overrides.kernels=liger ;;
         check_liger_fused) gpu_check check_liger_fused 180 speed_only=true profile=true model.overrides.kernels=liger \
                                model.overrides.fused_mlm_loss=true ;;

@@ -75,10 +75,14 @@ def test_local_shards_against_streams(tmp_path):
                          "data.num_workers=2", "data.validation_docs=0")
     report = preflight_report(config)
     assert "shards: 3, not a multiple of 4" in report.text()
-    assert any("choose data.num_workers" in w for w in report.warnings)
+    assert any("choose data.streams so that it divides the shards" in w for w in report.warnings)
     even = preflight_report(tiny_config(tmp_path, f"data.source={tmp_path}/part-*.jsonl", "trainer.devices=3",
                                         "data.num_workers=1", "data.validation_docs=0"))
     assert "shards: 3, a multiple of 3: every stream reads 1 whole shard(s)" in even.text()
+    # a layout whose readers cannot share the streams evenly would stop at setup: refused naming data.streams
+    odd = preflight_report(tiny_config(tmp_path, f"data.source={tmp_path}/part-*.jsonl", "trainer.devices=3",
+                                       "data.num_workers=1", "data.validation_docs=0", "data.streams=8"))
+    assert odd.refusals and "data.streams=8 cannot be read by 3 device(s) x 1 data.num_workers" in odd.text()
 
 
 def test_what_would_crash_is_refused_naming_the_key(tmp_path, capsys):

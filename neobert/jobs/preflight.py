@@ -27,6 +27,7 @@ from neobert.data.corpus import local_data_files, open_source, source_key, sourc
 from neobert.data.demo_corpus import demo_documents
 from neobert.data.mixture import mixture_sources
 from neobert.data.pretraining import PretrainingDataModule
+from neobert.data.stream_layout import StreamLayout
 from neobert.data.tokenizer import load_tokenizer
 from neobert.eval.data_pipeline import run_ours
 from neobert.eval.flops import flops_per_token, matmul_params, peak_flops_of
@@ -305,10 +306,14 @@ def batch_section(report: Preflight, config: PretrainConfig) -> None:
 
 def data_section(report: Preflight, config: PretrainConfig) -> None:
     data = config.data
-    streams = world_size(config) * max(1, data.num_workers)
+    layout = StreamLayout(data.streams or world_size(config) * max(1, data.num_workers), world_size(config),
+                          max(1, data.num_workers))
+    streams = layout.streams
     report.section("Data")
-    report.add(f"{world_size(config)} ranks x {max(1, data.num_workers)} workers = {streams} streams; every "
-               f"stream reads its share of every source")
+    report.add(f"data.streams={streams}, read by {layout.world_size} ranks x {layout.workers} workers; every stream "
+               f"reads its share of every source, and a resume may change the readers to any divisor of {streams}")
+    if layout.problem():
+        report.refuse("data.streams", layout.problem())
     for source in mixture_sources(data):
         source_section(report, source, streams)
     if data.num_workers == 0:
@@ -331,7 +336,7 @@ def source_section(report: Preflight, source, streams: int) -> None:
         shards = open_source(data).n_shards
     if shards is None:
         report.add("  shards: unknown here (the hub cannot be reached); at the start of the run `datasets` reports "
-                   "them. Whole shards per stream need the shard count to be a multiple of the streams.")
+                   "them. Whole shards per stream need the shard count to be a multiple of data.streams.")
     elif shards % streams == 0:
         report.add(f"  shards: {shards}, a multiple of {streams}: every stream reads {shards // streams} whole "
                    f"shard(s)")
@@ -340,8 +345,8 @@ def source_section(report: Preflight, source, streams: int) -> None:
                    f"EVERY shard and keeping one document in {streams}, so each document is downloaded and "
                    f"decoded {streams} times")
         report.warnings.append(
-            f"data: {source_name(data)} has {shards} shards over {streams} streams (ranks x data.num_workers): "
-            f"choose data.num_workers so that the streams divide the shards, or write pre-tokenized shards "
+            f"data: {source_name(data)} has {shards} shards over data.streams={streams}: choose data.streams so "
+            f"that it divides the shards, or write pre-tokenized shards "
             f"(`--pretokenize DIR`, a multiple of the streams) and set data.pretokenized_dir")
 
 

@@ -186,3 +186,29 @@ def test_shards_whose_columns_differ_are_refused_before_the_first_step(tmp_path,
             assert run_cli(pretrain_cli.main, ["--config", str(config), *flags, f"data.source={source}"]) == 2
             assert error_lines(capsys) == [f"error: data.source={str(source)!r}: {why}"]
     assert not (tmp_path / "run").exists() and not (tmp_path / "shards").exists()
+
+
+# ---------------------------------------------------------------------------------------------- 4. sizes
+def test_sizes_without_a_sane_bound_are_refused_before_setup(tmp_path, capsys):
+    """decoder_pad_multiple=100000000000 used to allocate 400 GB at the first step (the preflight: "nothing found
+    that would crash at setup"), static_documents_per_row=1000000000000 16 TB in the masker; both are now refused by
+    the config, in the preflight too."""
+    from test_pretrain_slow import write_yaml
+
+    config = write_yaml(tmp_path)
+    expected = {
+        "model.overrides.decoder_pad_multiple=100000000000":
+            "error: invalid config key 'model.overrides.decoder_pad_multiple': must be a positive integer of at most "
+            "1,024 (1 = no padding; 64 pads 30,522 rows to 30,528), got 100000000000",
+        "data.static_documents_per_row=1000000000000":
+            "error: invalid config key 'data.static_documents_per_row': must be 0 (max(8, data.max_length // 32)) to "
+            "data.max_length=32 (a row of 32 tokens holds no more documents than tokens), got 1000000000000"}
+    for override, line in expected.items():
+        for flags in ([], ["--preflight"]):
+            argv = ["--config", str(config), *flags, "data.static_shapes=true", "data.packing=greedy", override]
+            assert run_cli(pretrain_cli.main, argv) == 2
+            assert error_lines(capsys) == [line]
+    assert not (tmp_path / "run").exists()
+    for edge in ("model.overrides.decoder_pad_multiple=1024", "data.static_documents_per_row=32"):
+        assert run_cli(pretrain_cli.main, ["--config", str(config), "--preflight", "data.static_shapes=true",
+                                           "data.packing=greedy", edge]) == 0

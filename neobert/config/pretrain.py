@@ -377,8 +377,9 @@ class PretrainConfig:
                 f"would keep the accumulating gradients in it (wrong, or an error): use trainer.strategy="
                 f"deepspeed_stage_2 (the recipe's; with trainer.deepspeed.contiguous_gradients left on, it copies "
                 f"each micro-batch's gradients out), trainer.accumulate_grad_batches=1, or model.compile_mode=default")
-        require(data.static_documents_per_row >= 0, "data.static_documents_per_row",
-                "must be >= 0 (0 = max(8, data.max_length // 32))")
+        require(0 <= data.static_documents_per_row <= data.max_length, "data.static_documents_per_row",
+                f"must be 0 (max(8, data.max_length // 32)) to data.max_length={data.max_length} (a row of "
+                f"{data.max_length} tokens holds no more documents than tokens), got {data.static_documents_per_row}")
         require(masking.pad_to_multiple_of >= 1, "masking.pad_to_multiple_of", "must be >= 1")
         require(data.max_length >= 8, "data.max_length", "must be at least 8")
         require(data.shuffle_buffer >= 1, "data.shuffle_buffer", "must be >= 1 (1 = no shuffling)")

@@ -23,6 +23,10 @@ MACHINE_FIELDS = ("kernels", "fused_mlm_loss", "attention_kernel", "decoder_pad_
 HEAD_FIELDS = ("decoder_pad_multiple", "fused_mlm_loss", "classifier_dropout", "classifier_init_range", "num_labels")
 
 
+# A GEMM tile is at most 256 rows: a multiple above this only adds rows of zeros (and memory) to the decoder's matmul.
+MAX_DECODER_PAD_MULTIPLE = 1024
+
+
 class ModelFieldError(ValueError):
     """A NeoBERTConfig field with a value it cannot take: `field` names it (a job's config names its own key)."""
 
@@ -119,8 +123,9 @@ class NeoBERTConfig:
         if missing := attention_kernel_missing_reason(self.attention_kernel):
             raise ModelFieldError("attention_kernel", f"{self.attention_kernel!r} {missing}; 'auto' runs everywhere")
         if isinstance(self.decoder_pad_multiple, bool) or not isinstance(self.decoder_pad_multiple, int) \
-                or self.decoder_pad_multiple < 1:
-            raise ModelFieldError("decoder_pad_multiple", f"must be a positive integer (1 = no padding; 64 pads "
+                or not 1 <= self.decoder_pad_multiple <= MAX_DECODER_PAD_MULTIPLE:
+            raise ModelFieldError("decoder_pad_multiple", f"must be a positive integer of at most "
+                                                          f"{MAX_DECODER_PAD_MULTIPLE:,} (1 = no padding; 64 pads "
                                                           f"30,522 rows to 30,528), got {self.decoder_pad_multiple!r}")
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_length", "num_labels"):

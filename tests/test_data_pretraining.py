@@ -181,3 +181,13 @@ def test_a_block_is_tokenized_as_the_stream_needs_it_in_the_block_shuffled_order
     random.Random(derived_seed(data.seed, 0, 0, 0)).shuffle(order)
     whole_block = DocumentTokenizer(tokenizer, "content")({"content": texts}, {})  # the block at once, as before
     assert first == [whole_block[i] for i in order[:20]]
+
+
+def test_the_stream_benchmark_reads_every_stream_and_sizes_its_checkpointed_position(corpus, capsys):
+    from experiments.bench_data import main
+
+    results = main(["--stream", str(corpus), "--streams", "4", "--docs", "64", "--batch-size", "8",
+                    "--max-length", "64"])
+    assert results["streams_with_a_position"] == 4  # 1 + 8 batches, every stream in turn
+    assert results["documents_per_s"] > 0 and results["ms_per_batch"] > 0 and results["data_state_bytes"] > 4 * 100  # a position per stream
+    assert "one reader of data.streams=4 (none, 8 x 64)" in capsys.readouterr().out

@@ -7,12 +7,18 @@ Both sides start from raw text and end with masked, padded (multiple of 8) int64
 `tokenizer(..., truncation=True)` -> `DataCollatorForLanguageModeling(mlm_probability=0.2,
 mask_replace_prob=1.0, random_replace_prob=0.0, pad_to_multiple_of=8)`. Tokens counted are real (non-pad)
 tokens of the batches produced. The corpus is the demo's (CPython documentation), cycled to `docs`.
+
+`measure_stream`: one reader's whole `PretrainingStream` as the trainer's DataLoader gets it (source reading, block
+shuffle, tokenizing, batching, masking and the state each batch carries): documents/s and host time per batch, and the
+size of the data position a checkpoint then holds for all its `data.streams` streams.
 """
 
 from __future__ import annotations
 
 import itertools
+import pickle
 import time
+from pathlib import Path
 
 import torch
 # Imported up front so that no timing includes an import.
@@ -22,7 +28,8 @@ from neobert.config.pretrain import MaskingConfig, PretrainDataConfig
 from neobert.data.demo_corpus import demo_documents
 from neobert.data.masking import MLMMasker
 from neobert.data.corpus import DocumentTokenizer
-from neobert.data.pretraining import BatchBuilder
+from neobert.data.pretraining import BatchBuilder, PretrainingDataModule
+from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.data.tokenizer import load_tokenizer
 
 
@@ -106,3 +113,25 @@ def packing_report(docs: int = 3000, max_length: int = 128, batch_size: int = 32
     report["corpus"] = {"documents": len(documents), "tokens": total_tokens,
                         "longer_than_a_row": sum(len(ids) > max_length for ids in documents)}
     return report
+
+
+def measure_stream(corpus: str | Path, batches: int = 200, max_length: int = 128, batch_size: int = 32,
+                   packing: str = "none", streams: int = 0) -> dict[str, float]:
+    """`batches` batches of one reader (this process, as with data.num_workers=0) of `data.streams` streams (0: one)
+    over the local `corpus`, after a first batch that opens the source; then every stream's position recorded as
+    training records it, and the pickled size of the DataModule's state (what each checkpoint holds)."""
+    torch.set_num_threads(1)  # one worker's worth of CPU
+    fields = dict(source=str(corpus), max_length=max_length, packing=packing, num_workers=0, shuffle_buffer=1000)
+    data = PretrainDataConfig(**fields, **({"streams": streams} if streams else {}))  # 0: as before data.streams
+    datamodule = PretrainingDataModule(data, MaskingConfig(), load_tokenizer(), batch_size)
+    iterator = iter(datamodule.train_stream())
+    datamodule.record(next(iterator)[DATA_STATE_KEY])
+    documents, tokens, start = 0, 0, time.perf_counter()
+    for batch in itertools.islice(iterator, batches):
+        datamodule.record(batch[DATA_STATE_KEY])
+        documents += len(batch["cu_seqlens"]) - 1 if "cu_seqlens" in batch else batch["input_ids"].shape[0]
+        tokens += batch[DATA_STATE_KEY]["stats"]["tokens"]
+    seconds = time.perf_counter() - start
+    return {"documents_per_s": documents / seconds, "tokens_per_s": tokens / seconds,
+            "ms_per_batch": 1000 * seconds / batches, "streams_with_a_position": len(datamodule.stream_states),
+            "data_state_bytes": len(pickle.dumps(datamodule.state_dict()))}

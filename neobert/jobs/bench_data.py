@@ -1,6 +1,7 @@
 """The data-pipeline benchmark (`python -m experiments.bench_data`; the measurements: `neobert.eval.data_pipeline`):
 tokens/s of one worker for tokenize + mask (+ pack) against Hugging Face's collator (`bench_speed`), or the
-packing efficiency of each data.packing mode on the same documents (`bench_packing`). Each prints its table and
+packing efficiency of each data.packing mode on the same documents (`bench_packing`), or one reader's whole stream
+over a local corpus and the size of its checkpointed position (`bench_stream`). Each prints its table and
 writes its results as JSON where asked."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from neobert.eval.data_pipeline import measure_data_pipeline, packing_report
+from neobert.eval.data_pipeline import measure_data_pipeline, measure_stream, packing_report
 
 
 def bench_speed(docs: int, max_length: int, batch_size: int, repeats: int, json_path: str | Path | None = None) -> dict:
@@ -35,6 +36,17 @@ def bench_packing(docs: int, max_length: int, batch_size: int, open_rows: int,
     report["corpus"] = corpus
     write_json(report, json_path)
     return report
+
+
+def bench_stream(corpus: str | Path, batches: int, max_length: int, batch_size: int, packing: str, streams: int,
+                 json_path: str | Path | None = None) -> dict:
+    results = measure_stream(corpus, batches, max_length, batch_size, packing, streams)
+    print(f"one reader of data.streams={streams or 1} ({packing}, {batch_size} x {max_length}): "
+          f"{results['documents_per_s']:,.0f} documents/s, {results['tokens_per_s']:,.0f} tokens/s, "
+          f"{results['ms_per_batch']:.2f} ms per batch; the checkpoint's data position: "
+          f"{results['data_state_bytes']:,} bytes for {results['streams_with_a_position']} streams")
+    write_json(results, json_path)
+    return results
 
 
 def write_json(results: dict, path: str | Path | None) -> None:

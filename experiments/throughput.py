@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-dir")
     parser.add_argument("--report", nargs="+", metavar="CSV",
                         help="re-make the reports from these throughput CSVs (in --output-dir); no model runs")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="with --report: replace the report an --output-dir already holds")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of ThroughputConfig")
     add_debug_flag(parser)
     return parser
@@ -64,7 +66,9 @@ def main(argv=None) -> dict:
             flag = "key=value overrides" if given[0] == "overrides" else "--" + given[0].replace("_", "-")
             raise ConfigError(f"--report re-makes reports from CSVs, so {flag} has nothing to act on: give "
                               f"--report the CSVs and --output-dir only")
-        paths = report_from_csvs(args.report, args.output_dir or ThroughputConfig.output_dir)
+        paths = report_from_csvs(args.report, args.output_dir or ThroughputConfig.output_dir, args.overwrite)
+    elif args.overwrite:
+        raise ConfigError("--overwrite goes with --report (re-made reports); a measurement writes its own output_dir")
     else:
         paths = run_throughput_job(config_of(args))
     print_report(paths)

@@ -43,7 +43,8 @@ from neobert.layout import (AVERAGING_JSON, CHECKPOINT_DIR, CONFIG_NAME, EMA_EXP
                             GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV, GPU_CHECK_LOOP_TRACE,
                             GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV,
                             GPU_CHECK_RECIPE_RUN, GPU_CHECK_TRACE, MATRYOSHKA_JSON, RESULTS_JSON, RUN_LOCK,
-                            TOKENIZER_FILES, WEIGHTS_NAME)
+                            THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
+                            THROUGHPUT_PROFILE_NAMES_CSV, THROUGHPUT_TRACES_DIR, TOKENIZER_FILES, WEIGHTS_NAME)
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,11 @@ GPU_CHECK = OutputKind("a GPU check", (GPU_CHECK_RECIPE_RUN, GPU_CHECK_PLAIN_RUN
                                        GPU_CHECK_TRACE, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV,
                                        GPU_CHECK_LOOP_TRACE, GPU_CHECK_LOOP_PROFILE_CSV,
                                        GPU_CHECK_LOOP_PROFILE_NAMES_CSV))
+# experiments.throughput's report (the measured rows, their tables and plot; with profile=true the profiles');
+# throughput.csv.part: its CSV before the rename.
+THROUGHPUT = OutputKind("a throughput report", (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
+                                               THROUGHPUT_PROFILE_NAMES_CSV, THROUGHPUT_TRACES_DIR),
+                        patterns=(f"{THROUGHPUT_CSV}.part",))
 
 
 def listing(names: Iterable[str], limit: int = 4) -> str:

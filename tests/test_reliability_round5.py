@@ -18,7 +18,11 @@ import torch
 from experiments import export as export_cli
 from experiments import gpu_check as gpu_check_cli
 from experiments import pretrain as pretrain_cli
+from experiments import throughput as throughput_cli
 from neobert import outputs
+from neobert.config.throughput import MODEL_NAMES
+from neobert.eval.throughput import ThroughputRow
+from neobert.eval.throughput_report import write_csv
 from neobert.jobs.cli import run_cli
 from neobert.lit import checkpoints
 from neobert.lit.checkpoints import AtomicCheckpointIO
@@ -212,3 +216,48 @@ def test_sizes_without_a_sane_bound_are_refused_before_setup(tmp_path, capsys):
     for edge in ("model.overrides.decoder_pad_multiple=1024", "data.static_documents_per_row=32"):
         assert run_cli(pretrain_cli.main, ["--config", str(config), "--preflight", "data.static_shapes=true",
                                            "data.packing=greedy", edge]) == 0
+
+
+# ---------------------------------------------------------------------------------------------- 5. --report
+def throughput_csv(path: Path, **changes) -> Path:
+    row = dict(model="neobert", mode="inference", layout="full", seq_len=128, batch_size=8, tokens_per_s=1000.0,
+               step_s=1.0, flops_per_token=1e6, achieved_flops=1e9, mfu=None, params=1000, device="cpu",
+               dtype="float32")
+    return write_csv([ThroughputRow(**(row | changes))], path)
+
+
+def test_a_throughput_report_validates_every_row_and_never_replaces_an_earlier_one(tmp_path, capsys):
+    """An unknown layout or mode (`tuple.index(x): x not in tuple` after throughput.csv was written), a length below
+    1 (matplotlib's `Data cannot be log-scaled`), nan or inf tokens/s (accepted), a `|` in a model name (a broken
+    table), an --output-dir that is a file (`FileExistsError`): each refused before anything is written. An
+    --output-dir holding another report used to be replaced, its throughput_profile.csv left beside the new one."""
+    bad = {"layout": "sideways", "mode": "dreaming", "seq_len": -5, "tokens_per_s": float("nan"),
+           "step_s": float("inf"), "model": "neo|bert"}
+    why = {"layout": "layout 'sideways' is not one of full, padded, unpadded",
+           "mode": "mode 'dreaming' is not one of inference, training", "seq_len": "seq_len -5 is below 1",
+           "tokens_per_s": "tokens_per_s nan is not a finite number of at least 0",
+           "step_s": "step_s inf is not a finite number of at least 0",
+           "model": f"model 'neo|bert' is not one of {', '.join(MODEL_NAMES)}"}
+    out = tmp_path / "out"
+    for name, value in bad.items():
+        csv_path = throughput_csv(tmp_path / f"{name}.csv", **{name: value})
+        assert run_cli(throughput_cli.main, ["--report", str(csv_path), "--output-dir", str(out)]) == 2
+        assert error_lines(capsys) == [f"error: {csv_path}, line 2: not a throughput row: {why[name]}"]
+    assert not out.exists()
+    good = throughput_csv(tmp_path / "good.csv")
+    (tmp_path / "a_file").write_text("")
+    assert run_cli(throughput_cli.main, ["--report", str(good), "--output-dir", str(tmp_path / "a_file")]) == 2
+    assert error_lines(capsys) == [f"error: --output-dir {tmp_path / 'a_file'} is a file, not a directory"]
+
+    assert run_cli(throughput_cli.main, ["--report", str(good), "--output-dir", str(out)]) == 0
+    (out / "throughput_profile.csv").write_text("an earlier measurement's profile\n")
+    (out / "notes.txt").write_text("the user's\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert run_cli(throughput_cli.main, ["--report", str(good), "--output-dir", str(out)]) == 2
+    assert error_lines(capsys) == [
+        f"error: --output-dir {out} already holds a throughput report (throughput.csv, throughput.md, throughput.png, "
+        f"throughput_profile.csv): pass --overwrite to replace it, or choose another --output-dir"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert run_cli(throughput_cli.main, ["--report", str(good), "--output-dir", str(out), "--overwrite"]) == 0
+    assert entries(out) == ["notes.txt", "throughput.csv", "throughput.md", "throughput.png"]

@@ -21,6 +21,8 @@ CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow) if f.name != "pr
 PROFILE_KEYS = ["model", "mode", "layout", "seq_len", "batch_size"]  # which row a profile line belongs to
 # the row's fields without a default: a CSV without one of these columns is not the job's
 REQUIRED_COLUMNS = {f.name for f in dataclasses.fields(ThroughputRow) if f.default is dataclasses.MISSING}
+NUMBER_FIELDS = ("tokens_per_s", "step_s", "flops_per_token", "achieved_flops", "mfu", "peak_flops",
+                 "reference_standalone", "issued_share")  # the row's measured or derived floats
 
 
 def write_csv(rows: Sequence[ThroughputRow], path: str | Path) -> Path:
@@ -140,13 +142,28 @@ def host_waits_markdown(rows: Sequence[ThroughputRow]) -> str:
     return "\n".join(out)
 
 
+def row_problem(row: ThroughputRow) -> str | None:
+    """What makes a row one the job never writes (the tables, the plot and the Markdown would break on it), or None:
+    a model, mode or layout it does not know, a length, batch size or parameter count below 1, a number that is
+    negative or not finite."""
+    for name, known in (("model", MODEL_NAMES), ("mode", MODES), ("layout", LAYOUTS)):
+        if getattr(row, name) not in known:
+            return f"{name} {getattr(row, name)!r} is not one of {', '.join(known)}"
+    for name in ("seq_len", "batch_size", "params"):
+        if getattr(row, name) is not None and getattr(row, name) < 1:
+            return f"{name} {getattr(row, name)} is below 1"
+    for name in NUMBER_FIELDS:
+        value = getattr(row, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            return f"{name} {value} is not a finite number of at least 0"
+    return None
+
+
 def read_csv(path: str | Path) -> list[ThroughputRow]:
     """The rows of a CSV written by `write_csv` (the notebook's, and `--report`'s re-made reports); columns it does not
     know (a later version's) are left out. A missing file, another kind of CSV, a malformed row or no row: a ConfigError
     naming the file."""
-    types = {"batch_size": int, "seq_len": int, "params": int, "tokens_per_s": float, "step_s": float,
-             "flops_per_token": float, "achieved_flops": float, "mfu": float, "peak_flops": float,
-             "reference_standalone": float, "issued_share": float}
+    types = {"batch_size": int, "seq_len": int, "params": int, **{name: float for name in NUMBER_FIELDS}}
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"throughput CSV {str(path)!r} does not exist")
@@ -168,6 +185,8 @@ def read_csv(path: str | Path) -> list[ThroughputRow]:
                     rows.append(ThroughputRow(**values))
                 except (TypeError, ValueError) as err:
                     raise ConfigError(f"{path}, line {number}: not a throughput row ({err})") from err
+                if problem := row_problem(rows[-1]):
+                    raise ConfigError(f"{path}, line {number}: not a throughput row: {problem}")
     except (UnicodeDecodeError, csv.Error) as err:
         raise ConfigError(f"{path}: not a readable CSV ({type(err).__name__}: {err})") from err
     if not rows:

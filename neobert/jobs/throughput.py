@@ -43,6 +43,7 @@ from neobert.layout import (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THRO
                             THROUGHPUT_PROFILE_NAMES_CSV, THROUGHPUT_TRACES_DIR)
 from neobert.model import NeoBERTConfig
 from neobert.model.config import HEAD_FIELDS, PRESETS, ModelFieldError
+from neobert.outputs import THROUGHPUT, claim_output_dir, clear_output_dir
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,17 @@ def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
     return write_reports(rows, config.output_dir)
 
 
-def report_from_csvs(csv_paths: Sequence[str | Path], output_dir: str | Path) -> dict[str, Path]:
+REPORT_EXISTS = ("--output-dir {directory} already holds a throughput report ({held}): pass --overwrite to replace "
+                 "it, or choose another --output-dir")
+
+
+def report_from_csvs(csv_paths: Sequence[str | Path], output_dir: str | Path,
+                     overwrite: bool = False) -> dict[str, Path]:
     """The reports (CSV, Markdown, the Figure 3 plot) of rows measured earlier, read from throughput CSVs in the order
     given (one per run, e.g. of several machines): no model runs. Profiles are not in a CSV, so their
-    tables are not re-made. Refused, before anything is written, where the merged CSV would replace one it reads."""
+    tables are not re-made. Refused, before anything is written, where the merged CSV would replace one it reads,
+    where a row is not one the job writes (`read_csv`), and where --output-dir holds an earlier report (unless
+    `overwrite`, which removes that report's files first: no stale profile table stays beside the new one)."""
     if not csv_paths:
         raise ConfigError("--report needs at least one throughput CSV")
     target = (Path(output_dir) / THROUGHPUT_CSV).resolve()
@@ -80,6 +88,9 @@ def report_from_csvs(csv_paths: Sequence[str | Path], output_dir: str | Path) ->
         raise ConfigError(f"--output-dir {output_dir}: its {THROUGHPUT_CSV} is one of the CSVs read, which the report "
                           f"would replace; choose another output directory")
     rows = [row for path in csv_paths for row in read_csv(path)]
+    claim_output_dir(output_dir, THROUGHPUT, where=f"--output-dir {output_dir}", noun="--output-dir",
+                     earlier=REPORT_EXISTS, overwrite=overwrite, flag="--overwrite")
+    clear_output_dir(output_dir, THROUGHPUT)
     return write_reports(rows, output_dir)
 
 

@@ -395,25 +395,33 @@ class PretrainingDataModule(L.LightningDataModule):
                 "sources": [source_identity(s.data) for s in self.sources]}
 
     def check_resume(self, state: dict) -> StreamLayout:
-        """This run's layout for a checkpoint's data position; a ConfigError if it cannot go on exactly there
-        (`resume_problem`). The pretraining job asks before the Trainer starts, so nothing is written."""
+        """This run's layout for a checkpoint's data position: a ConfigError if it cannot go on exactly there
+        (`resume_problem`), a CheckpointError if the streams are not where its trained micro-batches leave them. The
+        pretraining job asks before the Trainer starts, so nothing is written."""
         self.saved_streams = state["num_streams"]
-        layout = self.layout()
-        problem = resume_problem(state, layout, self.batches_per_step(), self.micro_batch_size,
-                                 state.get("phase", "") == self.phase)
+        layout, same_phase = self.layout(), state.get("phase", "") == self.phase
+        problem = resume_problem(state, layout, self.batches_per_step(), self.micro_batch_size, same_phase)
         if problem:
             raise ConfigError(f"resume: {problem}")
+        made = {int(k): v["batches"] for k, v in self.saved_stream_states(state, layout).items()}
+        problem = layout.position_problem(made, sum(state["trained_batches"])) if same_phase else None
+        if problem:
+            raise CheckpointError(f"the checkpoint's data position is inconsistent: {problem}")
         return layout
+
+    @staticmethod
+    def saved_stream_states(state: dict, layout: StreamLayout) -> dict:
+        """The checkpoint's stream states by today's stream numbers."""
+        streams = {int(k): v for k, v in state["streams"].items()}
+        return streams if "batches_per_step" in state else legacy_streams(streams, layout)
 
     def load_state_dict(self, state: dict) -> None:
         """Resumes at the next micro-batch of the run on this run's layout."""
         if self.trainer is not None:
             self.rank, self.world_size = self.trainer.global_rank, self.trainer.world_size
-        layout, same_phase = self.check_resume(state), state.get("phase", "") == self.phase
-        streams = {int(k): StreamState.from_dict(v) for k, v in state["streams"].items()}
-        if "batches_per_step" not in state:
-            streams = legacy_streams(streams, layout)
-        if not same_phase:  # the checkpoint ends the phase before: a new phase starts
+        layout = self.check_resume(state)
+        streams = {k: StreamState.from_dict(v) for k, v in self.saved_stream_states(state, layout).items()}
+        if state.get("phase", "") != self.phase:  # the checkpoint ends the phase before: a new phase starts
             saved = [tuple(identity) for identity in state.get("sources", [])]
             now = [source_identity(s.data) for s in self.sources]
             self.stream_states = {k: EncodedStreamState(carried_state(v, saved, now)) for k, v in streams.items()}
@@ -424,9 +432,6 @@ class PretrainingDataModule(L.LightningDataModule):
         self.stream_states = {k: EncodedStreamState(v) for k, v in streams.items()}
         # Every rank trained as many micro-batches (one optimizer step is as many on each): this rank's share.
         self.trained_batches = sum(state["trained_batches"]) // self.world_size
-        problem = layout.position_problem({k: v.batches for k, v in streams.items()}, sum(state["trained_batches"]))
-        if problem:
-            raise CheckpointError(f"the checkpoint's data position is inconsistent: {problem}")
 
 
 def validation_batches(data, masking, tokenizer, micro_batch_size: int) -> list[dict]:

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from glue_files import write_parquet_task, write_tsv_task
 
 from experiments import export as export_cli
 from experiments import gpu_check as gpu_check_cli
@@ -21,6 +22,8 @@ from experiments import pretrain as pretrain_cli
 from experiments import throughput as throughput_cli
 from neobert import outputs
 from neobert.config.throughput import MODEL_NAMES
+from neobert.data.glue import get_task, load_glue_split
+from neobert.errors import DataError
 from neobert.eval.throughput import ThroughputRow
 from neobert.eval.throughput_report import write_csv
 from neobert.jobs.cli import run_cli
@@ -261,3 +264,20 @@ def test_a_throughput_report_validates_every_row_and_never_replaces_an_earlier_o
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert run_cli(throughput_cli.main, ["--report", str(good), "--output-dir", str(out), "--overwrite"]) == 0
     assert entries(out) == ["notes.txt", "throughput.csv", "throughput.md", "throughput.png"]
+
+
+# ---------------------------------------------------------------------------------------------- 6. weak answers
+def test_a_glue_tsv_label_between_classes_is_named_as_such(tmp_path):
+    """`1.5` in an SST-2 TSV used to be reported as "is not a number"; `1.0` is class 1."""
+    frames = write_parquet_task(tmp_path / "p", "sst2")
+    directory = write_tsv_task(tmp_path / "t", "sst2", frames)
+    lines = (directory / "train.tsv").read_text().splitlines()
+    lines[3] = lines[3].rsplit("\t", 1)[0] + "\t1.0"
+    (directory / "train.tsv").write_text("\n".join(lines) + "\n")
+    assert load_glue_split(get_task("sst2"), "train", tmp_path / "t")["label"][2] == 1
+    lines[3] = lines[3].rsplit("\t", 1)[0] + "\t1.5"
+    (directory / "train.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as raised:
+        load_glue_split(get_task("sst2"), "train", tmp_path / "t")
+    assert str(raised.value) == (f"{directory / 'train.tsv'}:4: label '1.5' is not a class: GLUE sst2 labels are "
+                                 f"the integers 0 to 1")

@@ -214,9 +214,15 @@ def _tsv_label(task: GlueTask, value: Optional[str], path: Path, line: int):
             raise DataError(f"{path}:{line}: label {value!r} is not one of {sorted(task.tsv_label_map)}")
         return task.tsv_label_map[value]
     try:
-        return float(value) if task.is_regression else int(value)
+        number = float(value)
     except ValueError:
         raise DataError(f"{path}:{line}: label {value!r} is not a number") from None
+    if task.is_regression:
+        return number
+    if not number.is_integer():
+        raise DataError(f"{path}:{line}: label {value!r} is not a class: GLUE {task.name} labels are the integers 0 "
+                        f"to {task.num_labels - 1}")
+    return int(number)
 
 
 def check_labels(task: GlueTask, split: str, labels: Sequence, source: str | None = None) -> None:

@@ -1,7 +1,7 @@
-"""The A/B scripts a GPU lease runs (scripts/bench, run_checks.sh's steps `norms`, `mlp`, `rope`): their timer
+"""The A/B scripts a GPU machine runs (scripts/bench, run_checks.sh's steps `norms`, `mlp`, `rope`): their timer
 (neobert.eval.ab.alternate) warms up, alternates, keeps medians and leaves out a candidate that fails; each script
 runs on CPU at a small size and prints every variant there with its errors against float32 (a script broken here
-would cost a lease's minutes); and the rotary tables QuACK's candidate gets turn q and k as the model does."""
+would cost minutes on a GPU); and the rotary tables QuACK's candidate gets turn q and k as the model does."""
 
 from __future__ import annotations
 
@@ -154,7 +154,7 @@ def test_quacks_interleaved_tables_turn_q_and_k_as_apply_rope_does():
 def test_a_candidate_failing_while_timed_or_checked_costs_only_its_row_with_the_first_line_of_why():
     """An error at a variant's n-th timed call (an out-of-memory, a kernel's) or in its check against float32 is
     that variant's: the reference and the others keep their rows; a compiler's many-line message is cut to its
-    first line, so that the lease's log keeps the table."""
+    first line, so that the step's log keeps the table."""
     calls = {"late": 0}
 
     def late(seconds):

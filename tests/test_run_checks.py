@@ -1,12 +1,12 @@
-"""scripts/gpu/run_checks.sh, the script a GPU lease runs, run here with stand-ins for `timeout`, `python3` and
+"""scripts/gpu/run_checks.sh, the script a GPU machine runs, run here with stand-ins for `timeout`, `python3` and
 `nvidia-smi` that record each command instead of running it, so that bash itself expands, quotes and joins every
 step's arguments as on the GPU. Each recorded command then goes through its job's own parser and pre-work checks on
 CPU (the recipe loaded, the model config built and validated, the throughput config and its NeoBERT overrides
-checked), with the packages a lease brings (Liger, QuACK, FlashAttention 4) taken as installed; every value a step
+checked), with the packages its prepared folders bring (Liger, QuACK, FlashAttention 4) as installed; every value a step
 sets must reach the job (not be overridden by the script's fixed arguments), and the job's output must go to the
 log the step keeps. The pytest steps' options and selections are collected here, their inline program compiled; the
 bench steps' scripts must exist. A misspelt key, an ill-typed value, a missing script or an undocumented step fails
-here, not after a lease's minutes."""
+here, not after minutes on a GPU."""
 
 from __future__ import annotations
 
@@ -118,8 +118,8 @@ def keys(words: list[str]) -> list[str]:
 
 
 @pytest.fixture
-def lease_packages(monkeypatch):
-    """The model config's availability checks answer as on a lease: Liger (prepare_offline.sh's wheels), QuACK and
+def gpu_packages(monkeypatch):
+    """The model config's availability checks answer as on a GPU machine: Liger (prepare_offline.sh's wheels), QuACK and
     FlashAttention 4 (prepare_fa4.sh's archive) installed; every other attention kernel as on this machine."""
     monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
     monkeypatch.setattr(model_config_module, "quack_missing_reason", lambda: None)
@@ -159,7 +159,7 @@ def test_every_step_calls_one_of_the_scripts_functions_or_runs_pytest():
 
 @pytest.mark.parametrize("step", steps_calling("throughput"))
 def test_each_throughput_step_is_a_valid_config_and_its_values_reach_the_job(step, prepared, tmp_path,
-                                                                              lease_packages):
+                                                                              gpu_packages):
     commands, stdouts, _ = run_script(step, prepared, tmp_path)
     config = throughput_cli.parse_args(timed_run(commands, "experiments.throughput"))
     config.validate()
@@ -172,7 +172,7 @@ def test_each_throughput_step_is_a_valid_config_and_its_values_reach_the_job(ste
 
 
 @pytest.mark.parametrize("step", steps_calling("gpu_check"))
-def test_each_gpu_check_step_plans_its_run_and_its_values_reach_the_job(step, prepared, tmp_path, lease_packages):
+def test_each_gpu_check_step_plans_its_run_and_its_values_reach_the_job(step, prepared, tmp_path, gpu_packages):
     commands, stdouts, _ = run_script(step, prepared, tmp_path)
     plan = make_plan(gpu_check_cli.parse_args(timed_run(commands, "experiments.gpu_check")))
     assert plan.recipe.data.source == str(prepared / "corpus")

@@ -977,7 +977,7 @@ def test_a_trace_that_cannot_be_written_costs_the_profile_nothing(monkeypatch, t
 
 
 def test_a_run_cut_short_leaves_the_tables_of_what_it_timed(monkeypatch, tmp_path):
-    """The tables are written after each layout and length: a run killed at its time limit (a GPU lease's `timeout`,
+    """The tables are written after each layout and length: a run killed at its time limit (a `timeout`,
     here an exit in the middle of the second length) leaves the first length's rows in throughput.csv and .md."""
     real_time_step = job.time_step
 
@@ -1017,14 +1017,14 @@ def test_a_run_cut_short_leaves_the_tables_of_what_it_timed(monkeypatch, tmp_pat
 
 
 def gpu_rows(lengths, models, first_tokens):
-    """Inference rows as a GPU lease's step writes them: one per model and length, tokens/s counting down."""
+    """Inference rows as a GPU step writes them: one per model and length, tokens/s counting down."""
     return [tp.ThroughputRow(model, "inference", "full", length, 16, first_tokens - 1000.0 * i - length, 0.02, 1e9,
                              1e14, 0.3, 1, "cuda", "bfloat16", note=f"{model} at {length}", issued_share=0.1)
             for length in lengths for i, model in enumerate(models)]
 
 
 def test_report_re_makes_the_tables_and_the_plot_of_several_runs_csvs_without_running_a_model(tmp_path, monkeypatch):
-    """A lease's steps each return a CSV: --report merges them in the order given into one CSV (written aside, then
+    """Several runs each return a CSV: --report merges them in the order given into one CSV (written aside, then
     renamed), its Markdown tables (the later CSV's rows beside the earlier's, their ratios per length) and the Figure 3
     plot."""
     from experiments.throughput import main

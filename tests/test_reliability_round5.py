@@ -281,3 +281,18 @@ def test_a_glue_tsv_label_between_classes_is_named_as_such(tmp_path):
         load_glue_split(get_task("sst2"), "train", tmp_path / "t")
     assert str(raised.value) == (f"{directory / 'train.tsv'}:4: label '1.5' is not a class: GLUE sst2 labels are "
                                  f"the integers 0 to 1")
+
+
+def test_a_boolean_key_takes_true_or_false_only(tmp_path, capsys):
+    """`trainer.deepspeed.check_grad_overflow=2` used to become true while `model.overrides.fused_mlm_loss=1` was
+    refused: one rule now, true or false."""
+    from test_pretrain_slow import write_yaml
+
+    config = write_yaml(tmp_path)
+    for override in ("trainer.deepspeed.check_grad_overflow=2", "resume=yes"):
+        key, value = override.split("=")
+        assert run_cli(pretrain_cli.main, ["--config", str(config), "--preflight", override]) == 2
+        assert error_lines(capsys) == [f"error: command-line overrides: invalid config key {key!r}: must be true or "
+                                       f"false, got {value}"]
+    assert run_cli(pretrain_cli.main, ["--config", str(config), "--preflight",
+                                       "trainer.deepspeed.check_grad_overflow=True"]) == 0

@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import BooleanNode, DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from neobert.errors import ConfigError
@@ -97,6 +97,7 @@ def _build(config: DictConfig, schema: type, path: str | Path | None, overrides:
             if bad:
                 raise ConfigError(f"overrides must look like key=value, got {bad}")
             dotlist = [_rename_override(o, renamed) for o in overrides]
+            _check_booleans(defaults, dotlist, source)
             config = _apply_overrides(config, dotlist, source)
         result = OmegaConf.to_object(config)
     except (ConfigKeyError, ConfigAttributeError) as err:
@@ -135,6 +136,18 @@ def _apply_overrides(config: DictConfig, dotlist: list[str], source: str) -> Dic
         _set_through_lists(config, parts, key.strip(), OmegaConf.to_container(OmegaConf.from_dotlist(
             [f"value={value}"]))["value"], source)
     return OmegaConf.merge(config, OmegaConf.from_dotlist(pending)) if pending else config
+
+
+def _check_booleans(schema: DictConfig, dotlist: list[str], source: str) -> None:
+    """A boolean key takes true or false, as every boolean of the suite does (model.overrides' included): OmegaConf
+    would read 2 as true."""
+    for override in dotlist:
+        key, _, value = (part.strip() for part in override.partition("="))
+        parent, _, name = key.rpartition(".")
+        section = OmegaConf.select(schema, parent) if parent else schema
+        node = section._get_node(name) if isinstance(section, DictConfig) and name in section else None
+        if isinstance(node, BooleanNode) and value.lower() not in ("true", "false"):
+            raise ConfigError(f"{source}: invalid config key {key!r}: must be true or false, got {value}")
 
 
 LIST_INDEX = re.compile(r"\[(\d+)\]")  # phases[1].steps, the form the error messages write, is phases.1.steps

@@ -21,12 +21,15 @@ from experiments import gpu_check as gpu_check_cli
 from experiments import pretrain as pretrain_cli
 from experiments import throughput as throughput_cli
 from neobert import outputs
+from neobert.config import load_config
+from neobert.config.pretrain import PretrainConfig
 from neobert.config.throughput import MODEL_NAMES
 from neobert.data.glue import get_task, load_glue_split
 from neobert.errors import DataError
 from neobert.eval.throughput import ThroughputRow
 from neobert.eval.throughput_report import write_csv
 from neobert.jobs.cli import run_cli
+from neobert.jobs.gpu_check import logs_tokens_per_s
 from neobert.lit import checkpoints
 from neobert.lit.checkpoints import AtomicCheckpointIO
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
@@ -296,3 +299,22 @@ def test_a_boolean_key_takes_true_or_false_only(tmp_path, capsys):
                                        f"false, got {value}"]
     assert run_cli(pretrain_cli.main, ["--config", str(config), "--preflight",
                                        "trainer.deepspeed.check_grad_overflow=True"]) == 0
+
+
+def test_the_gpu_checks_advice_on_steps_is_a_count_it_accepts(tmp_path, capsys):
+    """Below logging.log_every_n_steps the log interval is the steps themselves: `--steps 3` used to advise
+    "set steps=6 or more", and `--steps 6` was then refused with "set steps=10"."""
+    from test_pretrain_slow import write_yaml
+
+    config = write_yaml(tmp_path, "logging.log_every_n_steps=5")
+    for steps, interval in ((3, 3), (6, 5)):
+        argv = ["--config", str(config), "--steps", str(steps), "--output-dir", str(tmp_path / "check"),
+                "warmup_steps=2"]
+        assert run_cli(gpu_check_cli.main, argv) == 2
+        assert error_lines(capsys) == [
+            f"error: invalid config key 'steps': {steps} steps log no tokens/s after the 2 warm-up steps at "
+            f"logging.log_every_n_steps={interval}; set steps=10 or more, or lower warmup_steps or "
+            f"logging.log_every_n_steps"]
+    check = gpu_check_cli.parse_args(["--config", str(config), "--steps", "10", "warmup_steps=2"])
+    recipe = load_config(PretrainConfig, check.config, check.overrides)
+    assert logs_tokens_per_s(check, recipe) and not (tmp_path / "check").exists()

@@ -195,15 +195,28 @@ def steady_state(recipe: PretrainConfig) -> tuple[PretrainConfig, tuple[str, ...
 def check_log_interval(config: GpuCheckConfig, recipe: PretrainConfig) -> None:
     """A loop's tokens/s needs one whole log interval from `timed_from` (after the warm-up, and the profiled steps
     with the one the profiler stops in), after the first read (which has none)."""
-    interval = log_interval(config, recipe)
-    reads = max(2, math.ceil(config.timed_from / interval) + 1)
-    if reads * interval > config.steps:
+    if not logs_tokens_per_s(config, recipe):
         profiled = (f", {config.profile_steps} profiled steps and the one the profiler stops in (profile=true)"
                     if config.profile else "")
         raise ConfigError(f"invalid config key 'steps': {config.steps} steps log no tokens/s after the "
-                          f"{config.warmup_steps} warm-up steps{profiled} at logging.log_every_n_steps={interval}; "
-                          f"set steps={reads * interval} or more, or lower warmup_steps"
-                          + (", profile_steps" if config.profile else "") + " or logging.log_every_n_steps")
+                          f"{config.warmup_steps} warm-up steps{profiled} at logging.log_every_n_steps="
+                          f"{log_interval(config, recipe)}; set steps={fewest_steps(config, recipe)} or more, or "
+                          f"lower warmup_steps" + (", profile_steps" if config.profile else "")
+                          + " or logging.log_every_n_steps")
+
+
+def logs_tokens_per_s(config: GpuCheckConfig, recipe: PretrainConfig) -> bool:
+    interval = log_interval(config, recipe)
+    return max(2, math.ceil(config.timed_from / interval) + 1) * interval <= config.steps
+
+
+def fewest_steps(config: GpuCheckConfig, recipe: PretrainConfig) -> int:
+    """The fewest steps whose loops log tokens/s: below logging.log_every_n_steps the interval is the steps
+    themselves, so the advice must hold at the steps it names, not at today's interval."""
+    steps = config.steps + 1
+    while not logs_tokens_per_s(dataclasses.replace(config, steps=steps), recipe):
+        steps += 1
+    return steps
 
 
 def clear_earlier_check(output_dir: Path, overwrite: bool) -> None:

@@ -42,13 +42,19 @@ def test_missing_config_file_is_named(tmp_path):
         load_config(Schema, tmp_path / "nowhere.yaml")
 
 
-def test_cli_flags_become_typed_overrides_and_win_over_free_ones():
-    from experiments import contrastive, mteb, throughput
+def test_cli_flags_become_typed_overrides_and_a_flag_beside_its_own_key_is_refused():
+    from experiments import contrastive, gpu_check, mteb, throughput
 
     config = throughput.parse_args(["--models", "neobert,bert-base", "--lengths", "128, 512", "--mode", "training",
-                                    "--output-dir", "/tmp/tp", "mode=inference"])
+                                    "--output-dir", "/tmp/tp"])
     assert config.models == ["neobert", "bert-base"] and config.lengths == [128, 512]
-    assert config.mode == "training" and config.output_dir == "/tmp/tp"  # the flag wins over `mode=inference`
+    assert config.mode == "training" and config.output_dir == "/tmp/tp"
+    # `--steps 4 steps=0` used to take the flag without a word
+    with pytest.raises(ConfigError) as err:
+        gpu_check.parse_args(["--steps", "4", "steps=0"])
+    assert str(err.value) == "--steps 4 and steps=0 both set 'steps': give one of them"
+    with pytest.raises(ConfigError, match="--lengths 128 and lengths=.512. both set 'lengths'"):
+        throughput.parse_args(["--lengths", "128", "lengths=[512]"])
     config = mteb.parse_args(["--model", "preset:tiny", "--tasks", "sts:/data/a b.csv,STSBenchmark"])
     assert config.model == "preset:tiny" and config.tasks == ["sts:/data/a b.csv", "STSBenchmark"]
     config = contrastive.parse_args(["--model", "runs/x/export", "trainer.max_steps=7"])

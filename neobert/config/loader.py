@@ -288,16 +288,18 @@ def flag_overrides(args: Any, values: Sequence[str] = (), lists: Sequence[str] =
     """The CLI's free `key=value` overrides (`args.overrides`) followed by one override per convenience flag that
     was given: `--model X` becomes `model=X` for each name in `values`, and the comma-separated `--tasks a,b`
     becomes `tasks=['a','b']` for each name in `lists` (items quoted, so paths and `sts:file` stay strings; the
-    schema still converts '128' to an int field). A flag's name is its config key; flags win over the free ones."""
+    schema still converts '128' to an int field). A flag's name is its config key; a flag and a free override of
+    the same key are a ConfigError (which one was meant?)."""
     overrides = list(args.overrides)
-    for name in values:
+    for name in (*values, *lists):
         value = getattr(args, name)
-        if value is not None:
-            overrides.append(f"{name}={value}")
-    for name in lists:
-        value = getattr(args, name)
-        if value is not None:
-            overrides.append(f"{name}=[{','.join(repr(item.strip()) for item in value.split(','))}]")
+        if value is None:
+            continue
+        given = [o for o in args.overrides if o.partition("=")[0].strip() == name]
+        if given:
+            raise ConfigError(f"--{name.replace('_', '-')} {value} and {given[0]} both set {name!r}: give one of them")
+        overrides.append(f"{name}={value}" if name in values
+                         else f"{name}=[{','.join(repr(item.strip()) for item in value.split(','))}]")
     return overrides
 
 

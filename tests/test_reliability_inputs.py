@@ -238,13 +238,17 @@ def test_length_buckets_above_every_document_are_a_data_error(tmp_path, tokenize
         next(iter(PretrainingStream(data, MaskingConfig(), tokenizer, 1)))
 
 
-def test_non_utf8_json_lines_are_a_data_error_naming_the_source(tmp_path, tokenizer):
-    path = tmp_path / "latin1.jsonl"
-    path.write_bytes('{"content": "caf\xe9 au lait"}\n'.encode("latin-1"))
-    data = PretrainDataConfig(source=str(path), text_column="content", num_workers=0)
-    with pytest.raises(DataError, match=starts(f"data.source={str(path)!r} cannot be read: UnicodeDecodeError: "
-                                              f"'utf-8' codec can't decode byte 0xe9")):
+def test_non_utf8_json_lines_are_a_data_error_naming_the_source_file_and_line(tmp_path, tokenizer):
+    """In a directory of files the reader's "position 3" named neither the file nor the line."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.jsonl").write_text(json.dumps({"content": "plain text"}) + "\n")
+    path = tmp_path / "docs" / "latin1.jsonl"
+    path.write_bytes('{"content": "ok"}\n{"content": "caf\xe9 au lait"}\n'.encode("latin-1"))
+    data = PretrainDataConfig(source=str(path.parent), text_column="content", num_workers=0)
+    with pytest.raises(DataError) as raised:
         PretrainingDataModule(data, MaskingConfig(), tokenizer, 2).check_source()
+    assert str(raised.value) == (f"data.source={str(path.parent)!r} cannot be read: line 2 of {path} is not UTF-8 "
+                                 f"(byte b'\\xe9' at column 17: invalid continuation byte)")
 
 
 def test_a_malformed_json_line_is_one_line_naming_the_file_line(tmp_path):

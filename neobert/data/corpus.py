@@ -177,6 +177,8 @@ def read_blocks(dataset, batch_size: int, data) -> Iterator[dict]:
         yield from dataset.iter(batch_size=batch_size)
     except READ_ERRORS as err:
         where = first_bad_json_line(data) if isinstance(err, pa.ArrowInvalid) and "JSON" in str(err) else None
+        if isinstance(err, UnicodeDecodeError):
+            where = first_undecodable_line(data)
         detail = where or f"{type(err).__name__}: {err}"
         raise DataError(f"{source_name(data)} cannot be read: {detail}") from err
 
@@ -194,6 +196,21 @@ def first_bad_json_line(data) -> str | None:
                     json.loads(line)
                 except json.JSONDecodeError as err:
                     return f"line {number} of {path} is not JSON ({err.msg}, column {err.colno})"
+    return None
+
+
+def first_undecodable_line(data) -> str | None:
+    """`line N of FILE is not UTF-8 (...)` for the first line of the source's JSON lines or CSV files that is not
+    (the reader's error gives a position in its block, not the file); None if none is found."""
+    files = [] if data.pretokenized_dir else local_data_files(data.source, source_key(data)) or []
+    for path in (f for f in files if Path(f).suffix in (".jsonl", ".json", ".csv")):
+        with open(path, "rb") as handle:
+            for number, line in enumerate(handle, start=1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    return (f"line {number} of {path} is not UTF-8 (byte {line[err.start:err.start + 1]!r} at "
+                            f"column {err.start + 1}: {err.reason})")
     return None
 
 

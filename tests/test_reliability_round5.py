@@ -318,3 +318,15 @@ def test_the_gpu_checks_advice_on_steps_is_a_count_it_accepts(tmp_path, capsys):
     check = gpu_check_cli.parse_args(["--config", str(config), "--steps", "10", "warmup_steps=2"])
     recipe = load_config(PretrainConfig, check.config, check.overrides)
     assert logs_tokens_per_s(check, recipe) and not (tmp_path / "check").exists()
+
+
+def test_numbers_in_the_text_column_are_counted_as_not_text(tmp_path, capsys):
+    """A text column of numbers used to be counted as "5 empty"."""
+    from test_pretrain_slow import write_yaml
+
+    config = write_yaml(tmp_path)
+    source = tmp_path / "numbers.jsonl"
+    source.write_text("".join(json.dumps({"content": 12345 + i}) + "\n" for i in range(4)) + '{"content": ""}\n')
+    assert run_cli(pretrain_cli.main, ["--config", str(config), f"data.source={source}", "data.validation_docs=0"]) == 2
+    assert error_lines(capsys) == [f"error: data.source={str(source)!r} has no usable documents (1 empty, 0 "
+                                   f"undecodable, 4 not text (e.g. numbers))"]

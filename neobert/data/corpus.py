@@ -82,8 +82,9 @@ def source_name(data) -> str:
 
 def no_usable_documents(data, skipped: dict, held_out: int = 0, detail: str = "") -> DataError:
     """The error of a corpus (or of the part a stream reads) without one usable document."""
+    not_text = f", {skipped['not text']} not text (e.g. numbers)" if skipped.get("not text") else ""
     message = (f"{source_name(data)} has no usable documents ({skipped.get('empty', 0)} empty, "
-               f"{skipped.get('undecodable', 0)} undecodable)")
+               f"{skipped.get('undecodable', 0)} undecodable{not_text})")
     if held_out:
         message += f" after the first data.validation_docs={held_out}, which validation holds out"
     return DataError(message + (f"; {detail}" if detail else ""))
@@ -222,8 +223,8 @@ def text_column(data) -> str:
 
 
 def usable_documents(values, pretokenized: bool, skipped: dict) -> list:
-    """The usable documents of a block of one column; empty, missing and undecodable ones are counted in
-    `skipped` ("empty", "undecodable") and left out."""
+    """The usable documents of a block of one column; empty, missing, undecodable ones and values that are not text
+    are counted in `skipped` ("empty", "undecodable", "not text") and left out."""
     usable = []
     for value in values:
         if pretokenized:
@@ -231,7 +232,9 @@ def usable_documents(values, pretokenized: bool, skipped: dict) -> list:
                 usable.append(list(value))
             else:
                 skipped["empty"] = skipped.get("empty", 0) + 1
-        elif not isinstance(value, str) or not value.strip():
+        elif value is not None and not isinstance(value, str):  # a number or a list where text belongs
+            skipped["not text"] = skipped.get("not text", 0) + 1
+        elif not value or not value.strip():
             skipped["empty"] = skipped.get("empty", 0) + 1
         elif UNDECODABLE in value:
             skipped["undecodable"] = skipped.get("undecodable", 0) + 1

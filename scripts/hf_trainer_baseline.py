@@ -1,5 +1,6 @@
-"""What the plain Hugging Face `Trainer` baselines (hf_trainer_glue.py, hf_trainer_ner.py) share: their command line,
-the suite's fine-tuning hyperparameters as `TrainingArguments`, the best evaluation, and the results file."""
+"""What the plain Hugging Face `Trainer` baselines (hf_trainer_glue.py, hf_trainer_ner.py, hf_trainer_mlm.py) share:
+their command line, the suite's fine-tuning hyperparameters as `TrainingArguments`, the best evaluation, and the
+results file."""
 
 from __future__ import annotations
 
@@ -12,11 +13,19 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 
+def script_parser(doc: str, output_dir: str) -> argparse.ArgumentParser:
+    """The options of every baseline: --threads and --output-dir."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--output-dir", default=output_dir)
+    return parser
+
+
 def baseline_parser(doc: str, *, task: str | None, data_path_help: str, batch_size: int, lr: float, eval_every: int,
                     output_dir: str) -> argparse.ArgumentParser:
-    """The options of both baselines, with each one's defaults (`task=None`: --task is required); a baseline adds
-    its own options to the parser."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The options of the fine-tuning baselines, with each one's defaults (`task=None`: --task is required); a
+    baseline adds its own options to the parser."""
+    parser = script_parser(doc, output_dir)
     parser.add_argument("--task", **({"default": task} if task else {"required": True}))
     parser.add_argument("--model", required=True, help="a local Hugging Face model directory (or hub name)")
     parser.add_argument("--data-path", required=True, help=data_path_help)
@@ -29,8 +38,6 @@ def baseline_parser(doc: str, *, task: str | None, data_path_help: str, batch_si
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--eval-every", type=int, default=eval_every)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--output-dir", default=output_dir)
     return parser
 
 
@@ -64,8 +71,9 @@ def train_keeping_best(trainer: Trainer, score_key: str) -> tuple[float, list[di
     return seconds, evaluations, max(evaluations, key=lambda entry: entry[score_key])
 
 
-def write_results(output_dir: str, result: dict) -> None:
-    """`<output_dir>/results.json`, and the headline numbers printed."""
+def write_results(output_dir: str, result: dict,
+                  headline: tuple[str, ...] = ("task", "train_seconds", "steps", "best_step", "scores")) -> None:
+    """`<output_dir>/results.json`, and its `headline` numbers printed."""
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     (Path(output_dir) / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("task", "train_seconds", "steps", "best_step", "scores")}, indent=2))
+    print(json.dumps({k: result[k] for k in headline}, indent=2))

@@ -64,6 +64,9 @@ class NeoBERTHFPreTrainedModel(PreTrainedModel):
     config_class = NeoBERTHFConfig
     base_model_prefix = "model"
     _supports_sdpa = True
+    # Each loss is the mean over its own batch and takes no num_items_in_batch: transformers' Trainer then divides it
+    # by the gradient accumulation steps itself, instead of passing a count the forward would ignore.
+    accepts_loss_kwargs = False
 
     def _init_weights(self, module: nn.Module) -> None:
         if module is getattr(self, "dense", None) or module is getattr(self, "classifier", None):

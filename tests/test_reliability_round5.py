@@ -330,3 +330,25 @@ def test_numbers_in_the_text_column_are_counted_as_not_text(tmp_path, capsys):
     assert run_cli(pretrain_cli.main, ["--config", str(config), f"data.source={source}", "data.validation_docs=0"]) == 2
     assert error_lines(capsys) == [f"error: data.source={str(source)!r} has no usable documents (1 empty, 0 "
                                    f"undecodable, 4 not text (e.g. numbers))"]
+
+
+def test_the_preflight_says_what_it_could_not_check_on_a_gpu_it_does_not_know(tmp_path, capsys):
+    """For `RTX 4090`, `TPU v4`, `NVIDIA B200`, ... it used to give "peak: unknown" and the same verdict as for an
+    H100, "nothing found that would crash at setup"; `--gpu ""` planned for a GPU without a name."""
+    from test_pretrain_slow import write_yaml
+
+    config = write_yaml(tmp_path)
+    assert run_cli(pretrain_cli.main, ["--config", str(config), "--preflight", "--gpu", "RTX 4090"]) == 0
+    verdict = capsys.readouterr().out.split("## Verdict\n")[1].splitlines()
+    assert verdict == [
+        "- nothing found that would crash at setup in what it could check",
+        "- not checked: the memory against the GPU's ('RTX 4090' is none of the GPUs whose memory it knows: H100, "
+        "H200, A100)",
+        "- not checked: the MFU, the cost and the data workers' pace (no peak FLOP/s known for 'RTX 4090'); nor "
+        "whether its kernels and precision run on it"]
+    assert run_cli(pretrain_cli.main, ["--config", str(config), "--preflight"]) == 0
+    assert capsys.readouterr().out.split("## Verdict\n")[1].splitlines() == [
+        "- nothing found that would crash at setup"]
+    assert run_cli(pretrain_cli.main, ["--config", str(config), "--preflight", "--gpu", ""]) == 2
+    assert error_lines(capsys) == ["error: --gpu '' names no GPU: give the name torch.cuda.get_device_name() prints, "
+                                   "e.g. 'NVIDIA H100 80GB HBM3'"]

@@ -52,6 +52,7 @@ class Preflight:
     lines: list[str] = field(default_factory=list)
     refusals: list[tuple[str, str]] = field(default_factory=list)  # (config key, why)
     warnings: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)  # what it could not check (an unknown GPU's memory, peak)
 
     def section(self, title: str) -> None:
         self.lines += ["", f"## {title}"]
@@ -68,7 +69,8 @@ class Preflight:
             lines += ["", "## Warnings"] + [f"- {w}" for w in self.warnings]
         lines += ["", "## Verdict"]
         lines += ([f"- REFUSED ({key}): {why}" for key, why in self.refusals] if self.refusals
-                  else ["- nothing found that would crash at setup"])
+                  else ["- nothing found that would crash at setup" + " in what it could check" * bool(self.unchecked)])
+        lines += [f"- not checked: {what}" for what in self.unchecked]
         return "\n".join(lines).lstrip() + "\n"
 
 
@@ -79,6 +81,9 @@ def world_size(config: PretrainConfig) -> int:
 def run_preflight(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> str:
     """Prints the report for `config` on `trainer.devices` x `trainer.num_nodes` GPUs named `gpu` and returns it;
     then, if anything would crash, raises ConfigError naming the first key (the report lists them all)."""
+    if not gpu.strip():
+        raise ConfigError("--gpu '' names no GPU: give the name torch.cuda.get_device_name() prints, e.g. "
+                          f"{DEFAULT_GPU!r}")
     report = preflight_report(config, gpu)
     text = report.text()
     print(text, end="")
@@ -409,6 +414,9 @@ def memory_section(report: Preflight, config: PretrainConfig, model, parameters:
     total = gpu_bytes + activations
     capacity = next((size for key, size in GPU_MEMORY_GIB.items() if key in gpu.lower()), None)
     report.add(f"- total about {total / GiB:.1f} GiB" + (f" of the {capacity} GiB of a {gpu}" if capacity else ""))
+    if capacity is None:
+        report.unchecked.append(f"the memory against the GPU's ({gpu!r} is none of the GPUs whose memory it knows: "
+                                f"{', '.join(GPU_MEMORY_GIB).upper()})")
     if capacity and total > 0.9 * capacity * GiB:
         report.warnings.append(f"memory: about {total / GiB:.0f} GiB per GPU against {capacity} GiB: lower "
                                f"trainer.micro_batch_size and raise trainer.accumulate_grad_batches")
@@ -516,6 +524,8 @@ def mfu_section(report: Preflight, config: PretrainConfig, model, model_config, 
     peak = peak_flops_of(gpu)
     if peak is None:
         report.add(f"- peak: unknown for {gpu!r}: train/mfu will not be logged")
+        report.unchecked.append(f"the MFU, the cost and the data workers' pace (no peak FLOP/s known for {gpu!r}); "
+                                f"nor whether its kernels and precision run on it")
         return None
     if not in_16_bits(resolve_precision_on_gpu(config)):
         report.add(f"- peak: a {gpu}'s published peak is a 16-bit tensor-core rate; this run computes in float32 "

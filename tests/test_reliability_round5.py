@@ -352,3 +352,21 @@ def test_the_preflight_says_what_it_could_not_check_on_a_gpu_it_does_not_know(tm
     assert run_cli(pretrain_cli.main, ["--config", str(config), "--preflight", "--gpu", ""]) == 2
     assert error_lines(capsys) == ["error: --gpu '' names no GPU: give the name torch.cuda.get_device_name() prints, "
                                    "e.g. 'NVIDIA H100 80GB HBM3'"]
+
+
+def test_a_resume_never_shortens_a_run(tmp_path, capsys, caplog):
+    """`resume=true trainer.max_steps=10` on a run at step 30 used to exit 0 and export again without a word."""
+    from test_pretrain_slow import write_yaml
+
+    config = write_yaml(tmp_path, "trainer.max_steps=2", "trainer.checkpoint_every_n_steps=2")
+    assert run_cli(pretrain_cli.main, ["--config", str(config)]) == 0
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
+    assert run_cli(pretrain_cli.main, ["--config", str(config), "resume=true", "trainer.max_steps=1"]) == 2
+    assert error_lines(capsys) == [
+        f"error: invalid config key 'trainer.max_steps': 1 is before the step of {last} (2): a resumed run goes on "
+        f"from its checkpoint, it never shortens it; set trainer.max_steps above 2 to train on, or choose another "
+        f"output_dir"]
+    assert run_cli(pretrain_cli.main, ["--config", str(config), "resume=true"]) == 0
+    assert (f"{last} is at trainer.max_steps=2 already: nothing to train, the model is exported again"
+            in [r.getMessage() for r in caplog.records if r.name == "neobert.jobs.pretrain"])

@@ -178,6 +178,19 @@ def branch_step(config: PretrainConfig) -> int:
     return step
 
 
+def refuse_a_step_past_max_steps(config: PretrainConfig, ckpt_path: Path) -> None:
+    """A resume never shortens a run: a checkpoint past trainer.max_steps is refused (Lightning would stop at once
+    and export it again without a word); one at trainer.max_steps is said to train nothing."""
+    step, max_steps = verify_checkpoint(ckpt_path), config.trainer.max_steps
+    if step > max_steps:
+        raise ConfigError(f"invalid config key 'trainer.max_steps': {max_steps} is before the step of {ckpt_path} "
+                          f"({step}): a resumed run goes on from its checkpoint, it never shortens it; set "
+                          f"trainer.max_steps above {step} to train on, or choose another output_dir")
+    if step == max_steps:
+        log.warning("%s is at trainer.max_steps=%d already: nothing to train, the model is exported again",
+                    ckpt_path, max_steps)
+
+
 def build_callbacks(config: PretrainConfig) -> list[L.Callback]:
     callbacks: list[L.Callback] = [step_checkpoint_callback(config.output_dir, config.trainer)]
     if config.glue_callback.every_n_steps > 0:
@@ -225,6 +238,8 @@ def train_and_export(config: PretrainConfig, extra_callbacks: Sequence[L.Callbac
         refuse_another_model(ckpt_path, model_config)  # before the Trainer creates this run's log directories
         refuse_another_optimizer(ckpt_path, config.optimizer.name, f"start a new run in another output_dir with "
                                  f"init_from={ckpt_path} (its weights, a new {config.optimizer.name} optimizer)")
+        if phase is None:  # a phase's steps are its own (phases.py)
+            refuse_a_step_past_max_steps(config, ckpt_path)
     claim_export_dir(config, ckpt_path)  # before any training work: the export replaces only its own
     trainer = build_trainer(config.trainer, config.logging, config.output_dir,
                             callbacks=build_callbacks(config) + list(extra_callbacks),

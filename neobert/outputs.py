@@ -374,6 +374,19 @@ def staged_for(directory: str | Path) -> Path:
     return directory
 
 
+def check_writable(directory: str | Path, where: str) -> None:
+    """Refuses, before any work, a `directory` that cannot be created or written: the nearest existing folder on its
+    path must let this user add entries (`where` begins the message, e.g. "invalid config key 'export_dir': /x")."""
+    existing = Path(directory).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{where}: {existing} is a file, not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where} cannot be written: {existing} is read-only for this user (or on a read-only file "
+                          f"system); choose a directory it may write")
+
+
 def check_free_space(directory: str | Path, needed: int, what: str, outcome: str) -> None:
     """Refuses, before writing, `what` (about `needed` bytes) into a directory whose disk has less free."""
     if needed > free_space(directory):

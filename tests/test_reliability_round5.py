@@ -370,3 +370,20 @@ def test_a_resume_never_shortens_a_run(tmp_path, capsys, caplog):
     assert run_cli(pretrain_cli.main, ["--config", str(config), "resume=true"]) == 0
     assert (f"{last} is at trainer.max_steps=2 already: nothing to train, the model is exported again"
             in [r.getMessage() for r in caplog.records if r.name == "neobert.jobs.pretrain"])
+
+
+def test_an_unwritable_export_directory_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    """It used to be found only at the export, after the whole training. A read-only folder is simulated (the suite
+    runs as root, for whom permissions do not hold)."""
+    from test_pretrain_slow import write_yaml
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = outputs.os.access
+    monkeypatch.setattr(outputs.os, "access", lambda path, mode: Path(path) != locked and real_access(path, mode))
+    config = write_yaml(tmp_path, f"export_dir={locked / 'export'}")
+    assert run_cli(pretrain_cli.main, ["--config", str(config)]) == 2
+    assert error_lines(capsys) == [
+        f"error: invalid config key 'export_dir': {locked / 'export'} cannot be written: {locked} is read-only for this "
+        f"user (or on a read-only file system); choose a directory it may write"]
+    assert not (tmp_path / "run").exists()

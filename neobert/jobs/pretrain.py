@@ -37,7 +37,8 @@ from neobert.lit.trainer import build_trainer, check_strategy_has_its_device
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model.config import ModelFieldError
 from neobert.model.checkpoint import load_state_dict_strict, read_weights, submodule_state
-from neobert.outputs import EXPORT, claim_output_dir, clear_output_dir, hold_output_dir, is_within
+from neobert.outputs import (EXPORT, check_writable, claim_output_dir, clear_output_dir, hold_output_dir,
+                             is_within)
 
 log = logging.getLogger(__name__)
 DEMO_CONFIG = "demo"  # the embedded default: `python -m experiments.pretrain` with no --config
@@ -162,6 +163,7 @@ def claim_export_dir(config: PretrainConfig, ckpt_path: Path | None) -> None:
                      inputs=[(f"{key}={value!r}", value) for key, value in (
                          ("init_from", config.init_from), ("branch_from", config.branch_from),
                          ("data.tokenizer", config.data.tokenizer))])
+    check_writable(export_dir, f"invalid config key 'export_dir': {export_dir}")  # not found after training
 
 
 def branch_step(config: PretrainConfig) -> int:

@@ -1,8 +1,9 @@
-"""Issue 57: a full disk, a broken tokenizer directory, shards whose columns differ, unbounded sizes and the
-throughput report's inputs (docs/reliability.md, "A full disk, broken inputs and unbounded sizes (round 5)").
-Each used to end in a library traceback, or after minutes of work; each is now one line naming the key, the file
-or the directory, before anything is written. A full disk is simulated: the free space the suite sees, and a
-write that fails as torch's, safetensors' or arrow's writers fail when it fills."""
+"""Issue 57: a full disk, a broken tokenizer directory, shards whose columns differ, unbounded sizes, the
+throughput report's inputs, and answers that were weak (docs/reliability.md, "A full disk, broken inputs and
+unbounded sizes (round 5)"). Each used to end in a library traceback, after minutes of work, or without a word;
+each is now one line naming the key, the file or the directory, before anything is written. A full disk is
+simulated: the free space the suite sees, and a write that fails as torch's, safetensors' or arrow's writers fail
+when it fills."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from experiments import pretrain as pretrain_cli
 from experiments import throughput as throughput_cli
 from neobert import outputs
 from neobert.config import load_config
+from neobert.config.gpu_check import GpuCheckConfig
 from neobert.config.pretrain import PretrainConfig
 from neobert.config.throughput import MODEL_NAMES
 from neobert.data.glue import get_task, load_glue_split
@@ -29,7 +31,8 @@ from neobert.errors import DataError
 from neobert.eval.throughput import ThroughputRow
 from neobert.eval.throughput_report import write_csv
 from neobert.jobs.cli import run_cli
-from neobert.jobs.gpu_check import logs_tokens_per_s
+from neobert.jobs.gpu_check import judge, logs_tokens_per_s
+from neobert.jobs.gpu_check_stages import CEILING, ENCODER, FAILED, PLAIN_LOOP, RECIPE_LOOP, StageRow
 from neobert.lit import checkpoints
 from neobert.lit.checkpoints import AtomicCheckpointIO
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
@@ -387,3 +390,14 @@ def test_an_unwritable_export_directory_is_refused_before_training(tmp_path, cap
         f"error: invalid config key 'export_dir': {locked / 'export'} cannot be written: {locked} is read-only for this "
         f"user (or on a read-only file system); choose a directory it may write"]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_failed_recipe_loop_leaves_the_plain_loop_saying_it_was_not_compared():
+    """The plain-strategy row used to say `ok` and nothing else when the recipe's loop, its comparison, failed."""
+    rows = {CEILING: StageRow(CEILING, tokens_per_s=1000.0), ENCODER: StageRow(ENCODER, tokens_per_s=1200.0),
+            RECIPE_LOOP: StageRow(RECIPE_LOOP, status=FAILED, error="RuntimeError: CUDA error"),
+            PLAIN_LOOP: StageRow(PLAIN_LOOP, tokens_per_s=900.0)}
+    failures = judge(rows, GpuCheckConfig(), enforced=True)
+    assert failures == [f"{RECIPE_LOOP}: RuntimeError: CUDA error"]
+    assert rows[PLAIN_LOOP].status == "ok" and rows[PLAIN_LOOP].loop_vs_ceiling == pytest.approx(0.9)
+    assert rows[PLAIN_LOOP].notes == "; strategy/plain not measured: the recipe's loop failed (its row says why)"

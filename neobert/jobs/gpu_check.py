@@ -259,6 +259,8 @@ def judge(rows: dict[str, StageRow], config: GpuCheckConfig, enforced: bool,
             row.ratio_basis = "tokens/s per device"
     if recipe.tokens_per_s is not None and plain.tokens_per_s is not None:
         recipe.strategy_vs_plain = recipe.tokens_per_s / plain.tokens_per_s
+    elif recipe.status == FAILED and plain.tokens_per_s is not None:  # its own figures stand, the comparison does not
+        plain.notes += "; strategy/plain not measured: the recipe's loop failed (its row says why)"
     failures = [f"{row.stage}: {row.error}" for row in rows.values() if row.status == FAILED]
     checks = [(row, "loop/ceiling", row.loop_vs_ceiling, targets.loop_vs_ceiling) for row in (recipe, plain)]
     checks.append((recipe, "strategy/plain", recipe.strategy_vs_plain, targets.strategy_vs_plain))

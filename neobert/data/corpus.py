@@ -101,24 +101,23 @@ def file_columns(path: str) -> list[str] | None:
     """The columns of a local file, read cheaply: a parquet schema, a JSON lines file's first object, a CSV header;
     None where there are none to read (a text file, a first line that is not a JSON object)."""
     stat = os.stat(path)
-    columns = _read_columns(path, stat.st_mtime_ns, stat.st_size)
-    return None if columns is None else list(columns)
+    return _read_columns(path, stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=None)  # every stream opens its source: a file's columns are read once per process
-def _read_columns(path: str, mtime_ns: int, size: int) -> tuple[str, ...] | None:
+def _read_columns(path: str, mtime_ns: int, size: int) -> list[str] | None:
     suffix = Path(path).suffix
     if suffix == ".parquet":
-        return tuple(pq.read_schema(path).names)
+        return pq.read_schema(path).names
     if suffix not in (".jsonl", ".csv"):
         return None
     with open(path, encoding="utf-8", errors="replace") as handle:
         first = next((line for line in handle if line.strip()), "")
     if suffix == ".csv":
-        return tuple(next(csv.reader([first]), []))
+        return next(csv.reader([first]), [])
     with contextlib.suppress(json.JSONDecodeError):
         row = json.loads(first)
-        return tuple(sorted(row)) if isinstance(row, dict) else None
+        return sorted(row) if isinstance(row, dict) else None
     return None
 
 
@@ -302,13 +301,9 @@ class DocumentTokenizer:
         time (`encode_long`)."""
         if self.pretokenized or not documents:
             return list(documents)
-        ids: list = [None] * len(documents)
-        short = [i for i, text in enumerate(documents) if len(text) <= LONG_DOCUMENT_CHARS]
-        for i, encoding in zip(short, self.backend.encode_batch([documents[i] for i in short])):
-            ids[i] = encoding.ids
-        for i in (i for i, found in enumerate(ids) if found is None):
-            ids[i] = self.encode_long(documents[i])
-        return ids
+        short = self.backend.encode_batch([text for text in documents if len(text) <= LONG_DOCUMENT_CHARS])
+        encoded = (encoding.ids for encoding in short)
+        return [next(encoded) if len(text) <= LONG_DOCUMENT_CHARS else self.encode_long(text) for text in documents]
 
     def encode_long(self, text: str) -> list[int]:
         """The ids of one long text, the same as encoding it whole: its pieces end before a whitespace character

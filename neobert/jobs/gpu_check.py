@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,8 +202,7 @@ def check_log_interval(config: GpuCheckConfig, recipe: PretrainConfig) -> None:
         raise ConfigError(f"invalid config key 'steps': {config.steps} steps log no tokens/s after the "
                           f"{config.warmup_steps} warm-up steps{profiled} at logging.log_every_n_steps="
                           f"{log_interval(config, recipe)}; set steps={fewest_steps(config, recipe)} or more, or "
-                          f"lower warmup_steps" + (", profile_steps" if config.profile else "")
-                          + " or logging.log_every_n_steps")
+                          f"lower warmup_steps{', profile_steps' * config.profile} or logging.log_every_n_steps")
 
 
 def logs_tokens_per_s(config: GpuCheckConfig, recipe: PretrainConfig) -> bool:
@@ -211,12 +211,9 @@ def logs_tokens_per_s(config: GpuCheckConfig, recipe: PretrainConfig) -> bool:
 
 
 def fewest_steps(config: GpuCheckConfig, recipe: PretrainConfig) -> int:
-    """The fewest steps whose loops log tokens/s: below logging.log_every_n_steps the interval is the steps
-    themselves, so the advice must hold at the steps it names, not at today's interval."""
-    steps = config.steps + 1
-    while not logs_tokens_per_s(dataclasses.replace(config, steps=steps), recipe):
-        steps += 1
-    return steps
+    """The fewest steps whose loops log tokens/s (below logging.log_every_n_steps the interval is the steps)."""
+    return next(steps for steps in itertools.count(config.steps + 1)
+                if logs_tokens_per_s(dataclasses.replace(config, steps=steps), recipe))
 
 
 def clear_earlier_check(output_dir: Path, overwrite: bool) -> None:

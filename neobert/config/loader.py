@@ -144,7 +144,10 @@ def _check_booleans(schema: DictConfig, dotlist: list[str], source: str) -> None
     for override in dotlist:
         key, _, value = (part.strip() for part in override.partition("="))
         parent, _, name = key.rpartition(".")
-        section = OmegaConf.select(schema, parent) if parent else schema
+        try:
+            section = OmegaConf.select(schema, parent) if parent else schema
+        except OmegaConfBaseException:  # a key through a list (data.sources.0.weight): checked where it is set
+            continue
         node = section._get_node(name) if isinstance(section, DictConfig) and name in section else None
         if isinstance(node, BooleanNode) and value.lower() not in ("true", "false"):
             raise ConfigError(f"{source}: invalid config key {key!r}: must be true or false, got {value}")

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from neobert.config.throughput import ATTENTION_KERNEL_MODELS, MODEL_NAMES, ThroughputConfig
-from neobert.model import NeoBERT, NeoBERTConfig, attention
+from neobert.model import NeoBERT, NeoBERTConfig, attention, flash_attn_4
 from neobert.model.attention import ATTENTION_KERNELS, chosen_packed_kernel, packed_kernel, training_attention_kernel
 from neobert.model.config import ModelFieldError
 
@@ -545,10 +545,10 @@ def test_flash_attn_4_ops_pass_torch_library_opcheck(monkeypatch):
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(CU_SEQLENS[-1], 2, 8, generator=generator, requires_grad=True) for _ in range(3))
     cu_seqlens = torch.tensor(CU_SEQLENS, dtype=torch.int32)
-    torch.library.opcheck(attention.flash_attn_4_varlen, (q, k, v, cu_seqlens, 12))
-    out, lse = (tensor.detach() for tensor in attention.flash_attn_4_varlen(q, k, v, cu_seqlens, 12))
+    torch.library.opcheck(flash_attn_4.flash_attn_4_varlen, (q, k, v, cu_seqlens, 12))
+    out, lse = (tensor.detach() for tensor in flash_attn_4.flash_attn_4_varlen(q, k, v, cu_seqlens, 12))
     # the backward has no backward of its own (no double backward, as in FlashAttention): inputs without gradients
-    torch.library.opcheck(attention.flash_attn_4_varlen_backward,
+    torch.library.opcheck(flash_attn_4.flash_attn_4_varlen_backward,
                           (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, cu_seqlens, 12))
 
 

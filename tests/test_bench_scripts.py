@@ -19,7 +19,8 @@ import torch
 from neobert.eval import ab
 from neobert.eval.ab import alternate, compare, optional_attribute
 from neobert.model import NeoBERTConfig
-from neobert.model.attention import RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables
+from neobert.model.attention import position_ids_from_cu_seqlens
+from neobert.model.rope import RotaryTables, apply_rope, rope_tables
 from test_attention_kernels import install_flash_attn_4
 
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench"

@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from neobert.eval.throughput import dtype_conversions
 from neobert.model import NeoBERT, NeoBERTConfig, NeoBERTForMaskedLM
-from neobert.model.attention import RotaryTables, apply_rope, rope_tables
+from neobert.model.rope import RotaryTables, apply_rope, rope_tables
 from neobert.model.layers import RMSNorm, rms_norm_in_dtype
 
 

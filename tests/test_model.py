@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from neobert.model import NeoBERT, NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTForSequenceClassification, pool_embeddings
-from neobert.model.attention import apply_rope, rope_tables
+from neobert.model.rope import apply_rope, rope_tables
 from neobert.model.layers import SwiGLU
 
 

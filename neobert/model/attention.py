@@ -1,4 +1,4 @@
-"""Attention backends behind one interface, and the rotary position tables.
+"""Attention backends behind one interface (the rotary position tables: `neobert.model.rope`).
 
 A forward pass describes its batch once in an :class:`AttentionLayout` (built before the first layer, so no
 layer rebuilds a mask), and every layer calls :func:`attend` with it.
@@ -49,6 +49,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.varlen import varlen_attn
+
+from neobert.model.flash_attn_4 import flash_attn_4_varlen
 
 
 def flash_attn_packages() -> tuple[bool, bool]:
@@ -339,64 +341,6 @@ def _attend_packed(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dro
     return _attend_packed_by_padding(q, k, v, layout, dropout_p)
 
 
-# FlashAttention 4 as two custom ops. Its own autograd.Function calls CuTe DSL kernels that Dynamo cannot trace (a graph
-# break in every layer of a compiled model); an op is opaque to the compiler, described by its fake (output shapes)
-# and its backward. The forward is FA4's public varlen function; the backward is `_flash_attn_bwd`, the function FA4's
-# own backward calls, with the arguments it passes (PyTorch's own FA4 integration calls it by that name too).
-def _on_device_of(tensor: Tensor) -> contextlib.AbstractContextManager:
-    """The tensor's GPU as the current one while FA4 runs: it reads the current device's architecture, and launches
-    there (a model on cuda:1 of a process whose current device is cuda:0)."""
-    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
-
-
-@torch.library.custom_op("neobert::flash_attn_4_varlen", mutates_args=())
-def flash_attn_4_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, max_seqlen: int) -> tuple[Tensor, Tensor]:
-    """FlashAttention 4 over packed documents: (out [T, heads, head_dim], logsumexp float32 [heads, T])."""
-    from flash_attn.cute import flash_attn_varlen_func  # optional GPU kernel package (FlashAttention 4)
-
-    # An op's body runs below autograd: FA4's autograd.Function records nothing here; the backward is registered below
-    with _on_device_of(q):
-        return flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
-                                      max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen, return_lse=True)
-
-
-@flash_attn_4_varlen.register_fake
-def _flash_attn_4_varlen_fake(q, k, v, cu_seqlens, max_seqlen):
-    return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
-
-
-@torch.library.custom_op("neobert::flash_attn_4_varlen_backward", mutates_args=())
-def flash_attn_4_varlen_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                                 cu_seqlens: Tensor, max_seqlen: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of `flash_attn_4_varlen`."""
-    from flash_attn.cute.interface import _flash_attn_bwd  # optional GPU kernel package (FlashAttention 4)
-
-    with _on_device_of(q):
-        dq, dk, dv = _flash_attn_bwd(q, k, v, out, grad_out, lse, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
-                                     max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)
-    return dq, dk, dv
-
-
-@flash_attn_4_varlen_backward.register_fake
-def _flash_attn_4_varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens, max_seqlen):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _flash_attn_4_save(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens, max_seqlen = inputs
-    ctx.save_for_backward(q, k, v, *output, cu_seqlens)
-    ctx.max_seqlen = max_seqlen
-
-
-def _flash_attn_4_backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, cu_seqlens = ctx.saved_tensors
-    dq, dk, dv = flash_attn_4_varlen_backward(grad_out, q, k, v, out, lse, cu_seqlens, ctx.max_seqlen)
-    return dq, dk, dv, None, None  # the logsumexp is never used downstream: its gradient is not propagated
-
-
-flash_attn_4_varlen.register_autograd(_flash_attn_4_backward, setup_context=_flash_attn_4_save)
-
-
 _KERNEL_WORDS = {
     "flash_attn_4": "FlashAttention 4's flash_attn_varlen_func (flash-attn-4, CuTe DSL; Hopper and Blackwell)",
     "flash_attn_3": "FlashAttention 3's flash_attn_varlen_func (flash_attn_interface, Hopper)",
@@ -459,76 +403,3 @@ def _attend_packed_by_padding(q: Tensor, k: Tensor, v: Tensor, layout: Attention
 
     out = masked_sdpa(to_grid(q), to_grid(k), to_grid(v), layout.pad_mask, dropout_p)
     return out.transpose(1, 2).reshape(n_docs * layout.max_seqlen, heads, dim)[layout.pad_index]
-
-
-# ---------------------------------------------------------------------------------------------- RoPE
-def rope_tables(head_dim: int, positions: Tensor, theta: float) -> Tensor:
-    """Unit rotations as (cos, sin) pairs, float32, shape [*positions.shape, head_dim // 2, 2]: the LLaMA
-    `freqs_cis` stored as real pairs (a complex view in eager, plain reals for Inductor, which has no complex
-    code generation)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    angles = positions.to(torch.float32)[..., None] * inv_freq
-    return torch.stack((angles.cos(), angles.sin()), dim=-1)
-
-
-@dataclass
-class RotaryTables:
-    """The rotations of one forward pass, laid out for q and k side by side (`vectors_per_head` head vectors per
-    head), built once before the first layer; the tables a bf16/fp16 eager rotation off a GPU needs are made on first
-    use, once per dtype, not once per layer."""
-
-    rotations: Tensor  # float32 [..., 1, vectors_per_head * head_dim // 2, 2] (rope_tables', broadcast over heads)
-    _interleaved: dict = field(default_factory=dict, repr=False, compare=False)
-
-    @classmethod
-    def side_by_side(cls, rotations: Tensor, vectors_per_head: int) -> "RotaryTables":
-        """`rotations` from `rope_tables`, repeated for `vectors_per_head` vectors and given a heads axis."""
-        if vectors_per_head > 1:
-            rotations = torch.cat([rotations] * vectors_per_head, dim=-2)
-        return cls(rotations.unsqueeze(-3))
-
-    def interleaved(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """(cos, signed sin) per element in `dtype`: c0 c0 c1 c1 ... and -s0 s0 -s1 s1 ..., so that the rotation
-        of the pairs of x is x * cos + swap_pairs(x) * sin."""
-        if dtype not in self._interleaved:
-            cos, sin = self.rotations.unbind(-1)
-            self._interleaved[dtype] = (cos.repeat_interleave(2, dim=-1).to(dtype),
-                                        torch.stack((-sin, sin), dim=-1).flatten(-2).to(dtype))
-        return self._interleaved[dtype]
-
-
-def swap_pairs(x: Tensor) -> Tensor:
-    """(x1, x0) for every adjacent pair (x0, x1) of the last axis."""
-    return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-
-
-def rotate_in_dtype(x: Tensor, rotations: RotaryTables) -> Tensor:
-    """`apply_rope`'s eager 16-bit rotation off a GPU: x * cos + swap_pairs(x) * signed sin in x's dtype, three
-    elementwise passes and no float32 copy of x and back (addcmul adds in float32 before its one rounding): faster than
-    the complex multiply on a CPU, slower on a GPU (scripts/bench/rope_ab.py)."""
-    cos, signed_sin = rotations.interleaved(x.dtype)
-    return torch.mul(x, cos).addcmul_(swap_pairs(x), signed_sin)
-
-
-def apply_rope(x: Tensor, rotations: Tensor | RotaryTables) -> Tensor:
-    """Rotates adjacent pairs (dims 0-1, 2-3, ...) of every head vector of x, and returns x's dtype.
-
-    x is [..., heads, n * head_dim]: n head vectors side by side (q and k of the fused qkv projection, n = 2, are
-    rotated in one pass). `rotations`: a `RotaryTables` for that layout (what the model builds once per forward), or
-    the tables of `rope_tables` (x's leading shape without heads, then head_dim // 2 and 2; broadcast over heads).
-    """
-    if not isinstance(rotations, RotaryTables):
-        rotations = RotaryTables.side_by_side(rotations, x.shape[-1] // (2 * rotations.shape[-2]))
-    if torch.compiler.is_compiling():
-        # One fused kernel computing in float32 (Inductor has no complex code generation; the real-pair `stack` form
-        # wrote a float32 copy of q and k per layer, which this form does not).
-        cos, signed_sin = rotations.interleaved(torch.float32)
-        return (x.float() * cos + swap_pairs(x).float() * signed_sin).type_as(x)
-    if x.dtype in _HALF and x.device.type != "cuda":
-        return rotate_in_dtype(x, rotations)
-    # float32: one complex multiply, faster than the real-pair form on CPU, and the official code's arithmetic bit for
-    # bit. Eager bf16/fp16 on a GPU too, cast back once: faster there than `rotate_in_dtype`, whose multiply-adds run
-    # PyTorch's non-vectorized kernels over the strided view of q and k (scripts/bench/rope_ab.py, docs/benchmarks.md).
-    pairs = x.float().unflatten(-1, (-1, 2))
-    rotated = torch.view_as_complex(pairs) * torch.view_as_complex(rotations.rotations)
-    return torch.view_as_real(rotated).flatten(-2).type_as(x)

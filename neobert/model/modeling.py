@@ -16,14 +16,8 @@ from torch import Tensor, nn
 
 from neobert.config.pretrain import CUDA_GRAPH_MODES, WITHOUT_CUDA_GRAPHS
 from neobert.model import checkpoint
-from neobert.model.attention import (
-    AttentionLayout,
-    RotaryTables,
-    apply_rope,
-    attend,
-    position_ids_from_cu_seqlens,
-    rope_tables,
-)
+from neobert.model.attention import AttentionLayout, attend, position_ids_from_cu_seqlens
+from neobert.model.rope import RotaryTables, apply_rope, rope_tables
 from neobert.model.config import NeoBERTConfig
 from neobert.model.kernels import liger_linear_cross_entropy, liger_runs_on
 from neobert.model.layers import GeluMLP, SwiGLU, make_norm

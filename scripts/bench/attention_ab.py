@@ -11,7 +11,7 @@ compiled inference best, FlashAttention 4 or SDPA's cuDNN kernel, timed apart fr
   inside the compiled function, which Dynamo traces in one graph under torch 2.11 and 2.13): whether a compiled
   call can have cuDNN's kernel back. Its context sets SDPA's process-wide order and restores the one it found: it
   runs after `sdpa`, whose first call on a GPU has let PyTorch set its own order;
-* fa4: `neobert.model.attention.flash_attn_4_varlen`, the model's op (the rows as documents, cu_seqlens), and
+* fa4: `neobert.model.flash_attn_4.flash_attn_4_varlen`, the model's op (the rows as documents, cu_seqlens), and
   fa4_dense, FlashAttention 4's batched `flash_attn_func`, where flash-attn-4 and a GPU are (their own alternation:
   failing costs only their rows);
 * fa4_128x128, fa4_dense_128x128 (forward alone): the same through FA4's `_flash_attn_fwd` with 128 x 128 tiles. On
@@ -37,7 +37,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute, seconds_per_call
 from neobert.model import NeoBERTConfig
-from neobert.model.attention import cu_seqlens_of_rows, flash_attn_4_varlen
+from neobert.model.attention import cu_seqlens_of_rows
+from neobert.model.flash_attn_4 import flash_attn_4_varlen
 
 FORCED = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
           "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}

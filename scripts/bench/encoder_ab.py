@@ -25,8 +25,9 @@ from torch import nn
 
 from neobert.eval.throughput import dtype_conversions
 from neobert.model import NeoBERT, NeoBERTConfig
-from neobert.model import attention
-from neobert.model.attention import apply_rope, attend
+from neobert.model import rope
+from neobert.model.attention import attend
+from neobert.model.rope import apply_rope
 from neobert.model.layers import RMSNorm, SwiGLU
 from neobert.model.modeling import EncoderBlock
 
@@ -47,15 +48,15 @@ def swiglu_out_of_place(self, x):
 @contextlib.contextmanager
 def patched(block=None, swiglu=None, upcast=False):
     """Older code for the encoder block, SwiGLU, and (upcast) the norms and RoPE's float32 round trip."""
-    saved = EncoderBlock.forward, SwiGLU.forward, RMSNorm.forward, attention._HALF
+    saved = EncoderBlock.forward, SwiGLU.forward, RMSNorm.forward, rope._HALF
     EncoderBlock.forward = block or saved[0]
     SwiGLU.forward = swiglu or saved[1]
     if upcast:
-        RMSNorm.forward, attention._HALF = nn.RMSNorm.forward, ()
+        RMSNorm.forward, rope._HALF = nn.RMSNorm.forward, ()
     try:
         yield
     finally:
-        EncoderBlock.forward, SwiGLU.forward, RMSNorm.forward, attention._HALF = saved
+        EncoderBlock.forward, SwiGLU.forward, RMSNorm.forward, rope._HALF = saved
 
 
 VARIANTS = {

@@ -1,6 +1,6 @@
 """NeoBERT's RoPE over q and k of packed documents in bf16, forward + backward, each way it could run (issue 34):
 
-* eager: `neobert.model.attention.rotate_in_dtype`, the eager bf16 rotation off a GPU (q and k side by side in one
+* eager: `neobert.model.rope.rotate_in_dtype`, the eager bf16 rotation off a GPU (q and k side by side in one
   pass over the fused projection's view: a copy for the swapped pairs, then a multiply and a fused multiply-add;
   on a GPU its `mul` and `addcmul` run PyTorch's non-vectorized elementwise kernel over the strided view, its `flip`
   an index kernel);
@@ -27,8 +27,8 @@ import torch
 
 from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute, seconds_per_call
 from neobert.model import NeoBERTConfig
-from neobert.model.attention import (RotaryTables, apply_rope, position_ids_from_cu_seqlens, rope_tables,
-                                     rotate_in_dtype)
+from neobert.model.attention import position_ids_from_cu_seqlens
+from neobert.model.rope import RotaryTables, apply_rope, rope_tables, rotate_in_dtype
 
 DOCUMENT = 512  # tokens per packed document
 

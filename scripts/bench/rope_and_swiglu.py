@@ -14,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from neobert.model.attention import apply_rope, rope_tables
+from neobert.model.rope import apply_rope, rope_tables
 
 BATCH, LENGTH, HEADS, HEAD_DIM, FFN = 8, 512, 12, 64, 2048
 

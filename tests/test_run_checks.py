@@ -86,11 +86,11 @@ def run_script(steps: str | list[str], prepared: Path, work: Path, env: dict[str
     return [c[1:] for c in commands], [c[0] for c in commands], (work / "results" / "log.txt").read_text()
 
 
-CALL_LIMIT = 590  # seconds a step may take: a device call runs 600 s at most
+CALL_LIMIT = 590  # seconds a step may take: a remote command that runs 600 s at most
 
 
 def timed_run(commands: list[list[str]], module: str) -> list[str]:
-    """The one `timeout SECONDS python3 -m <module> ...` a step ran, its time limit within a device call's: the
+    """The one `timeout SECONDS python3 -m <module> ...` a step ran, its time limit within the whole command's: the
     module's arguments."""
     found = [c for c in commands if c[0] == "timeout" and c[2:5] == ["python3", "-m", module]]
     assert len(found) == 1, commands
@@ -272,7 +272,7 @@ def run_under_budget(steps: list[str], budget: str, work: Path, step_seconds: in
 def test_a_calls_budget_cuts_each_steps_limit_to_what_is_left_and_leaves_out_steps_it_cannot_start(tmp_path):
     """RUN_CHECKS_SECONDS: a step's limit is its own where the budget leaves more (norm_ab's 60 s), else what the
     budget has left less 15 s for the packing, counted from the script's start; a step with under 30 s left is not
-    started, and the log names it. So a device call that lists more steps than fit ends at the budget, each step
+    started, and the log names it. So a run that lists more steps than fit ends at the budget, each step
     having logged and packed what it measured, rather than being killed inside one."""
     limits, _ = run_under_budget(["norms", "infer"], "100", tmp_path / "roomy")
     assert limits[0] == 60 and 80 <= limits[1] <= 85  # infer's own 120 s cut to 100 - 15, less the seconds spent

@@ -2,7 +2,7 @@
 # Prepares, on a machine with the package registry, FlashAttention 4 (NeoBERTConfig.attention_kernel=flash_attn_4) for
 # a GPU machine without one: flash-attn-4 and what it needs beyond the GPU image (torch, triton, cuda-bindings, einops
 # and protobuf are there), unpacked as `pip install --target` would and packed into one archive. CuTe DSL's compiler
-# library alone is an 88 MiB wheel, over the 64 MiB a device call carries; xz with its x86 filter packs the whole set
+# library alone is an 88 MiB wheel, over the 64 MiB a remote run may copy with the checkout; xz with its x86 filter packs the whole set
 # into 56.0 MiB, so it travels in a call of its own (carry [".gpu_fa4"]; scripts/gpu/run_checks.sh unpacks it).
 #   bash scripts/gpu/prepare_fa4.sh [OUT_DIR=.gpu_fa4] [PYTHON_VERSION=3.12]
 # Writes OUT_DIR/site.tar.xz (4-7 minutes of xz here: one thread fits its memory limit). omegaconf, datasets, dill,
@@ -40,6 +40,6 @@ mv "$OUT/site.tar.xz.part" "$OUT/site.tar.xz"
 size_mib=$(( $(stat -c %s "$OUT/site.tar.xz") / 1048576 ))
 echo "$OUT/site.tar.xz: ${size_mib} MiB"
 if [ "$size_mib" -gt "$LIMIT_MIB" ]; then
-    echo "error: ${size_mib} MiB is over the ${LIMIT_MIB} MiB that leave room for the checkout in one device call" >&2
+    echo "error: ${size_mib} MiB is over the ${LIMIT_MIB} MiB that leave room for the checkout in one remote run" >&2
     exit 1
 fi

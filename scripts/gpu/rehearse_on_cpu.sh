@@ -8,7 +8,7 @@
 # themselves need the GPU.
 #   bash scripts/gpu/rehearse_on_cpu.sh [PREPARED=.gpu_fa4] [STEP ...=tests_fa4 tests]
 # PYTHON312 (default: python3.12 on PATH) makes the replica's venv once, in REPLICA (default /tmp/gpu_image_replica,
-# about 5.5 GB with torch's CUDA libraries; a folder of its own: outside the checkout, which a device call carries).
+# about 5.5 GB with torch's CUDA libraries; a folder of its own: outside the checkout, which a remote run copies).
 # The run's files go to REPLICA/results, its packages to REPLICA/site-packages. Exit status 1 when a test failed or
 # did not collect, or a step exited otherwise than 0 (the lines are printed).
 set -euo pipefail

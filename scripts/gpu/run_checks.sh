@@ -2,7 +2,7 @@
 # On a GPU machine: the checks of docs/benchmarks.md's GPU sections, each with its own time limit, so a run cut short
 # still returns what finished. Reads what scripts/gpu/prepare_offline.sh wrote (wheels are installed into
 # /tmp/site-packages when present), or scripts/gpu/prepare_fa4.sh's archive (unpacked there: PREPARED=.gpu_fa4).
-# RESULTS (default: $OUT, else runs/gpu_checks) gets these files, so that a device call brings all back (it returns
+# RESULTS (default: $OUT, else runs/gpu_checks) gets these files, so that a remote run brings all back (it returns
 # at most 8):
 # log.txt (every step's summary and report), tests.txt and tests_fa4.txt (the CUDA tests' whole output),
 # checks.tgz (each gpu_check's report, JSON and profile tables, each throughput run's CSV, plot, profile tables and
@@ -12,11 +12,11 @@
 # finished.
 #   bash scripts/gpu/run_checks.sh [PREPARED=.gpu] [RESULTS] [STEP ...]
 # RUN_CHECKS_SECONDS (a whole number; default 0, none): the call's budget, counted from the script's start (the
-# unpacking included). Give it a little under the device call's timeout_s: each step's time limit is then cut to what
+# unpacking included). Give it a little under the remote command's time limit: each step's time limit is then cut to what
 # the budget has left less PACK_SECONDS for the packing, and a step whose limit would be under MIN_STEP_SECONDS is
 # not started (the log says so), so that a call lists its steps most wanted first and is never killed inside one: a
 # step cut by its limit still logs and packs what it measured (a throughput report is rewritten row by row).
-# STEPs (the default: all of them, in STEPS' order below; a device call runs 10 minutes at most, so name the ones
+# STEPs (the default: all of them, in STEPS' order below; a remote command may be limited to 10 minutes, so name the ones
 # that fit, most wanted first):
 #   tests            fused kernels, attention kernels, compiled steps against the eager path (the tests named
 #                    *on_cuda*, and those marked gpu_image: contracts that differ between torch versions; the
@@ -117,7 +117,7 @@ shift $(( $# < 2 ? $# : 2 ))
 STEPS=${*:-tests tests_fa4 norms mlp rope attention_alone decoder check_blocks check_packed check_fa4 check_blocks_fa4 check_blocks_quack check_decoder_as_is check_liger check_liger_fused check_compiled check_blocks_fused check_graphs check_ds_buffers loop_profile check check_recipe check_recipe_compiled attention attention_compiled attention_inference train infer infer_flex infer_flex_compiled figure3_compiled compiled infer_compiled infer_graphs infer_quack_fa4 train_quack_fa4 train_graphs}
 STAGE=$(mktemp -d)
 TRACES=$(mktemp -d)
-TRACES_LIMIT=${RUN_CHECKS_TRACES_LIMIT:-15000000}  # bytes: a device call returns a file of 16 MiB at most
+TRACES_LIMIT=${RUN_CHECKS_TRACES_LIMIT:-15000000}  # bytes: a remote runner may return files of 16 MiB at most
 # Named site-packages on purpose: QuACK tells library code from user code by '/site-packages/' in a function's file
 # (quack/gemm_runtime/identity.py); in a folder named otherwise it fingerprints CuTe DSL's own globals and its MLP
 # raises a TypeError. RUN_CHECKS_SITE (a path ending in site-packages): a rehearsal's own

@@ -84,3 +84,13 @@ def write_tsv_task(root: Path, task_name: str, frames: dict[str, pd.DataFrame], 
             text = "\n".join(["\t".join(header)] + ["\t".join(r[h] for h in header) for r in lines]) + "\n"
         (directory / (split.replace("validation", "dev") + ".tsv")).write_text(text, encoding="utf-8")
     return directory
+
+
+def set_tsv_label(directory: Path, line: int, label: str, split: str = "train") -> list[str]:
+    """Rewrites `split`.tsv of a task written by `write_tsv_task` with the label of line `line` (0-based, the header
+    is line 0) set to `label`; returns its lines as written."""
+    path = directory / f"{split}.tsv"
+    lines = path.read_text().splitlines()
+    lines[line] = lines[line].rsplit("\t", 1)[0] + f"\t{label}"
+    path.write_text("\n".join(lines) + "\n")
+    return lines

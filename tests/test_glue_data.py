@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import shared_data
-from glue_files import write_parquet_task, write_tsv_task
+from glue_files import set_tsv_label, write_parquet_task, write_tsv_task
 
 from neobert.data.finetune import LengthGroupedSampler, PaddingCollator
 from neobert.data.glue import GLUE_TASKS, TokenizedGlue, get_task, load_glue_split
@@ -76,9 +76,7 @@ def test_unlabelled_test_split_is_allowed_and_regression_range_checked(tmp_path)
 def test_tsv_label_problems_name_the_line(tmp_path):
     frames = write_parquet_task(tmp_path / "p", "rte")
     directory = write_tsv_task(tmp_path / "t", "rte", frames)
-    lines = (directory / "train.tsv").read_text().splitlines()
-    lines[3] = lines[3].rsplit("\t", 1)[0] + "\tmaybe"
-    (directory / "train.tsv").write_text("\n".join(lines) + "\n")
+    lines = set_tsv_label(directory, 3, "maybe")
     with pytest.raises(ValueError, match=r"train\.tsv:4: label 'maybe'"):
         load_glue_split(get_task("rte"), "train", tmp_path / "t")
     header = lines[0].replace("\tlabel", "")

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from glue_files import write_parquet_task, write_tsv_task
+from glue_files import set_tsv_label, write_parquet_task, write_tsv_task
 from test_reliability_round4 import _drop_log_handlers_the_commands_install, error_lines  # noqa: F401
 
 from experiments import export as export_cli
@@ -267,12 +267,9 @@ def test_a_glue_tsv_label_between_classes_is_named_as_such(tmp_path):
     """`1.5` in an SST-2 TSV used to be reported as "is not a number"; `1.0` is class 1."""
     frames = write_parquet_task(tmp_path / "p", "sst2")
     directory = write_tsv_task(tmp_path / "t", "sst2", frames)
-    lines = (directory / "train.tsv").read_text().splitlines()
-    lines[3] = lines[3].rsplit("\t", 1)[0] + "\t1.0"
-    (directory / "train.tsv").write_text("\n".join(lines) + "\n")
+    set_tsv_label(directory, 3, "1.0")
     assert load_glue_split(get_task("sst2"), "train", tmp_path / "t")["label"][2] == 1
-    lines[3] = lines[3].rsplit("\t", 1)[0] + "\t1.5"
-    (directory / "train.tsv").write_text("\n".join(lines) + "\n")
+    set_tsv_label(directory, 3, "1.5")
     with pytest.raises(DataError) as raised:
         load_glue_split(get_task("sst2"), "train", tmp_path / "t")
     assert str(raised.value) == (f"{directory / 'train.tsv'}:4: label '1.5' is not a class: GLUE sst2 labels are "

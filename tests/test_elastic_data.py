@@ -213,3 +213,14 @@ def test_data_streams_is_typed_and_bounded():
         load_config(PretrainConfig, None, ["data.streams=-1"])
     with pytest.raises(ConfigError, match="data.streams"):
         load_config(PretrainConfig, None, ["data.streams=1000000"])
+
+
+def test_a_new_run_whose_readers_cannot_share_the_streams_is_refused_before_anything_is_written(tmp_path):
+    from neobert.jobs.pretrain import run_pretraining
+    from test_pretrain import tiny_config
+
+    config = tiny_config(tmp_path, "data.streams=4", "data.num_workers=3")
+    with pytest.raises(ConfigError, match=r"'data.streams': data.streams=4 cannot be read by 1 device\(s\) x 3 "
+                                          r"data.num_workers = 3 readers"):
+        run_pretraining(config)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*"))

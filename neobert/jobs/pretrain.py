@@ -135,13 +135,16 @@ EXPORT_NOT_OWNED = ("invalid config key 'export_dir': {directory} holds an expor
                     "output_dir, or the export_dir of the checkpoint it continues)")
 
 
-def refuse_another_data_layout(checkpoint: Path, datamodule: PretrainingDataModule, world_size: int) -> None:
-    """A checkpoint whose data position cannot go on exactly on this run's devices, nodes, workers and batch is
-    refused before the Trainer starts (`PretrainingDataModule.check_resume`): one line, nothing written."""
-    saved = verified_checkpoint(checkpoint).get(type(datamodule).__qualname__)
+def refuse_another_data_layout(checkpoint: Path | None, datamodule: PretrainingDataModule, world_size: int) -> None:
+    """Readers that cannot share data.streams, or a checkpoint whose data position cannot go on exactly on this run's
+    devices, nodes, workers and batch (`PretrainingDataModule.check_resume`), are refused before the Trainer starts:
+    one line, nothing written."""
+    datamodule.world_size = world_size
+    saved = verified_checkpoint(checkpoint).get(type(datamodule).__qualname__) if checkpoint is not None else None
     if saved is not None:
-        datamodule.world_size = world_size
         datamodule.check_resume(saved)
+    elif problem := datamodule.layout().problem():
+        raise ConfigError(f"invalid config key 'data.streams': {problem}")
 
 
 def claim_export_dir(config: PretrainConfig, ckpt_path: Path | None) -> None:
@@ -249,8 +252,7 @@ def train_and_export(config: PretrainConfig, extra_callbacks: Sequence[L.Callbac
                             validate=config.data.validation_docs > 0,
                             max_epochs=-1,  # the training stream is endless: max_steps ends the run
                             use_distributed_sampler=False)  # every rank reads its own streams
-    if ckpt_path is not None:
-        refuse_another_data_layout(ckpt_path, datamodule, trainer.world_size)
+    refuse_another_data_layout(ckpt_path, datamodule, trainer.world_size)
     baselines = {}  # per source of a mixture ("" for data.source)
     if config.data.baseline_docs and trainer.is_global_zero:
         for source in mixture_sources(config.data):

@@ -1,6 +1,6 @@
 """Data-pipeline throughput: tokens/s of one worker for tokenize + mask (+ pack), this suite's pipeline
 against Hugging Face's `DataCollatorForLanguageModeling` doing the same work on the same documents in the
-same process (neobert.jobs.bench_data, its measurements neobert.eval.data_pipeline).
+same process (neobert.instruments.bench_data, its measurements neobert.instruments.data_pipeline).
 
     python -m experiments.bench_data [--docs 3000] [--max-length 128] [--batch-size 32] [--repeats 3]
     python -m experiments.bench_data --packing [--docs 3000] [--max-length 128]   # packing efficiency per mode
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from neobert.jobs.bench_data import bench_packing, bench_speed, bench_stream
+from neobert.instruments.bench_data import bench_packing, bench_speed, bench_stream
 from neobert.jobs.cli import add_debug_flag, run_cli
 
 

@@ -24,8 +24,8 @@ import sys
 
 from neobert.config import flag_overrides, load_config
 from neobert.config.gpu_check import GpuCheckConfig, split_overrides
+from neobert.instruments.gpu_check import GpuCheckResult, run_gpu_check
 from neobert.jobs.cli import add_debug_flag, run_cli
-from neobert.jobs.gpu_check import GpuCheckResult, run_gpu_check
 
 
 def parse_args(argv=None) -> GpuCheckConfig:

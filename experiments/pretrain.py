@@ -17,10 +17,10 @@ import logging
 import sys
 from pathlib import Path
 
-from neobert.jobs.cli import add_debug_flag, run_cli
 from neobert.config import ConfigError
+from neobert.instruments.preflight import DEFAULT_GPU, run_preflight
+from neobert.jobs.cli import add_debug_flag, run_cli
 from neobert.jobs.phases import run_phases
-from neobert.jobs.preflight import DEFAULT_GPU, run_preflight
 from neobert.jobs.pretrain import load_pretrain_config, run_pretokenize, run_pretraining
 
 

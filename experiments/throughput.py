@@ -24,8 +24,8 @@ import sys
 
 from neobert.config import ConfigError, flag_overrides, load_config
 from neobert.config.throughput import MODEL_NAMES, ThroughputConfig
+from neobert.instruments.throughput import report_from_csvs, run_throughput_job
 from neobert.jobs.cli import add_debug_flag, print_report, run_cli
-from neobert.jobs.throughput import report_from_csvs, run_throughput_job
 
 MEASUREMENT_FLAGS = ("config", "models", "lengths", "batch_sizes", "layouts", "mode", "overrides")
 

@@ -1,9 +1,10 @@
 """The package's layers only look down, with no cycles, and every function-local import has a reason.
 
 Layers, lowest first: base (`neobert.errors`, `neobert.hub`, `neobert.layout`, `neobert.outputs`, `neobert.config`)
-<- `model` <- `data` <- `eval` <- `lit` <- `jobs`; `experiments/` sits on top and parses arguments only: it imports
-the standard library, `neobert.jobs` and the base layer, nothing else. See docs/architecture.md, which names every
-job.
+<- `model` <- `data` <- `eval` <- `lit` <- `jobs` <- `instruments` (what measures speed and memory: nothing that
+trains imports it); `experiments/` sits on top and parses arguments only: it imports the standard library,
+`neobert.jobs`, `neobert.instruments` and the base layer, nothing else. See docs/architecture.md, which names every
+job and instrument.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "neobert"
 EXPERIMENTS = PACKAGE.parent / "experiments"
 ARCHITECTURE_DOC = PACKAGE.parent / "docs" / "architecture.md"
-LAYERS = {"errors": 0, "hub": 0, "layout": 0, "outputs": 0, "config": 0, "model": 1, "data": 2, "eval": 3, "lit": 4, "jobs": 5}
+LAYERS = {"errors": 0, "hub": 0, "layout": 0, "outputs": 0, "config": 0, "model": 1, "data": 2, "eval": 3, "lit": 4, "jobs": 5,
+          "instruments": 6}
 # Heavy or optional dependencies that package code may import inside a function (each with a reason beside it).
 LAZY_ALLOWED = ("flash_attn", "xformers", "liger_kernel", "quack", "deepspeed", "mteb", "matplotlib", "sentence_transformers",
                 "lightning.pytorch.utilities.deepspeed", "neobert.eval.mteb", "neobert.jobs.mteb")
@@ -117,14 +119,15 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def experiment_violations(experiments: Path = EXPERIMENTS, package: Path = PACKAGE) -> list[tuple[str, int, str]]:
-    """(file, line, module) for every import of `experiments/` beyond the standard library, `neobert.jobs` and the
-    base layer: a command line parses its arguments and calls its job, and nothing else."""
+    """(file, line, module) for every import of `experiments/` beyond the standard library, `neobert.jobs`,
+    `neobert.instruments` and the base layer: a command line parses its arguments and calls its job, and nothing
+    else."""
     problems = []
     for path in sorted(experiments.glob("*.py")):
         for target, line, _, _ in imports_of(path, package):
             parts = target.split(".")
             if parts[0] == package.name:
-                allowed = len(parts) > 1 and (parts[1] == "jobs" or LAYERS.get(parts[1]) == 0)
+                allowed = len(parts) > 1 and (parts[1] in ("jobs", "instruments") or LAYERS.get(parts[1]) == 0)
             else:
                 allowed = parts[0] in sys.stdlib_module_names
             if not allowed:
@@ -137,15 +140,16 @@ def test_the_package_layers_only_look_down():
 
 
 def test_experiments_parse_arguments_only():
-    unexpected = [f"experiments/{name}:{line}: imports {target}, beyond the standard library, neobert.jobs and the "
-                  f"base layer (a command line parses arguments only: the work goes in its job)"
+    unexpected = [f"experiments/{name}:{line}: imports {target}, beyond the standard library, neobert.jobs, "
+                  f"neobert.instruments and the base layer (a command line parses arguments only: the work goes in its job)"
                   for name, line, target in experiment_violations()]
     assert unexpected == []
 
 
 def test_the_architecture_doc_names_every_job_and_command_line():
     doc = ARCHITECTURE_DOC.read_text()
-    jobs = [p.name for p in sorted((PACKAGE / "jobs").glob("*.py")) if p.name != "__init__.py"]
+    jobs = [p.name for room in ("jobs", "instruments") for p in sorted((PACKAGE / room).glob("*.py"))
+            if p.name != "__init__.py"]
     commands = [f"experiments.{p.stem}" for p in sorted(EXPERIMENTS.glob("*.py")) if p.name != "__init__.py"]
     assert [name for name in jobs if f"`{name}`" not in doc] == []
     assert [command for command in commands if f"`{command}`" not in doc] == []
@@ -168,6 +172,10 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> Path:
     ({"model/a.py": "from neobert.model import b\n", "model/b.py": "from neobert.model.a import x\nx = 1\n"},
      "circular import"),
     ({"lit/a.py": "def f():\n    from mteb import evaluate\n"}, "function-local import of mteb"),
+    ({"jobs/pretrain.py": "from neobert.instruments.timing import time_step\n", "instruments/__init__.py": "",
+      "instruments/timing.py": "time_step = 1\n"}, "a layer above it"),
+    ({"lit/pretrain.py": "from neobert.instruments import kernel_profile\n", "instruments/__init__.py": "",
+      "instruments/kernel_profile.py": "x = 1\n"}, "a layer above it"),
 ])
 def test_the_check_catches_planted_violations(tmp_path, files, expected):
     problems = layering_violations(_plant(tmp_path, files))

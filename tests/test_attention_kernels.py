@@ -302,7 +302,7 @@ def test_the_preflight_words_follow_the_choice_and_refuse_what_cannot_run(monkey
 
 
 def test_the_preflight_refuses_a_kernel_the_run_cannot_use_naming_the_override():
-    from neobert.jobs.preflight import Preflight, attention_section
+    from neobert.instruments.preflight import Preflight, attention_section
     from neobert.jobs.pretrain import load_pretrain_config
 
     config = load_pretrain_config("demo", ["model.overrides.attention_kernel=varlen_attn", "data.packing=best_fit"])
@@ -320,7 +320,7 @@ def test_a_preflight_without_a_gpu_says_what_a_hopper_or_blackwell_target_would_
     varlen_attn, and says that the H100 takes FlashAttention 4 where it is installed there. Not for a GPU FA4 was not
     written for, an explicit kernel, dropout, padded batches, float32, or where FA4 is installed here (the kernel's
     own line says so then)."""
-    from neobert.jobs.preflight import Preflight, attention_section, gpu_generation
+    from neobert.instruments.preflight import Preflight, attention_section, gpu_generation
     from neobert.jobs.pretrain import load_pretrain_config
 
     assert [gpu_generation(name) for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA GH200 480GB",
@@ -672,7 +672,7 @@ def test_every_explicit_kernel_has_a_throughput_model_and_the_default_run_is_unc
 
 
 def test_a_kernel_that_cannot_run_here_is_a_row_saying_why(monkeypatch):
-    from neobert.eval.throughput import ModelUnavailable, build_model
+    from neobert.instruments.timing import ModelUnavailable, build_model
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)
@@ -691,8 +691,8 @@ def test_a_kernel_that_cannot_run_here_is_a_row_saying_why(monkeypatch):
 
 
 def test_measured_rows_are_labelled_with_the_kernel_that_ran_and_exercise_it(monkeypatch, tmp_path):
-    from neobert.eval.throughput_report import markdown_table
-    from neobert.jobs import throughput as job
+    from neobert.instruments import throughput as job
+    from neobert.instruments.throughput_report import markdown_table
 
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)
     padded_sdpa_calls = []

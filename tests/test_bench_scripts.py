@@ -1,5 +1,5 @@
 """The A/B scripts a GPU machine runs (scripts/bench, run_checks.sh's steps `norms`, `mlp`, `rope`): their timer
-(neobert.eval.ab.alternate) warms up, alternates, keeps medians and leaves out a candidate that fails; each script
+(neobert.instruments.ab.alternate) warms up, alternates, keeps medians and leaves out a candidate that fails; each script
 runs on CPU at a small size and prints every variant there with its errors against float32 (a script broken here
 would cost minutes on a GPU); and the rotary tables QuACK's candidate gets turn q and k as the model does."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from neobert.eval import ab
-from neobert.eval.ab import alternate, compare, optional_attribute
+from neobert.instruments import ab
+from neobert.instruments.ab import alternate, compare, optional_attribute
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import position_ids_from_cu_seqlens
 from neobert.model.rope import RotaryTables, apply_rope, rope_tables

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from neobert.eval.throughput import dtype_conversions
+from neobert.instruments.timing import dtype_conversions
 from neobert.model import NeoBERT, NeoBERTConfig, NeoBERTForMaskedLM
-from neobert.model.rope import RotaryTables, apply_rope, rope_tables
 from neobert.model.layers import RMSNorm, rms_norm_in_dtype
+from neobert.model.rope import RotaryTables, apply_rope, rope_tables
 
 
 def count_dtype_copies(model, *inputs):

@@ -169,7 +169,7 @@ def test_where_cuda_graphs_are_measured_a_graph_inductor_would_run_without_them_
     """cuda_graphs_or_error: Inductor's cudagraph_or_error on, for a GPU under a CUDA-graph mode only, and restored."""
     import torch._inductor.config as inductor_config
 
-    from neobert.eval.kernel_profile import cuda_graphs_or_error
+    from neobert.instruments.kernel_profile import cuda_graphs_or_error
 
     assert inductor_config.triton.cudagraph_or_error is False
     with cuda_graphs_or_error(torch.device(device), mode):
@@ -182,7 +182,7 @@ def test_the_throughput_job_and_the_gpu_check_measure_under_cuda_graphs_or_error
 
     from experiments.gpu_check import parse_args as gpu_check_args
     from neobert.config.throughput import ThroughputConfig
-    from neobert.jobs import gpu_check, throughput
+    from neobert.instruments import gpu_check, throughput
 
     asked = []
 

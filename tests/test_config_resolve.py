@@ -16,8 +16,8 @@ from test_pretrain import tiny_config
 import neobert.config
 from neobert.config import ConfigError, load_config, packaged_config_names
 from neobert.config.pretrain import PretrainConfig
+from neobert.instruments.preflight import preflight_report
 from neobert.jobs.phases import phase_config
-from neobert.jobs.preflight import preflight_report
 from neobert.jobs.pretrain import prepare
 
 

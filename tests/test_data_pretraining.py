@@ -154,7 +154,7 @@ def test_unigram_entropy_is_positive_and_below_uniform(corpus, tokenizer):
 
 
 def test_data_pipeline_benchmark_measures_all_three_pipelines():
-    from neobert.eval.data_pipeline import measure_data_pipeline
+    from neobert.instruments.data_pipeline import measure_data_pipeline
 
     results = measure_data_pipeline(docs=60, max_length=64, batch_size=8, repeats=1)
     rates = [results[k] for k in ("hf_collator_tokens_per_s", "ours_truncate_tokens_per_s", "ours_pack_tokens_per_s")]

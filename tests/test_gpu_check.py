@@ -19,10 +19,11 @@ from neobert.config import ConfigError
 from neobert.config.gpu_check import split_overrides
 from neobert.data.demo_corpus import demo_documents
 from neobert.data.stream_state import DATA_STATE_KEY
-from neobert.eval.kernel_profile import CATEGORIES, COMMUNICATION, MATMUL, MLM_LOSS, OPTIMIZER, category_of, summarise
+from neobert.instruments.gpu_check import added_names, make_plan, profile_section
+from neobert.instruments.gpu_check_stages import STAGE_DONE, LoopProfiler, head_step
+from neobert.instruments.kernel_profile import (CATEGORIES, COMMUNICATION, MATMUL, MLM_LOSS, OPTIMIZER, category_of,
+                                                summarise)
 from neobert.jobs.cli import run_cli
-from neobert.jobs.gpu_check import added_names, make_plan, profile_section
-from neobert.jobs.gpu_check_stages import STAGE_DONE, LoopProfiler, head_step
 from neobert.layout import (GPU_CHECK_JSON, GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV,
                             GPU_CHECK_LOOP_TRACE, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV,
                             GPU_CHECK_PROFILE_NAMES_CSV, GPU_CHECK_TRACE)
@@ -184,7 +185,7 @@ def test_the_plain_loop_is_checked_only_where_it_runs(tmp_path):
 
 
 def test_a_gpu_recordings_host_waits_are_read_from_its_trace_and_reported(tmp_path, caplog):
-    """On a GPU each recording's trace is read (neobert.eval.host_waits): the report lists where the device waited
+    """On a GPU each recording's trace is read (neobert.instruments.host_waits): the report lists where the device waited
     in each subject's recording and gpu_check.json carries the figures; an unreadable trace is logged, the rest of
     the profile kept."""
     import gzip
@@ -192,8 +193,8 @@ def test_a_gpu_recordings_host_waits_are_read_from_its_trace_and_reported(tmp_pa
 
     from test_host_waits import compiled_step
 
-    from neobert.jobs.gpu_check import profile_summary
-    from neobert.jobs.gpu_check_stages import LOOP_PROFILE_FILES
+    from neobert.instruments.gpu_check import profile_summary
+    from neobert.instruments.gpu_check_stages import LOOP_PROFILE_FILES
 
     ceiling = summarise([("nvjet_gemm", 18.0), ("flash_fwd", 10.0)], "CUDA kernels", steps=1, wall_us=95.0,
                         busy_us=33.0, tokens=128)
@@ -206,7 +207,7 @@ def test_a_gpu_recordings_host_waits_are_read_from_its_trace_and_reported(tmp_pa
     assert loop.host_waits is None and "where the device waited was not read from" in caplog.text
     lines = profile_section(ceiling, loop)
     at = lines.index("Where the device waited on the host in the ceiling's recording (all its steps; "
-                     "neobert.eval.host_waits):")
+                     "neobert.instruments.host_waits):")
     assert lines[at + 2].startswith("- device idle 0.06 ms of the recording's 0.10 ms (65%")
     assert lines[at + 3].startswith("- waiting for the host, by the operators around the late launch: "
                                     "neobert::flash_attn_4_varlen")
@@ -356,8 +357,8 @@ def test_a_plain_loop_computing_otherwise_than_the_ceiling_is_not_judged_against
     """Beside a DeepSpeed recipe (bf16 weights, the ceiling's arithmetic) the plain loop casts float32 weights under
     autocast: its loop/ceiling would be low for that alone; strategy/plain compares the two loops instead."""
     from neobert.config.gpu_check import GpuCheckConfig
-    from neobert.jobs.gpu_check import judge
-    from neobert.jobs.gpu_check_stages import CEILING, PLAIN_LOOP, RECIPE_LOOP, StageRow
+    from neobert.instruments.gpu_check import judge
+    from neobert.instruments.gpu_check_stages import CEILING, PLAIN_LOOP, RECIPE_LOOP, StageRow
 
     def rows():
         return {CEILING: StageRow(CEILING, tokens_per_s=100.0, mfu=0.4),
@@ -455,8 +456,8 @@ def test_a_loops_tokens_per_s_is_judged_per_device_against_the_ceilings_one_devi
     """Without MFU (a GPU with no published peak) loop/ceiling compares tokens/s: the loop's are all devices', the
     ceiling's one device's."""
     from neobert.config.gpu_check import GpuCheckConfig
-    from neobert.jobs.gpu_check import judge
-    from neobert.jobs.gpu_check_stages import CEILING, PLAIN_LOOP, RECIPE_LOOP, StageRow
+    from neobert.instruments.gpu_check import judge
+    from neobert.instruments.gpu_check_stages import CEILING, PLAIN_LOOP, RECIPE_LOOP, StageRow
 
     rows = {CEILING: StageRow(CEILING, tokens_per_s=100.0),
             RECIPE_LOOP: StageRow(RECIPE_LOOP, "deepspeed_stage_2", tokens_per_s=8 * 50.0),
@@ -473,7 +474,7 @@ def test_a_gpu_node_that_cannot_run_the_recipes_strategy_fails_the_check(tmp_pat
     package the check is to fail: it is there to prove the node runs the recipe."""
     import importlib.util
 
-    from neobert.jobs.gpu_check_stages import FAILED, SKIPPED, loop_stage
+    from neobert.instruments.gpu_check_stages import FAILED, SKIPPED, loop_stage
 
     plan = make_plan(parse_args(tiny_check(tmp_path)))
     find_spec = importlib.util.find_spec
@@ -509,7 +510,7 @@ def test_the_profilers_tracer_is_set_up_before_any_cuda_graph_is_captured(tmp_pa
     """CUDA graphs captured before the first torch.profiler replay kernels no later recording sees
     (pytorch/pytorch#100441): with profile=true and a CUDA-graph compile mode, the tracer comes before every stage.
     The encoder's timed steps mark each call a new step of its graphs, as the loop's module does."""
-    from neobert.jobs import gpu_check, gpu_check_stages
+    from neobert.instruments import gpu_check, gpu_check_stages
 
     class Stop(Exception):
         pass
@@ -530,7 +531,7 @@ def test_the_profilers_tracer_is_set_up_before_any_cuda_graph_is_captured(tmp_pa
 
 
 def test_tracing_graphs_from_now_opens_a_cuda_recording_on_a_gpu_only(monkeypatch):
-    from neobert.eval import kernel_profile
+    from neobert.instruments import kernel_profile
 
     opened = []
 
@@ -554,7 +555,7 @@ def test_tracing_graphs_from_now_opens_a_cuda_recording_on_a_gpu_only(monkeypatc
 def test_the_encoder_row_runs_the_loops_attention_on_padded_batches(tmp_path, monkeypatch):
     """data.unpad=false: the loop's padded batches carry a mask that its model (no input validation: no host read)
     always applies; the encoder row's batch and model do the same, so that the MLM head's share is the head's alone."""
-    from neobert.jobs import gpu_check_stages
+    from neobert.instruments import gpu_check_stages
 
     plan = make_plan(parse_args(tiny_check(tmp_path, "data.unpad=false")))
     batch, step = gpu_check_stages.ceiling_batch(plan), head_step(plan)
@@ -569,7 +570,7 @@ def test_the_encoder_row_runs_the_loops_attention_on_padded_batches(tmp_path, mo
 
 
 def test_the_report_names_the_gpus_the_check_ran_on_not_all_of_the_nodes(monkeypatch):
-    from neobert.jobs.gpu_check import device_name
+    from neobert.instruments.gpu_check import device_name
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)

@@ -1,4 +1,4 @@
-"""neobert.eval.host_waits: the device's idle time in a profiled step, split into the host's (by the operators around
+"""neobert.instruments.host_waits: the device's idle time in a profiled step, split into the host's (by the operators around
 the late launch) and the device's own, on hand-made Chrome traces in torch.profiler's format, and None for a CPU
 recording."""
 
@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from neobert.eval.host_waits import (AFTER_SYNC, NO_HOST_OP, NO_LAUNCH, PROFILER, HostWait, host_wait_lines,
-                                    host_waits, read_trace)
+from neobert.instruments.host_waits import (AFTER_SYNC, NO_HOST_OP, NO_LAUNCH, PROFILER, HostWait, host_wait_lines,
+                                            host_waits, read_trace)
 
 
 def op(name, ts, dur, tid=1, cat="cpu_op"):

@@ -1,4 +1,4 @@
-"""The kernel profile's categories (neobert.eval.kernel_profile): real GPU kernel names and CPU operator names each
+"""The kernel profile's categories (neobert.instruments.kernel_profile): real GPU kernel names and CPU operator names each
 in its category, unknown names in "other" and listed; the totals per category sum to the recording's total, from a
 real CPU recording of an MLM step and from (stand-in) CUDA kernel events."""
 
@@ -11,8 +11,9 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from neobert.eval.kernel_profile import (ATTENTION, CATEGORIES, COMMUNICATION, COPY, ELEMENTWISE, MATMUL, MLM_LOSS,
-                                         NORM, OPTIMIZER, OTHER, category_of, device_busy_us, self_times, summarise)
+from neobert.instruments.kernel_profile import (ATTENTION, CATEGORIES, COMMUNICATION, COPY, ELEMENTWISE, MATMUL,
+                                                MLM_LOSS, NORM, OPTIMIZER, OTHER, category_of, device_busy_us,
+                                                self_times, summarise)
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
 NAMES = {

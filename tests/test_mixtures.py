@@ -182,7 +182,7 @@ def test_a_run_logs_each_source_and_resumes_exactly(three_sources, tmp_path):
 
 
 def test_the_preflight_reports_every_source_and_pretokenize_refuses_a_mixture(three_sources, tmp_path):
-    from neobert.jobs.preflight import preflight_report
+    from neobert.instruments.preflight import preflight_report
     from neobert.jobs.pretrain import run_pretokenize
 
     config = tiny_config(tmp_path, sources_yaml(three_sources, (2, 1, 1), gamma={"max_epochs": 2}),

@@ -31,11 +31,11 @@ from neobert.data import corpus
 from neobert.data.glue import get_task, load_glue_split
 from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import DataError
-from neobert.eval.throughput import ThroughputRow
-from neobert.eval.throughput_report import write_csv
+from neobert.instruments.gpu_check import judge, logs_tokens_per_s
+from neobert.instruments.gpu_check_stages import CEILING, ENCODER, FAILED, PLAIN_LOOP, RECIPE_LOOP, StageRow
+from neobert.instruments.throughput_report import write_csv
+from neobert.instruments.timing import ThroughputRow
 from neobert.jobs.cli import run_cli
-from neobert.jobs.gpu_check import judge, logs_tokens_per_s
-from neobert.jobs.gpu_check_stages import CEILING, ENCODER, FAILED, PLAIN_LOOP, RECIPE_LOOP, StageRow
 from neobert.lit import checkpoints
 from neobert.lit.checkpoints import AtomicCheckpointIO
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM

@@ -25,9 +25,9 @@ import experiments.throughput as throughput_cli
 import neobert.model.config as model_config_module
 from neobert.config.gpu_check import split_overrides
 from neobert.data.demo_corpus import demo_documents
-from neobert.jobs.gpu_check import make_plan
+from neobert.instruments.gpu_check import make_plan
+from neobert.instruments.throughput import check_neobert_overrides
 from neobert.jobs.pretrain import load_pretrain_config
-from neobert.jobs.throughput import check_neobert_overrides
 from neobert.model.attention import attention_kernel_missing_reason
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
-"""Throughput benchmark: the batch-size search, the FLOP accounting (neobert.eval.throughput) and a tiny end-to-end
-run (neobert.jobs.throughput)."""
+"""Throughput benchmark: the batch-size search, the FLOP accounting (neobert.instruments.timing) and a tiny end-to-end
+run (neobert.instruments.throughput)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import torch
 
 from neobert.config import ConfigError
 from neobert.config.throughput import ThroughputConfig
-from neobert.eval import throughput as tp
-from neobert.eval.kernel_profile import CATEGORIES, MATMUL, summarise
-from neobert.eval.throughput_report import markdown_table, profile_markdown, read_csv
+from neobert.instruments import timing as tp
+from neobert.instruments import throughput as job
+from neobert.instruments.kernel_profile import CATEGORIES, MATMUL, summarise
+from neobert.instruments.throughput_report import markdown_table, profile_markdown, read_csv
 from neobert.model import kernels
-from neobert.jobs import throughput as job
 
 
 def tiny_neobert_and_batch() -> tuple[tp.BenchModel, tp.Batch]:
@@ -782,7 +782,7 @@ def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_start_a_step_pe
 
 
 def test_encoders_without_a_packed_forward_skip_the_unpadded_layout_saying_why():
-    from neobert.eval.throughput import build_model
+    from neobert.instruments.timing import build_model
 
     bert = build_model("bert-base", torch.device("cpu"), torch.float32)  # SDPA here: no FlashAttention 2
     assert bert.skipped_layouts == {"unpadded": "no unpadded path on this machine"}
@@ -796,7 +796,7 @@ def test_modernbert_flex_runs_flexattention_and_equals_sdpa():
     from transformers import AutoModel, ModernBertConfig
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from neobert.eval.throughput import WINDOW_NOTE, build_model, hf_attention
+    from neobert.instruments.timing import WINDOW_NOTE, build_model, hf_attention
 
     cpu = torch.device("cpu")
     assert (hf_attention("modernbert-base-flex", cpu), hf_attention("modernbert-base", cpu)) == ("flex_attention", "sdpa")
@@ -837,8 +837,8 @@ def test_modernbert_flex_runs_flexattention_and_equals_sdpa():
 def test_a_flex_row_is_unavailable_for_training_on_cpu_and_reported_without_a_per_flop_ratio():
     """FlexAttention has no CPU backward: a training run there reports the row as not available (the others still
     run). Its FLOPs are counted dense, so the report gives its speed ratio and its note, not a per-FLOP ratio."""
-    from neobert.eval.throughput import WINDOW_NOTE, ModelUnavailable, ThroughputRow, build_model
-    from neobert.eval.throughput_report import markdown_table
+    from neobert.instruments.throughput_report import markdown_table
+    from neobert.instruments.timing import WINDOW_NOTE, ModelUnavailable, ThroughputRow, build_model
 
     with pytest.raises(ModelUnavailable, match="no backward on a CPU"):
         build_model("modernbert-base-flex", torch.device("cpu"), torch.float32, training=True)
@@ -861,8 +861,8 @@ def test_modernbert_fa4_row_runs_flash_attention_4_on_a_gpu_and_says_why_not_els
     """modernbert-base-fa4: transformers' flash_attention_4 (FA4's local window skips the blocks the sliding window
     hides), only on a CUDA GPU with flash-attn-4 installed; modernbert-base takes flash_attention_2 only where
     flash-attn 2 itself is installed (flash-attn-4 alone also installs a package named flash_attn)."""
-    from neobert.eval import throughput
-    from neobert.eval.throughput import ModelUnavailable, build_model, hf_attention
+    from neobert.instruments import timing as throughput
+    from neobert.instruments.timing import ModelUnavailable, build_model, hf_attention
     from neobert.model import attention
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")

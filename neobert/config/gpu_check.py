@@ -1,6 +1,6 @@
 """The schema of a GPU-node check (`python -m experiments.gpu_check --config neobert [--steps 50] key=value ...`):
 a pretraining recipe, measured against its own model alone (with its MLM head), under its strategy and the plain one,
-resumed and exported (neobert.jobs.gpu_check; docs/pretraining.md, "First GPU run").
+resumed and exported (neobert.instruments.gpu_check; docs/pretraining.md, "First GPU run").
 
 Keys of this schema are the check's; every other `key=value` of the command line is an override of the recipe
 (`data.source=...`, `trainer.micro_batch_size=...`), kept in `overrides` and applied to every stage.

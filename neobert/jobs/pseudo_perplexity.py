@@ -18,11 +18,11 @@ from tqdm import tqdm
 
 from neobert.config.pseudo_perplexity import PseudoPerplexityConfig
 from neobert.data.corpus import iterate_documents, truncate
+from neobert.eval.device import resolve_device
 from neobert.eval.plots import plot_pseudo_perplexity
 from neobert.eval.probes import ladder_probe_runs
 from neobert.eval.pseudo_perplexity import (BucketScore, DocumentScore, bucket_scores, load_model_and_tokenizer,
                                             score_documents, select_documents)
-from neobert.eval.throughput import resolve_device
 from neobert.layout import EXPORT_DIR, PPPL_BUCKETS_JSON, PPPL_DOCUMENTS_CSV, PPPL_MD, PPPL_PLOT
 from neobert.model.checkpoint import read_config
 

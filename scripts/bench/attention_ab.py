@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute, seconds_per_call
+from neobert.instruments.ab import (CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute,
+                                    seconds_per_call)
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import cu_seqlens_of_rows
 from neobert.model.flash_attn_4 import flash_attn_4_varlen

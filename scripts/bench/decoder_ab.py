@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, seconds_per_call
+from neobert.instruments.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, seconds_per_call
 from neobert.model import NeoBERTConfig
 from neobert.model.modeling import padded_linear
 

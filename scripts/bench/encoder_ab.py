@@ -23,13 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neobert.eval.throughput import dtype_conversions
+from neobert.instruments.timing import dtype_conversions
 from neobert.model import NeoBERT, NeoBERTConfig
 from neobert.model import rope
 from neobert.model.attention import attend
-from neobert.model.rope import apply_rope
 from neobert.model.layers import RMSNorm, SwiGLU
 from neobert.model.modeling import EncoderBlock
+from neobert.model.rope import apply_rope
 
 
 def block_with_two_rope_calls(self, x, layout, rope):

@@ -20,7 +20,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute, seconds_per_call
+from neobert.instruments.ab import (CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute,
+                                    seconds_per_call)
 from neobert.model.kernels import liger_missing_reason, liger_rms_norm
 from neobert.model.layers import rms_norm_in_dtype
 

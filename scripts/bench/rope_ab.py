@@ -25,7 +25,8 @@ import sys
 
 import torch
 
-from neobert.eval.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute, seconds_per_call
+from neobert.instruments.ab import (CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute,
+                                    seconds_per_call)
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import position_ids_from_cu_seqlens
 from neobert.model.rope import RotaryTables, apply_rope, rope_tables, rotate_in_dtype

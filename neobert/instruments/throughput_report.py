@@ -12,9 +12,9 @@ from typing import Callable, Sequence
 
 from neobert.config.throughput import LAYOUTS, MODEL_NAMES, MODES
 from neobert.errors import ConfigError
-from neobert.eval.host_waits import host_wait_lines
-from neobert.eval.kernel_profile import CATEGORIES, NAME_COLUMNS
-from neobert.eval.throughput import WINDOW_NOTE, ThroughputRow
+from neobert.instruments.host_waits import host_wait_lines
+from neobert.instruments.kernel_profile import CATEGORIES, NAME_COLUMNS
+from neobert.instruments.timing import WINDOW_NOTE, ThroughputRow
 from neobert.layout import THROUGHPUT_CSV
 
 CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow) if f.name != "profile"]  # the profile has its own
@@ -70,7 +70,7 @@ TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
 def write_profile_csvs(rows: Sequence[ThroughputRow], categories_path: str | Path, names_path: str | Path) -> None:
     """Every profiled row's self time per category (every category, shares summing to 1; per step, per 1,000 real
     tokens and per TFLOP) and per kernel or operator name with its category (what a new rule of
-    neobert.eval.kernel_profile would be written from)."""
+    neobert.instruments.kernel_profile would be written from)."""
     with Path(categories_path).open("w", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(PROFILE_KEYS + ["source", "category", "self_ms", "share", "us_per_1k_tokens", "us_per_tflop",
@@ -131,8 +131,8 @@ def profile_markdown(rows: Sequence[ThroughputRow]) -> str:
 
 
 def host_waits_markdown(rows: Sequence[ThroughputRow]) -> str:
-    """Per profiled GPU row, where its device waited in the profiled step (`neobert.eval.host_waits`). Empty where
-    no row has a trace's reading."""
+    """Per profiled GPU row, where its device waited in the profiled step (`neobert.instruments.host_waits`). Empty
+    where no row has a trace's reading."""
     out = []
     for row in profiled(rows):
         if row.profile.host_waits is not None:

@@ -1,8 +1,8 @@
 """Where a training step's time goes, by kind of work: the self time of each kernel (on a GPU) or operator (on a
 CPU) of a `torch.profiler` recording, put into categories by name (`category_of`, the explicit patterns of
 `RULES`) and summed (`summarise`, `summarise_events`). The GPU check's profiles of the model with its MLM head and of
-the training loop use it (`neobert.jobs.gpu_check_stages`, `profile=true`), and so does the throughput job's profile
-of each timed row (`neobert.eval.throughput.profile_step`, `profile=true`).
+the training loop use it (`neobert.instruments.gpu_check_stages`, `profile=true`), and so does the throughput job's
+profile of each timed row (`neobert.instruments.timing.profile_step`, `profile=true`).
 
 Categories by name only: a pointwise kernel of the eager RMSNorm (a multiply, an rsqrt) is "elementwise", not
 "norm"; a fused Inductor kernel is "norm" when it computes an rsqrt, else "elementwise". Names no rule knows are
@@ -23,7 +23,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from neobert.config.pretrain import CUDA_GRAPH_MODES
-from neobert.eval.host_waits import HostWaitReport, host_waits, read_trace
+from neobert.instruments.host_waits import HostWaitReport, host_waits, read_trace
 
 log = logging.getLogger(__name__)
 

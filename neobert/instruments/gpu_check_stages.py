@@ -1,4 +1,4 @@
-"""The stages of the GPU-node check (`neobert.jobs.gpu_check`, which plans, runs, judges and reports them): each
+"""The stages of the GPU-node check (`neobert.instruments.gpu_check`, which plans, runs, judges and reports them): each
 takes the Plan and returns its StageRow, a failure caught and marked FAILED by `attempt`.
 
 1. the ceilings: the recipe's encoder alone, for reference (`encoder_stage`, the throughput benchmark's timed
@@ -38,12 +38,12 @@ from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import CheckpointError
 from neobert.eval.flops import mfu, peak_flops
-from neobert.eval.kernel_profile import NAME_COLUMNS, KernelProfile, profiler_activities, summarise_events
 from neobert.eval.plots import read_curves
-from neobert.eval.throughput import (Batch, BenchModel, make_batch, neobert_forward, rows_as_documents,
-                                     synchronize, time_step)
+from neobert.instruments.kernel_profile import NAME_COLUMNS, KernelProfile, profiler_activities, summarise_events
+from neobert.instruments.preflight import GiB, Preflight, memory_section
+from neobert.instruments.timing import (Batch, BenchModel, make_batch, neobert_forward, rows_as_documents,
+                                        synchronize, time_step)
 from neobert.jobs.cli import one_line
-from neobert.jobs.preflight import GiB, Preflight, memory_section
 from neobert.jobs.pretrain import run_pretraining
 from neobert.layout import (CONFIG_NAME, EXPORT_DIR, GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV,
                             GPU_CHECK_LOOP_TRACE, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV, GPU_CHECK_TRACE,
@@ -365,7 +365,7 @@ def summarise_recording(recording: profile, device: torch.device, steps: int, wa
 
 def write_profile_tables(result: KernelProfile, output_dir: Path, files: ProfileFiles) -> None:
     """The self time per category (`files.categories`, every category, their shares summing to 1) and per name,
-    with its category (`files.names`: what a new rule of neobert.eval.kernel_profile would be written from)."""
+    with its category (`files.names`: what a new rule of neobert.instruments.kernel_profile would be written from)."""
     write_csv(output_dir / files.categories, ["category", "self_ms", "share", "names", "calls"],
               [[total.category, f"{total.self_us / 1e3:.4f}", f"{total.share:.6f}", total.names, total.calls]
                for total in result.category_totals()])

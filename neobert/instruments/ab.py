@@ -21,7 +21,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from neobert.eval.throughput import synchronize
+from neobert.instruments.timing import synchronize
 
 CALLS_PER_SAMPLE = 10  # back to back: a sample of a 0.1 ms kernel lasts 1 ms, and the device's queue stays full
 # A variant whose host took this share of its sample or more to issue its calls kept the device waiting between them:

@@ -29,9 +29,9 @@ from neobert.data.mixture import mixture_sources
 from neobert.data.pretraining import PretrainingDataModule
 from neobert.data.stream_layout import StreamLayout
 from neobert.data.tokenizer import load_tokenizer
-from neobert.eval.data_pipeline import run_ours
 from neobert.eval.flops import flops_per_token, matmul_params, peak_flops_of
 from neobert.hub import hub_reachable
+from neobert.instruments.data_pipeline import run_ours
 from neobert.jobs.phases import plan_phases
 from neobert.jobs.pretrain import build_model_config
 from neobert.lit.optim import muon_split

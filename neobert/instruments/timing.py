@@ -1,7 +1,7 @@
 """Encoder throughput (tokens/s) against sequence length, the measurement (paper Figure 3 and Table 9, any
 machine): the encoders under test, their batches, one timed step, the batch-size search and the CPU's matmul
 reference. The run over models, layouts and lengths (the search per model, the interleaved repetitions, the rows)
-is `neobert.jobs.throughput.run_throughput`.
+is `neobert.instruments.throughput.run_throughput`.
 
 * encoders: our NeoBERT and the Hugging Face implementations of BERT-base, RoBERTa-base and ModernBERT-base
   (random init from their config classes, nothing downloaded), plus the official NeoBERT hub code when it can be
@@ -34,7 +34,7 @@ from transformers import AutoConfig, AutoModel, BertConfig, ModernBertConfig, Ro
 
 from neobert.config.throughput import ATTENTION_KERNEL_MODELS, KERNEL_MODELS, LAYOUTS, WINDOWED_MODELS
 from neobert.eval.flops import attention_flops, flops_per_token, matmul_params
-from neobert.eval.kernel_profile import KernelProfile, profiler_activities, summarise_events
+from neobert.instruments.kernel_profile import KernelProfile, profiler_activities, summarise_events
 from neobert.model import NeoBERT, NeoBERTConfig
 from neobert.model.attention import (attention_kernel_missing_reason, chosen_packed_kernel, cu_seqlens_of_rows,
                                      flash_attn_packages)
@@ -494,14 +494,6 @@ class ThroughputRow:
     # profile=true: one more step of the row under torch.profiler (`profile_step`); reported in its own tables, not
     # in throughput.csv
     profile: KernelProfile | None = field(default=None, repr=False, compare=False)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device=cuda but no CUDA device is available")
-    return torch.device(name)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

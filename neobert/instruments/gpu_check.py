@@ -5,12 +5,12 @@ the node; a CPU runs it too, end to end, with a tiny recipe), in order:
 1. ceilings, forward + backward at the recipe's micro-batch and length, in the loop's batch layout and arithmetic
    (DeepSpeed's half-precision weights without autocast, or float32 weights under autocast: Plan.ceiling_dtypes),
    tokens/s and MFU: the encoder alone, for reference (the throughput benchmark's training step,
-   `neobert.eval.throughput`: its batch, its timed step, its FLOP count), then the model with its MLM head, the
+   `neobert.instruments.timing`: its batch, its timed step, its FLOP count), then the model with its MLM head, the
    ceiling: the same tokens masked by the loop's masker, one step of MLMPretrainingModule's forward, its MLM loss
    and the backward (its FLOP count, train/mfu's); the report gives the head's share of the step (1 - encoder step
    / with-head step). With `profile=true`, `profile_steps` more steps of the ceiling under torch.profiler: a Chrome
    trace, and the self time of its CUDA kernels (its CPU operators on a CPU) by category
-   (`neobert.eval.kernel_profile`), as CSV and a section of the report;
+   (`neobert.instruments.kernel_profile`), as CSV and a section of the report;
 2. loops: the recipe's real training loop (`run_pretraining`) for `steps` steps under its own strategy (e.g.
    deepspeed_stage_2) and under the plain one (Lightning's auto on one device, ddp on several); tokens/s and MFU are
    those MLMPretrainingModule logs (train/tokens_per_sec, train/mfu in the run's metrics CSV), averaged over the
@@ -22,7 +22,7 @@ the node; a CPU runs it too, end to end, with a tiny recipe), in order:
 4. export: the end-of-run export, reloaded with NeoBERTForMaskedLM.from_pretrained and transformers'
    AutoModelForMaskedLM, one forward each (they must agree);
 5. memory: each stage's peak device memory (torch.cuda.max_memory_allocated; n/a on a CPU) against the
-   preflight's estimate for that stage's strategy (`neobert.jobs.preflight.memory_section`).
+   preflight's estimate for that stage's strategy (`neobert.instruments.preflight.memory_section`).
 
 One Markdown table, printed and written to output_dir/gpu_check.md, and the same figures in gpu_check.json. A stage
 that raises prints its traceback and is marked FAILED, and the others run where they can. `GpuCheckResult.failures`
@@ -32,7 +32,7 @@ line exits 1 when there is any.
 Several GPUs: the loops run in this process and Lightning starts the other ranks by running the same command again
 (its script launcher); those ranks run the training stages only, and rank 0 measures and reports.
 
-The stages themselves (what each runs and measures) are in `neobert.jobs.gpu_check_stages`; this module plans the
+The stages themselves (what each runs and measures) are in `neobert.instruments.gpu_check_stages`; this module plans the
 check, runs the stages in order, judges the ratios against their targets and writes the reports.
 """
 
@@ -50,14 +50,14 @@ import torch
 from neobert.config import ConfigError
 from neobert.config.gpu_check import GpuCheckConfig
 from neobert.config.pretrain import CUDA_GRAPH_MODES, BatchSizeWarmupConfig, PretrainConfig, compile_warmup_steps
-from neobert.eval.host_waits import host_wait_lines
-from neobert.eval.kernel_profile import (CATEGORIES, KernelProfile, cuda_graphs_or_error,
-                                         trace_graphs_captured_from_now)
-from neobert.jobs.gpu_check_stages import (BELOW_TARGET, CEILING, ENCODER, EXPORT, FAILED, OK, PLAIN_LOOP, PROFILE,
-                                           RECIPE_LOOP, RESUME, SKIPPED,
-                                           CEILING_PROFILE_FILES, LOOP_PROFILE_FILES, Plan, ProfileFiles, StageRow,
-                                           encoder_stage, export_stage, head_ceiling_stage, log_interval,
-                                           loop_profiler, loop_stage, profile_stage, resume_stage)
+from neobert.instruments.gpu_check_stages import (BELOW_TARGET, CEILING, ENCODER, EXPORT, FAILED, OK, PLAIN_LOOP,
+                                                  PROFILE, RECIPE_LOOP, RESUME, SKIPPED, CEILING_PROFILE_FILES,
+                                                  LOOP_PROFILE_FILES, Plan, ProfileFiles, StageRow, encoder_stage,
+                                                  export_stage, head_ceiling_stage, log_interval, loop_profiler,
+                                                  loop_stage, profile_stage, resume_stage)
+from neobert.instruments.host_waits import host_wait_lines
+from neobert.instruments.kernel_profile import (CATEGORIES, KernelProfile, cuda_graphs_or_error,
+                                                trace_graphs_captured_from_now)
 from neobert.jobs.pretrain import load_pretrain_config, prepare
 from neobert.layout import GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_RECIPE_RUN, write_atomically
 from neobert.outputs import GPU_CHECK, claim_output_dir, clear_output_dir, is_global_rank_zero
@@ -367,8 +367,8 @@ def profile_section(ceiling: KernelProfile | None, loop: KernelProfile | None, t
     step_tokens = subjects[0][1].tokens / subjects[0][1].steps  # the ceiling's step; else the loop's optimizer step
     lines = ["## Profile: " + " and ".join({"ceiling": "the ceiling's step (model + MLM head)",
                                              "loop": "the recipe's loop"}[title] for title, _ in subjects), "",
-             f"Self time of the {subjects[0][1].source} by category (neobert.eval.kernel_profile.RULES), in ms per "
-             f"step of {step_tokens:,.0f} tokens."]
+             f"Self time of the {subjects[0][1].source} by category (neobert.instruments.kernel_profile.RULES), "
+             f"in ms per step of {step_tokens:,.0f} tokens."]
     for title, recording in subjects:
         files = CEILING_PROFILE_FILES if title == "ceiling" else LOOP_PROFILE_FILES
         plural = "s" * (recording.steps != 1)
@@ -396,7 +396,7 @@ def profile_section(ceiling: KernelProfile | None, loop: KernelProfile | None, t
     for title, recording in subjects:
         if recording.host_waits is not None:
             lines += ["", f"Where the device waited on the host in the {title}'s recording (all its steps; "
-                          f"neobert.eval.host_waits):", "", *host_wait_lines(recording.host_waits)]
+                          f"neobert.instruments.host_waits):", "", *host_wait_lines(recording.host_waits)]
     for title, recording in subjects:
         others = recording.other_names(top)
         if others:

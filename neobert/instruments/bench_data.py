@@ -1,5 +1,5 @@
-"""The data-pipeline benchmark (`python -m experiments.bench_data`; the measurements: `neobert.eval.data_pipeline`):
-tokens/s of one worker for tokenize + mask (+ pack) against Hugging Face's collator (`bench_speed`), or the
+"""The data-pipeline benchmark (`python -m experiments.bench_data`; the measurements:
+`neobert.instruments.data_pipeline`): tokens/s of one worker for tokenize + mask (+ pack) against Hugging Face's collator (`bench_speed`), or the
 packing efficiency of each data.packing mode on the same documents (`bench_packing`), or one reader's whole stream
 over a local corpus and the size of its checkpointed position (`bench_stream`). Each prints its table and
 writes its results as JSON where asked."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from neobert.eval.data_pipeline import measure_data_pipeline, measure_stream, packing_report
+from neobert.instruments.data_pipeline import measure_data_pipeline, measure_stream, packing_report
 
 
 def bench_speed(docs: int, max_length: int, batch_size: int, repeats: int, json_path: str | Path | None = None) -> dict:

@@ -25,9 +25,9 @@ import torch
 from transformers import DataCollatorForLanguageModeling
 
 from neobert.config.pretrain import MaskingConfig, PretrainDataConfig
+from neobert.data.corpus import DocumentTokenizer
 from neobert.data.demo_corpus import demo_documents
 from neobert.data.masking import MLMMasker
-from neobert.data.corpus import DocumentTokenizer
 from neobert.data.pretraining import BatchBuilder, PretrainingDataModule
 from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.data.tokenizer import load_tokenizer

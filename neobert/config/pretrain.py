@@ -107,8 +107,8 @@ class PretrainDataConfig:
     static_documents_per_row: int = 0
     # packing none: train on the batch's documents laid end to end with cu_seqlens (varlen attention, no [PAD], no
     # cross-document attention; the same documents, masks and loss as the padded batch) instead of padded: on GPU
-    # FlashAttention's varlen kernel, which masked SDPA cannot use; 1.03-1.08x tokens/s on the CPU demo, more with
-    # more padding (docs/benchmarks.md). false = pad.
+    # FlashAttention's varlen kernel, which masked SDPA cannot use; faster on CPU too, more so with more padding
+    # (docs/benchmarks.md). false = pad.
     unpad: bool = True
     # Documents are read in blocks of this many and each block is shuffled (exactly resumable); 1 = no shuffle.
     shuffle_buffer: int = 10_000

@@ -33,8 +33,8 @@ class StaticShapes:
       repeated) up to the fixed count. The batch's "documents" (an int, at most `documents`) counts the entries before
       that filler, [PAD] tails included. Only CUDA graphs need the fixed count: elsewhere
       MLMPretrainingModule.forward gives the model the entries up to "documents" alone, as a dynamic size of
-      the compiled graph (FlashAttention's kernels took 1.4-1.5x as long on the H200 with 32 documents per row of
-      1,024, most of them empty, docs/benchmarks.md); max_seqlen is `length`;
+      the compiled graph (FlashAttention's kernels are slower on many empty documents, docs/benchmarks.md);
+      max_seqlen is `length`;
     * masked_index has `masked` entries: the masked positions, then a position whose label is -100, repeated (the
       loss ignores it; an accuracy must count the entries whose label is not -100, not the entries).
     """

@@ -11,8 +11,8 @@ from neobert.model.modeling import (
     NeoBERTForTokenClassification,
     SequenceClassifierOutput,
     TokenClassifierOutput,
-    pool_embeddings,
 )
+from neobert.model.heads import pool_embeddings
 from neobert.model.official import convert_official_state_dict
 
 __all__ = [

@@ -24,8 +24,8 @@ from transformers.modeling_outputs import (BaseModelOutput, MaskedLMOutput, Sequ
                                            TokenClassifierOutput)
 
 from neobert.model.config import MACHINE_FIELDS, NeoBERTConfig
-from neobert.model.modeling import (ClassificationHead, NeoBERT, NeoBERTForMaskedLM, NeoBERTPreTrained,
-                                    TokenClassificationHead)
+from neobert.model.heads import ClassificationHead, TokenClassificationHead
+from neobert.model.modeling import NeoBERT, NeoBERTForMaskedLM, NeoBERTPreTrained
 
 _FIELDS = {f.name: f.default for f in dataclasses.fields(NeoBERTConfig)}
 

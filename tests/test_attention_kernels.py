@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from neobert.config.throughput import ATTENTION_KERNEL_MODELS, MODEL_NAMES, ThroughputConfig
+from neobert.instruments.preflight_kernels import training_attention_kernel
 from neobert.model import NeoBERT, NeoBERTConfig, attention, flash_attn_4
-from neobert.model.attention import ATTENTION_KERNELS, chosen_packed_kernel, packed_kernel, training_attention_kernel
+from neobert.model.attention import ATTENTION_KERNELS, chosen_packed_kernel, packed_kernel
 from neobert.model.config import ModelFieldError
 
 CU_SEQLENS = [0, 5, 12, 24]  # three documents, the longest 12 tokens
@@ -320,12 +321,14 @@ def test_a_preflight_without_a_gpu_says_what_a_hopper_or_blackwell_target_would_
     varlen_attn, and says that the H100 takes FlashAttention 4 where it is installed there. Not for a GPU FA4 was not
     written for, an explicit kernel, dropout, padded batches, float32, or where FA4 is installed here (the kernel's
     own line says so then)."""
-    from neobert.instruments.preflight import Preflight, attention_section, gpu_generation
+    from neobert.instruments.preflight import Preflight, attention_section
+    from neobert.instruments.preflight_kernels import gpu_capability
     from neobert.jobs.pretrain import load_pretrain_config
 
-    assert [gpu_generation(name) for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA GH200 480GB",
-                                              "NVIDIA B200", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S")] == \
-        [9, 9, 9, 10, None, None]
+    assert [gpu_capability(name) for name in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe", "NVIDIA GH200 480GB",
+                                              "NVIDIA B200", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S",
+                                              "NVIDIA GeForce GTX 1080", "a GPU of the future")] == \
+        [(9, 0), (9, 0), (9, 0), (10, 0), (8, 0), (8, 9), (6, 1), None]
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", False)
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)
     monkeypatch.setattr(attention, "cuda_capability", lambda: (0, 0))
@@ -345,8 +348,11 @@ def test_a_preflight_without_a_gpu_says_what_a_hopper_or_blackwell_target_would_
     for other in (lines("NVIDIA A100-SXM4-80GB"), lines(attention_kernel="varlen_attn"), lines(dropout=0.1),
                   lines(overrides=("data.unpad=false",)), lines(precision="32-true"), lines(**wide_heads)):
         assert "FlashAttention 4 instead" not in other
-    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)  # installed here: the kernel's own line says it
-    assert "FlashAttention 4 instead" not in lines() and "FlashAttention 4's instead on a Hopper" in lines()
+    # installed and usable here: the model's plan for the H100 takes it, and the kernel's own line says so
+    monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", True)
+    monkeypatch.setattr(attention, "_flash_attn_4_usable", lambda: True)
+    assert "with cu_seqlens: FlashAttention 4's flash_attn_varlen_func" in lines() and "instead" not in lines()
+    assert "FlashAttention 4's instead on a Hopper" in lines("NVIDIA A100-SXM4-80GB")
 
 
 # ---------------------------------------------------------------------------------------------- the wiring

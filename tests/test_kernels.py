@@ -242,7 +242,8 @@ class ReferenceLiger:
         monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
         on_cuda = lambda kernels, x: kernels == "liger"  # noqa: E731 (what use_liger answers for a CUDA tensor)
         monkeypatch.setattr(layers, "use_liger", on_cuda)
-        monkeypatch.setattr(modeling, "liger_runs_on", lambda x: True)
+        on_a_gpu = lambda fused, device_type, backward, compiling: fused and backward and not compiling  # noqa: E731
+        monkeypatch.setattr(modeling, "fuses_mlm_loss", on_a_gpu)  # what the rule answers for CUDA rows
 
 
 def assert_a_training_step_equals_eager(kernels: str, packed: bool) -> int:
@@ -553,7 +554,7 @@ torch.testing.assert_close(fused_grad, gate_up.grad)
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM, modeling
 from neobert.model import config as model_config_module
 model_config_module.liger_missing_reason = lambda: None
-modeling.liger_runs_on = lambda x: True
+modeling.fuses_mlm_loss = lambda fused, device_type, backward, compiling: fused and backward and not compiling
 eager = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny"))
 liger = NeoBERTForMaskedLM(NeoBERTConfig.from_preset("tiny", fused_mlm_loss=True))
 liger.load_state_dict(eager.state_dict())

@@ -148,7 +148,7 @@ def test_the_activation_estimate_is_what_the_model_keeps_for_its_backward(precis
     CPU's RMSNorm is not one fused kernel, and also keeps its normalised input for the weight's gradient."""
     import torch
 
-    from neobert.instruments.preflight import activation_bytes
+    from neobert.instruments.preflight_memory import activation_bytes
     from neobert.model import NeoBERT, NeoBERTConfig, NeoBERTForMaskedLM
 
     torch.manual_seed(0)
@@ -216,7 +216,7 @@ def test_the_heads_estimate_is_what_the_step_holds_at_the_log_softmaxs_backward(
     (the estimate counted one until 2026-11-26)."""
     import torch
 
-    from neobert.instruments.preflight import activation_bytes
+    from neobert.instruments.preflight_memory import activation_bytes
     from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 
     torch.manual_seed(0)
@@ -243,7 +243,7 @@ def test_the_heads_estimate_is_what_the_step_holds_at_the_log_softmaxs_backward(
 def test_with_the_fused_loss_the_heads_estimate_keeps_no_logits(monkeypatch):
     """Liger's fused linear cross-entropy keeps no row of logits: its head costs the same per masked row whatever
     the vocabulary, where the eager head holds three float32 vocabulary-wide rows at its peak."""
-    from neobert.instruments.preflight import activation_bytes
+    from neobert.instruments.preflight_memory import activation_bytes
     from neobert.model import NeoBERTConfig
     from neobert.model import config as model_config_module
 
@@ -261,7 +261,7 @@ def test_with_the_fused_loss_the_heads_estimate_keeps_no_logits(monkeypatch):
 def test_the_activation_estimate_takes_the_highest_masking_rate_of_the_schedule():
     """The MLM head keeps its log-probabilities for every masked row: the peak is at the schedule's highest rate."""
     from neobert.data.tokenizer import load_tokenizer
-    from neobert.instruments.preflight import activation_bytes, config_activation_bytes
+    from neobert.instruments.preflight_memory import activation_bytes, config_activation_bytes
     from neobert.jobs.pretrain import build_model_config
 
     config = load_config(PretrainConfig, "neobert", ["masking.rate_schedule=[[0,0.4],[1000,0.2]]"])
@@ -278,7 +278,7 @@ def test_the_activation_estimate_counts_what_liger_and_quack_keep_of_the_mlp(mon
     w3's input (one ffn less), QuACK's MLP w12's output only (two less). Liger compiled and QuACK in float32 run the
     eager ops: counted as eager's."""
     from neobert.data.tokenizer import load_tokenizer
-    from neobert.instruments.preflight import config_activation_bytes
+    from neobert.instruments.preflight_memory import config_activation_bytes
     from neobert.jobs.pretrain import build_model_config
     from neobert.model import config as model_config_module
 
@@ -311,7 +311,7 @@ def test_the_activation_widths_are_those_the_strategy_computes_in(strategy, widt
     their activations are bf16 throughout, as in bf16-true (each op keeping what it keeps there:
     test_the_activation_estimate_is_what_the_model_keeps_...)."""
     from neobert.data.tokenizer import load_tokenizer
-    from neobert.instruments.preflight import activation_bytes, config_activation_bytes
+    from neobert.instruments.preflight_memory import activation_bytes, config_activation_bytes
     from neobert.jobs.pretrain import build_model_config
 
     config = load_config(PretrainConfig, "neobert", [f"trainer.strategy={strategy}"])
@@ -390,15 +390,15 @@ def test_the_report_says_what_runs_the_elementwise_work_and_the_loss(tmp_path, m
 def test_the_memory_estimate_counts_the_fused_loss_only_where_the_model_runs_it(tmp_path, monkeypatch, overrides,
                                                                                runs):
     from neobert.data.tokenizer import load_tokenizer
-    from neobert.instruments.preflight import (activation_bytes, config_activation_bytes, fused_loss_runs,
-                                               resolve_precision_on_gpu)
+    from neobert.instruments.preflight_kernels import resolve_precision_on_gpu, training_plan
+    from neobert.instruments.preflight_memory import activation_bytes, config_activation_bytes
     from neobert.jobs.pretrain import build_model_config
     from neobert.model import config as model_config_module
 
     monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
     config = tiny_config(tmp_path, *overrides)
     model_config = build_model_config(config, load_tokenizer(config.data.tokenizer))
-    assert fused_loss_runs(config, model_config) == runs
+    assert training_plan(config, model_config, (9, 0)).fused_loss == runs
     tokens = config.trainer.micro_batch_size * config.data.max_length
     scored = tokens * (config.masking.highest_rate if config.model.masked_only_logits else 1.0)
     assert config_activation_bytes(config, model_config) == activation_bytes(
@@ -417,7 +417,8 @@ def test_the_memory_estimate_counts_the_fused_loss_only_where_the_model_runs_it(
 ])
 def test_the_model_states_follow_the_weights_dtype_and_count_the_ema(overrides, states, bytes_per_parameter):
     from neobert.data.tokenizer import load_tokenizer
-    from neobert.instruments.preflight import Preflight, config_activation_bytes, memory_section
+    from neobert.instruments.preflight import Preflight
+    from neobert.instruments.preflight_memory import config_activation_bytes, memory_section
     from neobert.jobs.pretrain import build_model_config
     from neobert.model import NeoBERTForMaskedLM
 
@@ -440,7 +441,8 @@ def test_muons_states_are_counted_as_the_optimizer_keeps_them(precision, width):
     what the real optimizer holds after a step (on the tiny model here), not Adam's two everywhere."""
     from neobert.config.pretrain import OptimizerConfig
     from neobert.data.tokenizer import load_tokenizer
-    from neobert.instruments.preflight import Preflight, config_activation_bytes, memory_section
+    from neobert.instruments.preflight import Preflight
+    from neobert.instruments.preflight_memory import config_activation_bytes, memory_section
     from neobert.jobs.pretrain import build_model_config
     from neobert.lit.optim import build_muon, muon_split
     from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM

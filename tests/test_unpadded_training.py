@@ -175,7 +175,7 @@ def stand_in_xformers(monkeypatch):
     monkeypatch.setitem(sys.modules, "xformers", package)
     monkeypatch.setitem(sys.modules, "xformers.ops", ops)
     monkeypatch.setattr(attention, "packed_kernel",
-                        lambda device_type, dtype, dropout_p, head_dim=None, training=True: "xformers")
+                        lambda device_type, dtype, dropout_p, head_dim=None, training=True, capability=None: "xformers")
     return built
 
 

@@ -24,8 +24,9 @@ PACKING_MODES = ("none", "greedy", "best_fit")
 PACKING_BOOLEANS = {"true": "greedy", "false": "none"}
 STATIC_SHAPES = ("auto", "true", "false")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the compile modes that record CUDA graphs
-WITHOUT_CUDA_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}  # each, less them
+# The compile modes that record CUDA graphs: the model's (neobert.model.kernels, which compiles), stated here for the
+# schema's checks, below the model (tests/test_kernel_plan.py ties them to each other and to torch's own table)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 # the strategy that copies each micro-batch's gradients out of param.grad into a buffer of its own (ZeRO-2's gradient
 # hooks, with contiguous gradients; its _offload variant too), so that an accumulation never keeps them in a CUDA
 # graph's memory

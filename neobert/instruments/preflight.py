@@ -8,6 +8,7 @@ does, around that DataLoader. The report: the strategy and its DeepSpeed/FSDP se
 per GPU from DeepSpeed's ZeRO estimators (plus an activation estimate), the attention kernel, the MFU peak of the
 named GPU and what the run costs at a stated MFU, and the data workers a GPU needs at that rate (one worker's
 tokenize + mask rate, measured on this machine's CPU). What would crash is refused: a ConfigError naming the key.
+The memory section is in preflight_memory.py, the kernel sections (the model's plan, in words) in preflight_kernels.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from types import SimpleNamespace
 import torch
 
 from neobert.config import ConfigError
-from neobert.config.pretrain import CUDA_GRAPH_MODES, PretrainConfig
+from neobert.config.pretrain import PretrainConfig
 from neobert.data.corpus import local_data_files, open_source, source_key, source_name
 from neobert.data.demo_corpus import demo_documents
 from neobert.data.mixture import mixture_sources
@@ -34,16 +35,15 @@ from neobert.hub import hub_reachable
 from neobert.instruments.data_pipeline import run_ours
 from neobert.jobs.phases import plan_phases
 from neobert.jobs.pretrain import build_model_config
-from neobert.lit.optim import muon_split
-from neobert.lit.strategies import is_deepspeed, loop_dtypes
+from neobert.instruments.preflight_kernels import (DEFAULT_GPU, attention_section, gpu_capability, in_16_bits,
+                                                   kernels_section, planned_capability, precision_section,
+                                                   resolve_precision_on_gpu)
+from neobert.instruments.preflight_memory import GiB, config_activation_bytes, memory_section, world_size
+from neobert.lit.strategies import is_deepspeed
 from neobert.lit.trainer import build_strategy
 from neobert.model import NeoBERTForMaskedLM
-from neobert.model.attention import training_attention_kernel
 
-DEFAULT_GPU = "NVIDIA H100 80GB HBM3"  # what torch.cuda.get_device_name() says on an H100 SXM
 ASSUMED_MFU = 0.40  # for the cost line only: a typical well-tuned encoder pretraining MFU, not a measurement
-GPU_MEMORY_GIB = {"h100": 80, "h200": 141, "a100": 80}
-GiB = 2**30
 WORKER_SAMPLE_DOCS = 1000  # demo documents timed through one worker's tokenize + mask
 
 
@@ -72,10 +72,6 @@ class Preflight:
                   else ["- nothing found that would crash at setup" + " in what it could check" * bool(self.unchecked)])
         lines += [f"- not checked: {what}" for what in self.unchecked]
         return "\n".join(lines).lstrip() + "\n"
-
-
-def world_size(config: PretrainConfig) -> int:
-    return config.trainer.num_devices * config.trainer.num_nodes
 
 
 def run_preflight(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> str:
@@ -114,109 +110,18 @@ def preflight_report(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> Prefligh
     strategy_section(report, config, precision, tokenizer)
     batch_section(report, config)
     data_section(report, config)
+    precision_section(report, config, gpu)
     memory_section(report, config, model, parameters, gpu)
     attention_section(report, config, model_config, precision, gpu)
-    kernels_section(report, config, model_config)
+    kernels_section(report, config, model_config, planned_capability(gpu))
     demand_per_gpu = mfu_section(report, config, model, model_config, gpu)
     workers_section(report, config, tokenizer, demand_per_gpu)
     if config.phases:
-        phases_section(report, config, model_config)
+        phases_section(report, config, model_config, gpu)
     return report
 
 
-def activation_bytes(model_config, tokens: int, precision: str, scored_rows: float, fused_loss: bool = False,
-                     mlp_kernels: str = "eager") -> float:
-    """Bytes a micro-batch of `tokens` tokens holds for its backward, term by term: what each op of the encoder keeps
-    with the fused attention and norm kernels of a GPU (a norm keeps its input and a per-row scale; attention its
-    inputs, output and per-row log-sum-exp), then the MLM head over its `scored_rows` (the masked tokens when only
-    those are projected; with `fused_loss`, Liger's, no logits are kept). `precision` decides the widths: under mixed
-    precision the residual stream (every norm's input) stays float32 and the matmuls read 16-bit copies; 16-true
-    and 32-true keep one width throughout. `mlp_kernels`: what runs the SwiGLU MLP (`mlp_kernels_that_run`), whose
-    kernels keep less than the eager ops. tests/test_preflight.py checks it against the tensors the model saves on a
-    CPU (eager; Liger's and QuACK's from their sources)."""
-    half = in_16_bits(precision)
-    width = 2 if half else 4  # every matmul's input and output
-    residual = 4 if precision.endswith("mixed") or not half else 2  # the residual stream, every norm's input
-    h, f = model_config.hidden_size, model_config.ffn_hidden_size
-    per_layer = (2 * residual * h  # the two norms' inputs
-                 + width * h  # qkv's input
-                 + width * 3 * h  # qkv's output (v, and q and k before RoPE, are views of it)
-                 + (width * 2 * h if model_config.position_encoding == "rope" else 0)  # q and k rotated
-                 + width * h  # attention's output, wo's input
-                 + width * h)  # the MLP's input
-    if model_config.activation == "swiglu" and mlp_kernels == "quack":
-        # w12's output (gate, up) only: QuACK's second GEMM recomputes silu(gate) * up from it in the backward
-        # (quack-kernels 0.6.5, quack/linear.py: DActLinearFunc keeps the pre-activation, not its input)
-        per_layer += width * 2 * f
-    elif model_config.activation == "swiglu" and mlp_kernels == "liger":
-        # w12's output, which Liger's fused SwiGLU keeps to recompute silu(gate) (liger_kernel/ops/swiglu.py,
-        # 0.8.5), and silu(gate) * up, w3's input
-        per_layer += width * (2 * f + f)
-    elif model_config.activation == "swiglu":
-        per_layer += width * (2 * f + f + f)  # w12's output (gate, up), silu(gate), silu(gate) * up: w3's input
-    else:
-        per_layer += width * (f + f)  # w12's output, gelu of it: w3's input
-    encoder = tokens * (model_config.num_hidden_layers * per_layer + residual * h)  # + the final norm's input
-    vocab = model_config.vocab_size
-    if fused_loss:
-        # Liger's fused linear cross-entropy makes the logits chunk by chunk and drops them; it keeps the gradients
-        # it computed in the forward: its input's (the final norm's output, residual width) and a float32 one of the
-        # decoder's weight and bias.
-        return encoder + scored_rows * residual * h + 4 * vocab * (h + 1)
-    # The head: the decoder's input and the float32 log-probabilities the loss keeps; at the log-softmax's backward,
-    # the head's peak, also their float32 gradient and the one it makes of the logits (two float32 vocabulary-wide
-    # rows beyond what is kept: tests/test_preflight.py measures that peak on a CPU).
-    head = scored_rows * (width * h + 4 * vocab + 8 * vocab)
-    return encoder + head
-
-
-def config_activation_bytes(config: PretrainConfig, model_config) -> float:
-    """`activation_bytes` of a pretraining config on its GPUs: its micro-batch, precision and masked rows (at the
-    run's highest masking rate, its schedule included: the peak)."""
-    tokens = config.trainer.micro_batch_size * config.data.max_length
-    scored = tokens * (config.masking.highest_rate if config.model.masked_only_logits else 1.0)
-    precision = activation_precision(config)
-    return activation_bytes(model_config, tokens, precision, scored, fused_loss_runs(config, model_config),
-                            mlp_kernels_that_run(config, model_config, precision))
-
-
-def mlp_kernels_that_run(config: PretrainConfig, model_config, precision: str) -> str:
-    """What runs the MLP on the run's GPUs: QuACK's GEMMs in 16-bit computation (in float32 it runs eager), Liger's
-    SwiGLU in an eager model (compiled, Inductor's kernels run), else PyTorch's ops (what Inductor keeps is counted as
-    eager's)."""
-    if model_config.kernels == "quack" and in_16_bits(precision):
-        return "quack"
-    if model_config.kernels == "liger" and not config.model.compile:
-        return "liger"
-    return "eager"
-
-
-def in_16_bits(precision: str) -> bool:
-    """Whether a Lightning precision computes its matmuls in bf16 or fp16 (bf16-mixed, bf16-true, 16-mixed, ...)."""
-    return precision.startswith(("bf16", "16"))
-
-
-def activation_precision(config: PretrainConfig) -> str:
-    """The precision whose widths the run's activations have on its GPUs. A mixed precision whose strategy computes
-    with 16-bit weights (`loop_dtypes`: DeepSpeed's engine casts the module, FSDP2 under bf16-mixed gathers bf16
-    parameters) has no float32 residual stream or norm input (the norm of a bf16 input with a bf16 weight runs in
-    bf16 under autocast too, neobert.model.layers.RMSNorm): *-true's widths."""
-    precision = resolve_precision_on_gpu(config)
-    weights, _ = loop_dtypes(config.trainer.strategy, precision)
-    if precision.endswith("-mixed") and weights != torch.float32:
-        return precision.replace("mixed", "true")
-    return precision
-
-
-def fused_loss_runs(config: PretrainConfig, model_config) -> bool:
-    """Whether the training step's MLM loss runs as Liger's fused linear cross-entropy: fused_mlm_loss asks for it,
-    and the model takes it on its masked-row paths only (model.masked_only_logits), outside a compiled graph (the
-    whole forward compiled, compile_scope=model, fuses the head its own way)."""
-    whole_compiled = config.model.compile and config.model.compile_scope == "model"
-    return model_config.fused_mlm_loss and config.model.masked_only_logits and not whole_compiled
-
-
-def phases_section(report: Preflight, config: PretrainConfig, model_config) -> None:
+def phases_section(report: Preflight, config: PretrainConfig, model_config, gpu: str = DEFAULT_GPU) -> None:
     """The phases on the step axis; the sections above are the first phase's. A phase that would not resolve is
     refused here, before any GPU time."""
     report.section("Phases (the sections above are the first phase's)")
@@ -235,13 +140,8 @@ def phases_section(report: Preflight, config: PretrainConfig, model_config) -> N
                    f"masking {c.masking.rate:g}, RoPE base {c.model.overrides.get('rope_theta', 'preset')}, lr peak "
                    f"{c.optimizer.lr:g} ({c.scheduler.name} {c.scheduler.phase}, schedule steps "
                    f"{run.schedule_start:,}-{run.schedule_end:,}); data: {sources}")
-        activations = config_activation_bytes(c, model_config)
+        activations = config_activation_bytes(c, model_config, gpu)
         report.add(f"  activations (estimate, as above): {activations / GiB:.1f} GiB per GPU")
-
-
-def resolve_precision_on_gpu(config: PretrainConfig) -> str:
-    """The precision the run will have on its GPUs (null = bf16-mixed there), whatever this machine has."""
-    return str(config.trainer.precision) if config.trainer.precision is not None else "bf16-mixed"
 
 
 def strategy_section(report: Preflight, config: PretrainConfig, precision: str, tokenizer) -> None:
@@ -355,160 +255,6 @@ def source_section(report: Preflight, source, streams: int) -> None:
             f"(`--pretokenize DIR`, a multiple of the streams) and set data.pretokenized_dir")
 
 
-def memory_section(report: Preflight, config: PretrainConfig, model, parameters: int, gpu: str) -> float:
-    """Reports the memory per GPU; returns the estimated total in bytes (model states plus activations)."""
-    trainer = config.trainer
-    world, per_node = world_size(config), trainer.num_devices
-    report.section("Memory per GPU")
-    if is_deepspeed(trainer.strategy):
-        # DeepSpeed's own estimators (deepspeed.runtime.zero), imported here: deepspeed is a GPU extra. Stage 1 has
-        # none of its own: ZeRO-2's (its partitioned float32 states; the 16-bit weights and gradients whole)
-        stage = 3 if trainer.strategy.startswith("deepspeed_stage_3") else 2
-        estimator = (f"ZeRO-{stage} estimator" if not trainer.strategy.startswith("deepspeed_stage_1") else
-                     "ZeRO-2 estimator, for stage 1")
-        offload = "offload" in trainer.strategy
-        if stage == 3:
-            from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs  # a GPU extra
-
-            largest = max(sum(p.numel() for p in block.parameters()) for block in model.model.transformer_encoder)
-            largest = max(largest, model.decoder.weight.numel())
-            _, gpu_bytes, _ = estimate_zero3_model_states_mem_needs(parameters, largest, per_node, trainer.num_nodes,
-                                                                   cpu_offload=offload, cpu_offload_params=offload)
-        else:
-            from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs  # a GPU extra
-
-            _, gpu_bytes = estimate_zero2_model_states_mem_needs(parameters, per_node, trainer.num_nodes,
-                                                                 cpu_offload=offload)
-        report.add(f"- model states (DeepSpeed's {estimator}, {world} GPUs"
-                   f"{', optimizer offloaded to CPU' if offload else ''}): {gpu_bytes / GiB:.2f} GiB")
-    elif trainer.strategy == "fsdp2":
-        gpu_bytes = 16 * parameters / world + 2 * 2 * max(
-            sum(p.numel() for p in block.parameters()) for block in model.model.transformer_encoder)
-        report.add(f"- model states (FSDP2: fp32 weights, gradients and Adam moments sharded over {world}, plus two "
-                   f"gathered bf16 blocks): {gpu_bytes / GiB:.2f} GiB")
-    else:  # weights, gradients and Adam's two moments in the weights' dtype (*-true: 16-bit; *-mixed: float32)
-        width = loop_dtypes(trainer.strategy, resolve_precision_on_gpu(config))[0].itemsize
-        # torch-optimi's StableAdamW keeps a Kahan compensation of 16-bit weights (its kahan_sum default)
-        kahan = config.optimizer.name == "stable_adamw" and width == 2
-        weights = "fp32" if width == 4 else "16-bit"
-        if config.optimizer.name == "muon":  # one momentum on the hidden matrices (muon_split), AdamW's two elsewhere
-            hidden = sum(p.numel() for p in muon_split(model)[0].values())
-            gpu_bytes = width * (2 * parameters + 2 * (parameters - hidden) + hidden)
-            report.add(f"- model states (replicated: {weights} weights, gradients, "
-                       f"Muon's momentum on the {hidden / 1e6:.1f}M parameters of the hidden matrices, AdamW's two "
-                       f"moments on the other {(parameters - hidden) / 1e6:.1f}M): {gpu_bytes / GiB:.2f} GiB")
-        else:
-            gpu_bytes = (4 + kahan) * width * parameters
-            report.add(f"- model states (replicated: {weights} weights, gradients, Adam "
-                       f"moments{', Kahan compensation' if kahan else ''} = {(4 + kahan) * width} bytes/parameter): "
-                       f"{gpu_bytes / GiB:.2f} GiB")
-    if trainer.ema.decay:  # neobert.lit.ema: a float32 copy of the weights on every GPU
-        report.add(f"- EMA of the weights (trainer.ema, float32): {4 * parameters / GiB:.2f} GiB")
-        gpu_bytes += 4 * parameters
-    tokens = trainer.micro_batch_size * config.data.max_length
-    activations = config_activation_bytes(config, model.config)
-    precision, widths = resolve_precision_on_gpu(config), activation_precision(config)
-    arithmetic = precision if widths == precision else f"{precision}, {widths}'s widths under {trainer.strategy}"
-    report.add(f"- activations (what each op keeps for the backward, {tokens:,} tokens per micro-batch, "
-               f"{arithmetic}, the MLM head included): {activations / GiB:.1f} GiB")
-    total = gpu_bytes + activations
-    capacity = next((size for key, size in GPU_MEMORY_GIB.items() if key in gpu.lower()), None)
-    report.add(f"- total about {total / GiB:.1f} GiB" + (f" of the {capacity} GiB of a {gpu}" if capacity else ""))
-    if capacity is None:
-        report.unchecked.append(f"the memory against the GPU's ({gpu!r} is none of the GPUs whose memory it knows: "
-                                f"{', '.join(GPU_MEMORY_GIB).upper()})")
-    if capacity and total > 0.9 * capacity * GiB:
-        report.warnings.append(f"memory: about {total / GiB:.0f} GiB per GPU against {capacity} GiB: lower "
-                               f"trainer.micro_batch_size and raise trainer.accumulate_grad_batches")
-    return total
-
-
-# The compute capability's major version of the GPUs FlashAttention 4 was written for, by a word of their name
-# (torch.cuda.get_device_name: "NVIDIA H100 80GB HBM3", "NVIDIA GH200 480GB", "NVIDIA B200")
-GPU_GENERATIONS = {"h100": 9, "h200": 9, "h800": 9, "h20": 9, "gh200": 9, "b100": 10, "b200": 10, "gb200": 10}
-
-
-def gpu_generation(gpu: str) -> int | None:
-    """The compute capability's major version of a GPU named `gpu` (GPU_GENERATIONS), None where not listed."""
-    return next((generation for word in gpu.lower().split() if (generation := GPU_GENERATIONS.get(word))), None)
-
-
-def attention_section(report: Preflight, config: PretrainConfig, model_config, precision: str,
-                      gpu: str = DEFAULT_GPU) -> None:
-    """The attention kernel of the training step: `auto` decides it on the GPU it runs on, so a preflight on a
-    machine without one names what this machine's packages give, and what `gpu` would take instead."""
-    report.section("Attention kernel")
-    # The dtype attention computes in: bf16 under bf16-mixed autocast and bf16-true, else what the weights are.
-    dtype = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16,
-             "16-true": torch.float16}.get(precision, torch.float32)
-    generation = gpu_generation(gpu)
-    target = (gpu, generation) if generation is not None and not torch.cuda.is_available() else None
-    try:
-        kernel = training_attention_kernel(config.data.packing, model_config.attention_backend, "cuda",
-                                           unpad=config.data.unpad, dtype=dtype, dropout=model_config.dropout,
-                                           kernel=model_config.attention_kernel, head_dim=model_config.head_dim,
-                                           target_gpu=target)
-    except ValueError as err:  # the chosen attention kernel cannot take this step's precision or dropout
-        report.refuse("model.overrides.attention_kernel", str(err))
-        return
-    report.add(f"- {kernel}")
-    if "attention_backend" in config.derived_model_overrides():
-        origin = ("derived from the data: its batches carry cu_seqlens (data.packing, data.unpad); "
-                  "model.overrides.attention_backend sets another")
-    elif "attention_backend" in config.model.overrides:
-        origin = "model.overrides.attention_backend"
-    else:
-        origin = f"model.preset {config.model.preset}'s"
-    report.add(f"- the model's attention_backend: {model_config.attention_backend} ({origin})")
-
-
-def kernels_section(report: Preflight, config: PretrainConfig, model_config) -> None:
-    """What runs the encoder's elementwise work and the MLM loss (model.overrides.kernels and fused_mlm_loss), and
-    what torch.compile compiles (model.compile, compile_scope, compile_mode): docs/pretraining.md, "The model's
-    kernels"."""
-    report.section("Kernels and compilation")
-    compiled, scope, mode = config.model.compile, config.model.compile_scope, config.model.compile_mode
-    liger = model_config.kernels == "liger"
-    if compiled:
-        cuda_graphs = " (CUDA graphs: one batch shape, data.static_shapes)" if mode in CUDA_GRAPH_MODES else ""
-        shared = "one shared graph, but the first block's" if mode in CUDA_GRAPH_MODES else "one shared graph"
-        covered = f"each encoder block on its own ({shared})" if scope == "blocks" else "the whole forward"
-        report.add(f"- torch.compile, mode {mode}{cuda_graphs}: {covered}")
-    blocks = ("Inductor's fused kernels" if compiled else
-              "Liger-Kernel's RMSNorm and fused SwiGLU" if liger else "PyTorch's eager ops")
-    # The estimate's rule (`mlp_kernels_that_run`), so that the text names what the memory estimate counted
-    precision = activation_precision(config)
-    if mlp_kernels_that_run(config, model_config, precision) == "quack" \
-            and model_config.activation == "swiglu":  # the GELU MLP stays eager
-        report.add(f"- the MLP: QuACK's GEMMs, SwiGLU in their epilogues; norms and RoPE: {blocks}")
-    else:
-        report.add(f"- norms, SwiGLU, RoPE in the blocks: {blocks}" + (" (RoPE: ours)" if liger and not compiled
-                                                                        else ""))
-        if model_config.kernels == "quack":
-            why = ("QuACK's MLP is a SwiGLU one; this model's is GELU" if model_config.activation != "swiglu" else
-                   f"QuACK's GEMMs compute in bf16 or fp16 only, and this run computes in {precision} "
-                   f"(trainer.precision)")
-            report.add(f"- model.overrides.kernels=quack does not apply: {why}")
-    if compiled and scope == "model":
-        head = "compiled with the forward (Inductor)"
-    elif fused_loss_runs(config, model_config):
-        head = ("Liger's fused linear cross-entropy: no logits kept for the backward, one host read per micro-batch "
-                "(the count of scored rows)")
-    elif compiled and config.model.masked_only_logits:  # blocks: NeoBERTForMaskedLM.compile_masked_scoring
-        head = ("the decoder at the masked rows and PyTorch's cross-entropy, compiled on their own (Inductor: the "
-                "float32 log-probabilities fused, not written out; dynamic in the number of rows but under CUDA "
-                "graphs, whose batches have one shape; never CUDA graphs itself)")
-    else:
-        rows = "the masked rows" if config.model.masked_only_logits else "every position"
-        head = f"the decoder at {rows}, then PyTorch's cross-entropy (float32 log-probabilities kept)"
-    if model_config.fused_mlm_loss and not fused_loss_runs(config, model_config):
-        head += ("; fused_mlm_loss does not apply: it fuses masked-only logits (model.masked_only_logits) outside a "
-                 "whole-forward compile")
-    if model_config.decoder_pad_multiple > 1 and not fused_loss_runs(config, model_config):  # fused: the weight as is
-        head += f"; the decoder's matmul on {model_config.decoder_rows:,} rows (model.overrides.decoder_pad_multiple)"
-    report.add(f"- the MLM head's loss: {head}")
-
-
 def mfu_section(report: Preflight, config: PretrainConfig, model, model_config, gpu: str) -> float | None:
     """Reports the FLOPs and the peak; returns the tokens/s one GPU consumes at ASSUMED_MFU (None: unknown GPU)."""
     trainer, data = config.trainer, config.data
@@ -524,8 +270,8 @@ def mfu_section(report: Preflight, config: PretrainConfig, model, model_config, 
     peak = peak_flops_of(gpu)
     if peak is None:
         report.add(f"- peak: unknown for {gpu!r}: train/mfu will not be logged")
-        report.unchecked.append(f"the MFU, the cost and the data workers' pace (no peak FLOP/s known for {gpu!r}); "
-                                f"nor whether its kernels and precision run on it")
+        report.unchecked.append(f"the MFU, the cost and the data workers' pace (no peak FLOP/s known for {gpu!r})"
+                                + ("; nor whether its kernels and precision run on it" * (gpu_capability(gpu) is None)))
         return None
     if not in_16_bits(resolve_precision_on_gpu(config)):
         report.add(f"- peak: a {gpu}'s published peak is a 16-bit tensor-core rate; this run computes in float32 "

@@ -267,39 +267,47 @@ def flash_attn_4_takes(generation: int, head_dim: int | None) -> bool:
     return takes_head_dim is not None and (head_dim is None or takes_head_dim(head_dim))
 
 
-def _flash_attn_4_runs(head_dim: int | None) -> bool:
-    """Whether `auto` takes FlashAttention 4 here: installed and usable, on Hopper or Blackwell, at this head size
-    (None: not known)."""
-    return _HAS_FLASH_ATTN_4 and flash_attn_4_takes(cuda_capability()[0], head_dim) and _flash_attn_4_usable()
+def _flash_attn_4_runs(generation: int, head_dim: int | None) -> bool:
+    """Whether `auto` takes FlashAttention 4 on a GPU of this compute capability's major version: installed and
+    usable, on Hopper or Blackwell, at this head size (None: not known)."""
+    return _HAS_FLASH_ATTN_4 and flash_attn_4_takes(generation, head_dim) and _flash_attn_4_usable()
+
+
+def before_ampere(capability: tuple[int, int]) -> bool:
+    """A GPU older than Ampere (compute capability below 8.0): no bf16, and no FlashAttention kernel (each needs
+    sm80 or later). (0, 0), no GPU to read, is not known to be one."""
+    return 0 < capability[0] < 8
 
 
 def packed_kernel(device_type: str, dtype: torch.dtype, dropout_p: float, head_dim: int | None = None,
-                  training: bool = True) -> str:
+                  training: bool = True, capability: tuple[int, int] | None = None) -> str:
     """The kernel `attention_kernel="auto"` runs a packed (cu_seqlens) batch on: "flash_attn_3", "flash_attn_4",
-    "flash_attn", "varlen_attn", "xformers" or "padded_sdpa" (the fallback, `_attend_packed_by_padding`).
-    FlashAttention 4 in training only (gradients on), where it measured faster than varlen_attn; its forward alone
-    against varlen_attn is not measured yet."""
-    if device_type == "cuda" and dtype in _HALF:
-        if _HAS_FLASH_ATTN_3 and dropout_p == 0.0 and cuda_capability() == (9, 0):
+    "flash_attn", "varlen_attn", "xformers" or "padded_sdpa" (the fallback, `_attend_packed_by_padding`), on a GPU of
+    this compute `capability` (None: the current device's). FlashAttention 4 in training only (gradients on), where it
+    measured faster than varlen_attn; its forward alone against varlen_attn is not measured yet."""
+    capability = cuda_capability() if capability is None else capability
+    if device_type != "cuda" or dtype not in _HALF:
+        return "padded_sdpa"
+    if not before_ampere(capability):
+        if _HAS_FLASH_ATTN_3 and dropout_p == 0.0 and capability == (9, 0):
             return "flash_attn_3"
-        if dropout_p == 0.0 and training and _flash_attn_4_runs(head_dim):
+        if dropout_p == 0.0 and training and _flash_attn_4_runs(capability[0], head_dim):
             return "flash_attn_4"
         if _HAS_FLASH_ATTN:
             return "flash_attn"
         if dropout_p == 0.0:
             return "varlen_attn"
-        if _HAS_XFORMERS:
-            return "xformers"
-    return "padded_sdpa"
+    return "xformers" if _HAS_XFORMERS else "padded_sdpa"
 
 
 def chosen_packed_kernel(choice: str, device_type: str, dtype: torch.dtype, dropout_p: float,
-                         head_dim: int | None = None, training: bool = True) -> str:
+                         head_dim: int | None = None, training: bool = True,
+                         capability: tuple[int, int] | None = None) -> str:
     """The kernel a packed batch runs on under `NeoBERTConfig.attention_kernel=choice`: `packed_kernel`'s for
     "auto"; an explicit kernel on CUDA tensors, or a ValueError naming the field where it cannot take the dtype or
     the dropout; "padded_sdpa" on any other device, whatever the choice (as Liger's kernels fall back on CPU)."""
     if choice == "auto":
-        return packed_kernel(device_type, dtype, dropout_p, head_dim, training)
+        return packed_kernel(device_type, dtype, dropout_p, head_dim, training, capability)
     if device_type != "cuda":
         return "padded_sdpa"
     if choice in _HALF_ONLY and dtype not in _HALF:
@@ -339,57 +347,6 @@ def _attend_packed(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dro
                                               p=dropout_p)
         return out[0]
     return _attend_packed_by_padding(q, k, v, layout, dropout_p)
-
-
-_KERNEL_WORDS = {
-    "flash_attn_4": "FlashAttention 4's flash_attn_varlen_func (flash-attn-4, CuTe DSL; Hopper and Blackwell)",
-    "flash_attn_3": "FlashAttention 3's flash_attn_varlen_func (flash_attn_interface, Hopper)",
-    "flash_attn": "flash-attn's flash_attn_varlen_func (FlashAttention varlen)",
-    "varlen_attn": "PyTorch's varlen_attn (FlashAttention varlen)",
-    "xformers": "xFormers' memory_efficient_attention with a block-diagonal mask (one host read per forward)",
-    "padded_sdpa": "SDPA over the documents scattered into a padded grid with a key-padding mask (correct; no "
-                   "varlen kernel: on CUDA it needs bf16/fp16, and for dropout > 0 flash-attn or xFormers)",
-}
-
-
-def training_attention_kernel(packing: str, attention_backend: str, device_type: str, unpad: bool = True,
-                              dtype: torch.dtype = torch.bfloat16, dropout: float = 0.0, kernel: str = "auto",
-                              head_dim: int | None = None, target_gpu: tuple[str, int] | None = None) -> str:
-    """In words, the attention kernel of a pretraining step (data.packing, the model's attention_backend, the device
-    type, data.unpad, the compute dtype, the model's dropout, its attention_kernel and head size: a kernel's tiles
-    follow it, and `auto` leaves out one that does not take it). In training the batch's layout
-    chooses the path, not `attention_backend`: the step reads nothing from the device, so a padded batch is never
-    unpadded inside. `target_gpu`: (name, compute capability's major version) of the GPU a preflight on a machine
-    without one plans for, whose FlashAttention 4 the words name. A ValueError naming the field where the chosen
-    kernel cannot run the step."""
-    chosen = f" (attention_kernel={kernel})" if kernel != "auto" else ""
-    if packing == "none" and not unpad:
-        note = " (attention_backend=varlen does not unpad it in training)" if attention_backend == "varlen" else ""
-        applies = f"; attention_kernel={kernel} applies to batches with cu_seqlens only" if chosen else ""
-        return ("padded batches (data.unpad=false): SDPA with a key-padding mask, so not the FlashAttention kernel "
-                f"(it takes no mask), and [PAD] goes through every matmul{note}{applies}")
-    layout = f"packed rows ({packing})" if packing != "none" else "unpadded documents (data.unpad)"
-    picked = chosen_packed_kernel(kernel, device_type, dtype, dropout, head_dim)
-    if kernel == "auto" and device_type == "cuda" and dtype in _HALF and dropout == 0.0:
-        # auto looks at the GPU it runs on: a preflight on a machine without one cannot (on one where FA4 runs but was
-        # left out, its warning said why)
-        on_fa4_gpu = cuda_capability()[0] in _FLASH_ATTN_4_HEAD_DIMS
-        if _HAS_FLASH_ATTN_3 and picked != "flash_attn_3":
-            chosen = " (FlashAttention 3's instead on a Hopper GPU, sm90: flash_attn_3 is installed"
-            chosen += ("; FlashAttention 4's on a Blackwell GPU, sm100: flash-attn-4 is installed)"
-                       if _HAS_FLASH_ATTN_4 and picked != "flash_attn_4" else ")")
-        elif _HAS_FLASH_ATTN_4 and picked not in ("flash_attn_3", "flash_attn_4") and not on_fa4_gpu:
-            chosen = (" (FlashAttention 4's instead on a Hopper or Blackwell GPU, sm90/sm100: flash-attn-4 is "
-                      "installed)")
-        elif not _HAS_FLASH_ATTN_4 and picked != "flash_attn_3" and on_fa4_gpu:
-            chosen = (" (on this GPU FlashAttention 4 would run it faster: pip install -e '.[fa4]'; "
-                      "docs/pretraining.md, \"Attention kernels\")")
-        elif (not _HAS_FLASH_ATTN_4 and picked != "flash_attn_3" and target_gpu is not None
-              and flash_attn_4_takes(target_gpu[1], head_dim)):
-            chosen = (f" (on the {target_gpu[0]}: FlashAttention 4 instead where flash-attn-4 is installed there, pip "
-                      "install -e '.[fa4]'; FlashAttention 3 first on sm90 where built; docs/pretraining.md, "
-                      "\"Attention kernels\")")
-    return f"{layout} with cu_seqlens: {_KERNEL_WORDS[picked]}{chosen}"
 
 
 def _attend_packed_by_padding(q: Tensor, k: Tensor, v: Tensor, layout: AttentionLayout, dropout_p: float) -> Tensor:

@@ -25,14 +25,19 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+from dataclasses import dataclass
 
 import torch
 from packaging.version import Version
 from torch import Tensor
 
-from neobert.model.attention import cuda_capability
+from neobert.model.attention import chosen_packed_kernel, cuda_capability
 
 LIGER_MINIMUM = "0.8.2"
+# torch.compile's modes that record CUDA graphs (torch._inductor.list_mode_options: triton.cudagraphs), and each one
+# without them. The pretraining schema states the same modes for its checks (tests/test_compile_mode.py ties them)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+WITHOUT_CUDA_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
 def liger_missing_reason() -> str | None:
@@ -70,24 +75,78 @@ def older_than(distribution: str, minimum: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class KernelPlan:
+    """Which kernels a step of a NeoBERT model runs on one device: the model's own answer (`kernel_plan`), which its
+    forward pass follows layer by layer and the preflight reports for a GPU it may not be running on."""
+
+    attention: str  # a packed batch's kernel (`chosen_packed_kernel`), or "sdpa" for padded batches (a mask)
+    mlp: str  # "quack", "liger" or "eager" (`mlp_kernel`)
+    norms: str  # "liger" or "eager" (`liger_runs`)
+    fused_loss: bool  # the MLM head's decoder and loss as Liger's fused linear cross-entropy (`fuses_mlm_loss`)
+
+
+def kernel_plan(config, device_type: str, dtype: torch.dtype, capability: tuple[int, int] | None = None, *,
+                packed: bool = True, training: bool = True, compile_scope: str | None = None,
+                masked_only: bool = True) -> KernelPlan:
+    """The kernels of a step of a model of this NeoBERTConfig on `device_type` computing in `dtype` (autocast's, or
+    the weights'), on a GPU of this compute `capability` (None: the current device's), over packed (cu_seqlens) or
+    padded batches, with gradients (`training`), compiled whole ("model"), block by block ("blocks") or not (None),
+    scoring the masked rows only. A ValueError naming the field where the chosen attention kernel cannot run."""
+    attention = "sdpa"
+    if packed:
+        attention = chosen_packed_kernel(config.attention_kernel, device_type, dtype,
+                                         config.dropout if training else 0.0, config.head_dim, training, capability)
+    blocks_compiled = compile_scope is not None
+    mlp = "eager"
+    if config.activation == "swiglu":  # the GELU MLP has no fused kernel
+        mlp = mlp_kernel(config.kernels, device_type, dtype, (config.hidden_size, config.ffn_hidden_size),
+                         blocks_compiled, capability)
+    liger_norms = config.norm == "rmsnorm" and liger_runs(config.kernels, device_type, blocks_compiled)
+    norms = "liger" if liger_norms else "eager"
+    fused = masked_only and fuses_mlm_loss(config.fused_mlm_loss, device_type, training, compile_scope == "model")
+    return KernelPlan(attention, mlp, norms, fused)
+
+
+def mlp_kernel(kernels: str, device_type: str, dtype: torch.dtype, widths: tuple[int, int], compiling: bool,
+               capability: tuple[int, int] | None = None) -> str:
+    """What runs a SwiGLU MLP of these (hidden, FFN) `widths`: QuACK's GEMMs where asked for and `quack_takes` it
+    (compiled or not), Liger's SwiGLU where `liger_runs` (on CUDA tensors only), else "eager"."""
+    if kernels == "quack" and device_type == "cuda" and quack_takes(dtype, widths, capability):
+        return "quack"
+    return "liger" if liger_runs(kernels, device_type, compiling) else "eager"
+
+
+def liger_runs(kernels: str, device_type: str, compiling: bool) -> bool:
+    """Whether Liger's kernels run a layer (an RMSNorm, the SwiGLU): asked for, on CUDA tensors, outside a compiled
+    graph (where Inductor fuses the eager ops itself)."""
+    return kernels == "liger" and device_type == "cuda" and not compiling
+
+
+def fuses_mlm_loss(fused_mlm_loss: bool, device_type: str, backward: bool, compiling: bool) -> bool:
+    """Whether the MLM head's masked rows run their decoder and loss as one fused kernel: asked for, on a GPU, only
+    where a backward follows (the kernel computes the gradients in the forward; evaluation wants the logits), outside
+    a compiled graph (a whole-forward compile fuses the head its own way)."""
+    return fused_mlm_loss and device_type == "cuda" and backward and not compiling
+
+
 def use_quack(kernels: str, x: Tensor, widths: tuple[int, int]) -> bool:
-    """Whether the MLP (hidden and FFN `widths`) runs QuACK's GEMMs on x, compiled or not: asked for
-    (kernels="quack"), x on a CUDA GPU with its last dimension contiguous, and `quack_takes` its computation (x's
-    dtype, or autocast's). Elsewhere the eager MLP runs."""
+    """Whether the MLP (hidden and FFN `widths`) runs QuACK's GEMMs on x, compiled or not: `mlp_kernel`'s answer for
+    x's computation (its dtype, or CUDA autocast's), with its last dimension contiguous. Elsewhere the eager MLP."""
     if kernels != "quack" or not x.is_cuda:
         return False
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
-    return x.stride(-1) == 1 and quack_takes(dtype, widths)
+    return x.stride(-1) == 1 and mlp_kernel(kernels, "cuda", dtype, widths, torch.compiler.is_compiling()) == "quack"
 
 
-def quack_takes(dtype: torch.dtype, widths: tuple[int, int]) -> bool:
-    """Whether QuACK's GEMMs run an MLP of these widths computed in `dtype` on this GPU: bf16 or fp16 (QuACK has no
-    float32 GEMM on Hopper, and makes it TF32 on Blackwell), both widths multiples of 8 (what QuACK's own MLP module
-    asks before taking its GEMMs), compute capability 8.0 or later."""
+def quack_takes(dtype: torch.dtype, widths: tuple[int, int], capability: tuple[int, int] | None = None) -> bool:
+    """Whether QuACK's GEMMs run an MLP of these widths computed in `dtype` on a GPU of this compute capability (None:
+    this one): bf16 or fp16 (QuACK has no float32 GEMM on Hopper, and makes it TF32 on Blackwell), both widths
+    multiples of 8 (what QuACK's own MLP module asks before taking its GEMMs), compute capability 8.0 or later."""
     # the major version alone: torch 2.11's Dynamo cannot compare the capability's tuple (it raised in every compiled
     # block of kernels="quack")
-    return (dtype in (torch.bfloat16, torch.float16) and all(width % 8 == 0 for width in widths)
-            and cuda_capability()[0] >= 8)
+    major = (cuda_capability() if capability is None else capability)[0]
+    return dtype in (torch.bfloat16, torch.float16) and all(width % 8 == 0 for width in widths) and major >= 8
 
 
 def quack_swiglu_mlp(x: Tensor, w12: Tensor, w3: Tensor) -> Tensor:
@@ -100,13 +159,8 @@ def quack_swiglu_mlp(x: Tensor, w12: Tensor, w3: Tensor) -> Tensor:
 
 
 def use_liger(kernels: str, x: Tensor) -> bool:
-    """Whether a layer runs Liger's kernel on x: asked for (kernels="liger") and `liger_runs_on` x."""
-    return kernels == "liger" and liger_runs_on(x)
-
-
-def liger_runs_on(x: Tensor) -> bool:
-    """A CUDA tensor, outside a compiled graph (where Inductor fuses the eager ops itself)."""
-    return x.is_cuda and not torch.compiler.is_compiling()
+    """Whether a layer runs Liger's kernel on x (`liger_runs`)."""
+    return liger_runs(kernels, "cuda" if x.is_cuda else x.device.type, torch.compiler.is_compiling())
 
 
 def liger_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

@@ -24,7 +24,7 @@ class SwiGLU(nn.Module):
         if use_quack(self.kernels, x, (self.w3.out_features, self.w3.in_features)):
             return quack_swiglu_mlp(x, self.w12.weight, self.w3.weight)
         gate_up = self.w12(x)
-        if use_liger(self.kernels, gate_up):
+        if use_liger(self.kernels, gate_up):  # `mlp_kernel`'s Liger rule
             return self.w3(liger_swiglu(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         if gate.requires_grad:  # False under no_grad / inference_mode: nothing is recorded

@@ -14,14 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from neobert.config.pretrain import CUDA_GRAPH_MODES, WITHOUT_CUDA_GRAPHS
 from neobert.model import checkpoint
 from neobert.model.attention import AttentionLayout, attend, position_ids_from_cu_seqlens
 from neobert.model.rope import RotaryTables, apply_rope, rope_tables
 from neobert.model.config import NeoBERTConfig
 from neobert.model.heads import (IGNORE_INDEX, ClassificationHead, SequenceClassifierOutput,  # noqa: F401 (importers)
                                  TokenClassificationHead, TokenClassifierOutput, padded_linear, pool_embeddings)
-from neobert.model.kernels import liger_linear_cross_entropy, liger_runs_on
+from neobert.model.kernels import CUDA_GRAPH_MODES, WITHOUT_CUDA_GRAPHS, fuses_mlm_loss, liger_linear_cross_entropy
 from neobert.model.layers import GeluMLP, SwiGLU, make_norm
 
 
@@ -392,12 +391,12 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
         return padded_linear(hidden, self.decoder.weight, self.decoder.bias, self.config.decoder_pad_multiple)
 
     def _fuses_loss(self, rows: Tensor) -> bool:
-        """Whether the masked rows' decoder and loss run as one fused kernel (neobert.model.kernels): with
-        fused_mlm_loss on a GPU, and only when a backward follows (the fused kernel computes the gradients in the
-        forward; evaluation wants the logits), over at least one row (Liger's chunking divides by their number).
-        Only the masked-row paths fuse: full logits are asked for to be read."""
-        return (rows.shape[0] > 0 and torch.is_grad_enabled() and rows.requires_grad
-                and self.config.fused_mlm_loss and liger_runs_on(rows))
+        """Whether the masked rows' decoder and loss run as one fused kernel (`fuses_mlm_loss`: fused_mlm_loss on a
+        GPU, where a backward follows, outside a compiled graph) over at least one row (Liger's chunking divides by
+        their number). Only the masked-row paths fuse: full logits are asked for to be read."""
+        return rows.shape[0] > 0 and rows.requires_grad and fuses_mlm_loss(
+            self.config.fused_mlm_loss, "cuda" if rows.is_cuda else rows.device.type, torch.is_grad_enabled(),
+            torch.compiler.is_compiling())
 
 
 class NeoBERTForSequenceClassification(ClassificationHead, NeoBERTPreTrained):

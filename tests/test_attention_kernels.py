@@ -678,7 +678,7 @@ def test_every_explicit_kernel_has_a_throughput_model_and_the_default_run_is_unc
 
 
 def test_a_kernel_that_cannot_run_here_is_a_row_saying_why(monkeypatch):
-    from neobert.instruments.timing import ModelUnavailable, build_model
+    from neobert.instruments.encoders import ModelUnavailable, build_model
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_3", False)

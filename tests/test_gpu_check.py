@@ -20,7 +20,8 @@ from neobert.config.gpu_check import split_overrides
 from neobert.data.demo_corpus import demo_documents
 from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.instruments.gpu_check import added_names, make_plan, profile_section
-from neobert.instruments.gpu_check_stages import STAGE_DONE, LoopProfiler, head_step
+from neobert.instruments.gpu_check_loops import LoopProfiler
+from neobert.instruments.gpu_check_stages import STAGE_DONE, head_step
 from neobert.instruments.kernel_profile import (CATEGORIES, COMMUNICATION, MATMUL, MLM_LOSS, OPTIMIZER, category_of,
                                                 summarise)
 from neobert.jobs.cli import run_cli
@@ -474,7 +475,8 @@ def test_a_gpu_node_that_cannot_run_the_recipes_strategy_fails_the_check(tmp_pat
     package the check is to fail: it is there to prove the node runs the recipe."""
     import importlib.util
 
-    from neobert.instruments.gpu_check_stages import FAILED, SKIPPED, loop_stage
+    from neobert.instruments.gpu_check_loops import loop_stage
+    from neobert.instruments.gpu_check_stages import FAILED, SKIPPED
 
     plan = make_plan(parse_args(tiny_check(tmp_path)))
     find_spec = importlib.util.find_spec

@@ -485,7 +485,7 @@ def test_the_padded_decoder_under_autocast_pads_a_16_bit_copy_of_the_weight():
 
 
 def test_the_throughput_job_reports_why_neobert_liger_cannot_run_on_cpu():
-    from neobert.instruments.timing import ModelUnavailable, build_model
+    from neobert.instruments.encoders import ModelUnavailable, build_model
 
     assert "neobert-liger" in ThroughputConfig().models
     with pytest.raises(ModelUnavailable, match="CUDA|liger"):

@@ -15,6 +15,7 @@ import torch
 
 from neobert.config import ConfigError
 from neobert.config.throughput import ThroughputConfig
+from neobert.instruments import encoders
 from neobert.instruments import timing as tp
 from neobert.instruments import throughput as job
 from neobert.instruments.kernel_profile import CATEGORIES, MATMUL, summarise
@@ -22,10 +23,10 @@ from neobert.instruments.throughput_report import markdown_table, profile_markdo
 from neobert.model import kernels
 
 
-def tiny_neobert_and_batch() -> tuple[tp.BenchModel, tp.Batch]:
+def tiny_neobert_and_batch() -> tuple[encoders.BenchModel, encoders.Batch]:
     """The tiny encoder on CPU and a full batch of 2 x 8 tokens: what a test of one step's bookkeeping runs."""
-    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
-    return bench, tp.make_batch(2, 8, "full", bench.vocab_size, bench.pad_token_id, torch.device("cpu"))
+    bench = encoders.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
+    return bench, encoders.make_batch(2, 8, "full", bench.vocab_size, bench.pad_token_id, torch.device("cpu"))
 
 
 def test_search_picks_largest_fitting_then_fastest():
@@ -90,7 +91,7 @@ def test_the_jobs_search_drops_a_size_out_of_memory_in_its_timed_steps_and_keeps
 
 def test_neobert_flop_accounting_matches_hand_count():
     device = torch.device("cpu")
-    bench = tp.build_model("neobert", device, torch.float32, neobert_preset="tiny")
+    bench = encoders.build_model("neobert", device, torch.float32, neobert_preset="tiny")
     cfg = bench.module.config
     hidden, ffn, layers = cfg.hidden_size, cfg.ffn_hidden_size, cfg.num_hidden_layers
     per_layer = 3 * hidden * hidden + hidden * hidden + 2 * ffn * hidden + ffn * hidden
@@ -102,7 +103,7 @@ def test_neobert_flop_accounting_matches_hand_count():
 
 
 def test_hf_flop_accounting_uses_every_linear_a_token_goes_through():
-    bench = tp.build_model("bert-base", torch.device("cpu"), torch.float32)
+    bench = encoders.build_model("bert-base", torch.device("cpu"), torch.float32)
     linears = [m for m in bench.module.modules() if isinstance(m, torch.nn.Linear)]
     # 12 layers x (q, k, v, out, in, out) + the pooler, which runs on one token per sequence: not counted
     assert len(linears) == 12 * 6 + 1 and bench.module.pooler is not None
@@ -115,8 +116,8 @@ def test_hf_flop_accounting_uses_every_linear_a_token_goes_through():
 def test_a_batchs_flops_count_attention_over_its_documents_real_lengths(layout):
     """Padding computes nothing useful and a document attends over itself only: a batch's FLOPs per real token are
     the matmuls' plus 4 x layers x hidden x sum(n_i^2) / sum(n_i), not attention at the padded width."""
-    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
-    batch = tp.make_batch(6, 64, layout, bench.vocab_size, bench.pad_token_id, torch.device("cpu"),
+    bench = encoders.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
+    batch = encoders.make_batch(6, 64, layout, bench.vocab_size, bench.pad_token_id, torch.device("cpu"),
                           distribution="lognormal")
     lengths = [64] * 6 if layout == "full" else (
         batch.attention_mask.sum(1).tolist() if layout == "padded" else batch.cu_seqlens.diff().tolist())
@@ -127,7 +128,7 @@ def test_a_batchs_flops_count_attention_over_its_documents_real_lengths(layout):
         assert bench.batch_flops_per_token(batch, training) == pytest.approx(per_token * (3 if training else 1))
     if layout == "full":
         assert bench.batch_flops_per_token(batch, False) == bench.flops_per_token(64, False)
-        assert tp.rows_as_documents(batch).squared_lengths == batch.squared_lengths
+        assert encoders.rows_as_documents(batch).squared_lengths == batch.squared_lengths
     else:  # shorter documents than the width: less attention per token
         assert bench.batch_flops_per_token(batch, False) < bench.flops_per_token(max(lengths), False)
 
@@ -135,13 +136,13 @@ def test_a_batchs_flops_count_attention_over_its_documents_real_lengths(layout):
 def test_modernbert_on_flash_attention_2_is_windowed_and_gets_no_per_flop_ratio():
     """transformers gives ModernBERT's sliding window to FlashAttention 2: its local layers skip blocks that a dense
     FLOP count counts, as the FlexAttention and FA4 rows' do; SDPA computes them."""
-    assert tp.windowed("modernbert-base", "flash_attention_2") and tp.windowed("modernbert-base-flex", "flex_attention")
-    assert not tp.windowed("modernbert-base", "sdpa") and not tp.windowed("bert-base", "flash_attention_2")
+    assert encoders.windowed("modernbert-base", "flash_attention_2") and encoders.windowed("modernbert-base-flex", "flex_attention")
+    assert not encoders.windowed("modernbert-base", "sdpa") and not encoders.windowed("bert-base", "flash_attention_2")
     row = dict(mode="inference", layout="full", seq_len=512, batch_size=8, step_s=1.0, flops_per_token=1e9,
                achieved_flops=1e12, mfu=None, params=1, device="cuda", dtype="bfloat16")
     rows = [tp.ThroughputRow("neobert", tokens_per_s=1000.0, note="", **row),
             tp.ThroughputRow("modernbert-base", tokens_per_s=800.0, note="attention: flash_attention_2"
-                             + tp.WINDOW_NOTE, **row),
+                             + encoders.WINDOW_NOTE, **row),
             tp.ThroughputRow("bert-base", tokens_per_s=2000.0, note="attention: sdpa", **row)]
     table = markdown_table(rows)
     assert "| 1.25x; n/a |" in table and "| 0.50x; 1.00x |" in table
@@ -149,7 +150,7 @@ def test_modernbert_on_flash_attention_2_is_windowed_and_gets_no_per_flop_ratio(
 
 @pytest.mark.parametrize("layout", ["full", "padded", "unpadded"])
 def test_batches_count_only_real_tokens(layout):
-    batch = tp.make_batch(4, 64, layout, vocab_size=100, pad_token_id=0, device=torch.device("cpu"))
+    batch = encoders.make_batch(4, 64, layout, vocab_size=100, pad_token_id=0, device=torch.device("cpu"))
     if layout == "full":
         assert batch.real_tokens == 4 * 64 and bool((batch.input_ids != 0).all())
     elif layout == "padded":
@@ -162,10 +163,10 @@ def test_batches_count_only_real_tokens(layout):
 
 def test_unpadded_neobert_matches_padded_outputs():
     """The varlen path the benchmark times computes the same thing as the padded path."""
-    bench = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
+    bench = encoders.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
     bench.module.eval()
-    padded = tp.make_batch(3, 32, "padded", bench.vocab_size, 0, torch.device("cpu"), seed=1)
-    packed = tp.make_batch(3, 32, "unpadded", bench.vocab_size, 0, torch.device("cpu"), seed=1)
+    padded = encoders.make_batch(3, 32, "padded", bench.vocab_size, 0, torch.device("cpu"), seed=1)
+    packed = encoders.make_batch(3, 32, "unpadded", bench.vocab_size, 0, torch.device("cpu"), seed=1)
     with torch.no_grad():
         a = bench.forward(bench.module, padded)[padded.attention_mask.bool()]
         b = bench.forward(bench.module, packed)
@@ -173,8 +174,8 @@ def test_unpadded_neobert_matches_padded_outputs():
 
 
 def test_official_code_unavailable_is_reported(tmp_path):
-    with pytest.raises(tp.ModelUnavailable, match="model.py"):
-        tp.build_model("neobert-official", torch.device("cpu"), torch.float32, official_code_dir=str(tmp_path))
+    with pytest.raises(encoders.ModelUnavailable, match="model.py"):
+        encoders.build_model("neobert-official", torch.device("cpu"), torch.float32, official_code_dir=str(tmp_path))
 
 
 def test_bad_config_is_named():
@@ -336,7 +337,7 @@ def test_a_gpu_recording_without_a_kernel_is_a_failed_profile_and_a_failed_train
     assert row.note == "attention: sdpa (no mask); profile failed: the recording holds no CUDA kernel"
 
     def fails_after_the_backward(model, batch, *args):
-        tp.neobert_forward(model.module, batch).sum().backward()
+        encoders.neobert_forward(model.module, batch).sum().backward()
         raise RuntimeError("the profiler stopped")
 
     monkeypatch.setattr(job, "profile_step", fails_after_the_backward)
@@ -406,13 +407,13 @@ def test_neobert_overrides_reach_every_neobert_row_but_its_own_choice_and_are_li
     from neobert.model import config as model_config_module
 
     built = {}
-    real_build = tp._build_neobert
+    real_build = encoders._build_neobert
 
     def build(name, *args):
         built[name] = real_build(name, *args)
         return built[name]
 
-    monkeypatch.setattr(tp, "_build_neobert", build)
+    monkeypatch.setattr(encoders, "_build_neobert", build)
     config = ThroughputConfig(models=["neobert", "neobert-padded_sdpa", "bert-base"], neobert_preset="tiny",
                               lengths=[16], batch_sizes=[2], repeats=1, device="cpu", matmul_calls=1,
                               neobert_overrides={"rope_theta": 20000.0, "attention_kernel": "varlen_attn"})
@@ -430,7 +431,7 @@ def test_neobert_overrides_reach_every_neobert_row_but_its_own_choice_and_are_li
     assert built["neobert"].module.config.rope_theta == 20000
     # a kernel choice through the overrides: the rows say why it cannot run here (a CPU), as neobert-quack's would
     monkeypatch.setattr(model_config_module, "quack_missing_reason", lambda: None)
-    monkeypatch.setattr(tp, "quack_missing_reason", lambda: None)
+    monkeypatch.setattr(encoders, "quack_missing_reason", lambda: None)
     config.neobert_overrides = {"kernels": "quack"}
     [row] = [row for row in job.run_throughput(config) if row.model == "neobert"]
     assert row.tokens_per_s is None and row.note == "not available: kernels=quack runs on CUDA GPUs only"
@@ -449,7 +450,7 @@ def test_each_neobert_row_takes_its_own_choice_then_the_overrides_and_its_note_s
     """Built for a GPU (the model itself builds on this CPU): a row's own choice wins over the overrides, and its note
     lists what its name does not say."""
     _pretend_every_kernel_is_installed_on_a_hopper_gpu(monkeypatch)
-    bench = tp._build_neobert(name, torch.device("cuda"), torch.bfloat16, True, "tiny", dict(overrides), False)
+    bench = encoders._build_neobert(name, torch.device("cuda"), torch.bfloat16, True, "tiny", dict(overrides), False)
     config = bench.module.config
     assert (config.kernels, config.attention_kernel) == (kernels, attention_kernel)
     assert bench.attention["unpadded"].endswith(extra_note) and bench.attention["unpadded"].count(";") == (
@@ -467,23 +468,23 @@ def test_a_row_whose_kernels_would_not_run_is_unavailable_saying_why(monkeypatch
                                                                     compiled, why):
     """Otherwise it would time the eager MLP, or Inductor's kernels, under the name of another."""
     _pretend_every_kernel_is_installed_on_a_hopper_gpu(monkeypatch)
-    with pytest.raises(tp.ModelUnavailable, match=re.escape(why)):
-        tp._build_neobert(name, torch.device("cuda"), compute_dtype, True, "tiny", dict(overrides), compiled)
+    with pytest.raises(encoders.ModelUnavailable, match=re.escape(why)):
+        encoders._build_neobert(name, torch.device("cuda"), compute_dtype, True, "tiny", dict(overrides), compiled)
     monkeypatch.setattr(kernels, "cuda_capability", lambda: (7, 5))
     if name == "neobert-quack" and compute_dtype == torch.float32:  # bf16 on a GPU before Ampere: no QuACK either
-        with pytest.raises(tp.ModelUnavailable, match="compute capability 8.0 or later"):
-            tp._build_neobert(name, torch.device("cuda"), torch.bfloat16, True, "tiny", {}, False)
+        with pytest.raises(encoders.ModelUnavailable, match="compute capability 8.0 or later"):
+            encoders._build_neobert(name, torch.device("cuda"), torch.bfloat16, True, "tiny", {}, False)
 
 
 def _pretend_every_kernel_is_installed_on_a_hopper_gpu(monkeypatch):
     from neobert.model import attention
     from neobert.model import config as model_config_module
 
-    for module in (tp, model_config_module):
+    for module in (encoders, model_config_module):
         monkeypatch.setattr(module, "liger_missing_reason", lambda: None)
         monkeypatch.setattr(module, "quack_missing_reason", lambda: None)
     monkeypatch.setattr(kernels, "cuda_capability", lambda: (9, 0))
-    monkeypatch.setattr(tp, "attention_kernel_missing_reason", lambda kernel: None)
+    monkeypatch.setattr(encoders, "attention_kernel_missing_reason", lambda kernel: None)
     monkeypatch.setattr(attention, "attention_kernel_missing_reason", lambda kernel: None)
     monkeypatch.setattr(model_config_module, "attention_kernel_missing_reason", lambda kernel: None)
 
@@ -521,20 +522,20 @@ def test_training_mode_times_a_backward_and_counts_3x_flops():
                               batch_sizes=[2], repeats=1, mode="training", matmul_calls=2)
     rows = job.run_throughput(config)
     assert [(r.layout, r.batch_size) for r in rows] == [("full", 2), ("padded", 2)]
-    inference = tp.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
+    inference = encoders.build_model("neobert", torch.device("cpu"), torch.float32, neobert_preset="tiny")
     assert rows[0].flops_per_token == 3 * inference.flops_per_token(16, training=False)
     assert rows[1].tokens_per_s > 0 and rows[1].achieved_flops == pytest.approx(rows[1].tokens_per_s *
                                                                                  rows[1].flops_per_token)
 
 
 def test_lognormal_lengths_are_seeded_capped_and_padded_to_the_batch_maximum():
-    lengths = tp.document_lengths(4000, 512, torch.Generator().manual_seed(0), "lognormal")
-    assert lengths == tp.document_lengths(4000, 512, torch.Generator().manual_seed(0), "lognormal")
+    lengths = encoders.document_lengths(4000, 512, torch.Generator().manual_seed(0), "lognormal")
+    assert lengths == encoders.document_lengths(4000, 512, torch.Generator().manual_seed(0), "lognormal")
     assert min(lengths) >= 8 and max(lengths) == 512
     assert sorted(lengths)[2000] == pytest.approx(128, rel=0.1)  # median length / 4
     assert 0.01 < sum(n == 512 for n in lengths) / 4000 < 0.06  # the tail reaches the cap
-    padded = tp.make_batch(8, 512, "padded", 100, 0, torch.device("cpu"), seed=3, distribution="lognormal")
-    unpadded = tp.make_batch(8, 512, "unpadded", 100, 0, torch.device("cpu"), seed=3, distribution="lognormal")
+    padded = encoders.make_batch(8, 512, "padded", 100, 0, torch.device("cpu"), seed=3, distribution="lognormal")
+    unpadded = encoders.make_batch(8, 512, "unpadded", 100, 0, torch.device("cpu"), seed=3, distribution="lognormal")
     assert padded.input_ids.shape[1] == int(padded.attention_mask.sum(1).max()) < 512
     assert padded.real_tokens == unpadded.real_tokens == int(unpadded.cu_seqlens[-1])
 
@@ -542,7 +543,7 @@ def test_lognormal_lengths_are_seeded_capped_and_padded_to_the_batch_maximum():
 @pytest.mark.parametrize("mode", ["inference", "training"])
 def test_bfloat16_on_cpu_casts_inference_weights_and_autocasts_training(mode, monkeypatch):
     built = {}
-    real_build = tp.build_model
+    real_build = encoders.build_model
 
     def spy(name, device, dtype, *args, **kwargs):
         built[name] = dtype
@@ -782,7 +783,7 @@ def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_start_a_step_pe
 
 
 def test_encoders_without_a_packed_forward_skip_the_unpadded_layout_saying_why():
-    from neobert.instruments.timing import build_model
+    from neobert.instruments.encoders import build_model
 
     bert = build_model("bert-base", torch.device("cpu"), torch.float32)  # SDPA here: no FlashAttention 2
     assert bert.skipped_layouts == {"unpadded": "no unpadded path on this machine"}
@@ -796,7 +797,7 @@ def test_modernbert_flex_runs_flexattention_and_equals_sdpa():
     from transformers import AutoModel, ModernBertConfig
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from neobert.instruments.timing import WINDOW_NOTE, build_model, hf_attention
+    from neobert.instruments.encoders import WINDOW_NOTE, build_model, hf_attention
 
     cpu = torch.device("cpu")
     assert (hf_attention("modernbert-base-flex", cpu), hf_attention("modernbert-base", cpu)) == ("flex_attention", "sdpa")
@@ -837,8 +838,9 @@ def test_modernbert_flex_runs_flexattention_and_equals_sdpa():
 def test_a_flex_row_is_unavailable_for_training_on_cpu_and_reported_without_a_per_flop_ratio():
     """FlexAttention has no CPU backward: a training run there reports the row as not available (the others still
     run). Its FLOPs are counted dense, so the report gives its speed ratio and its note, not a per-FLOP ratio."""
+    from neobert.instruments.encoders import WINDOW_NOTE, ModelUnavailable, build_model
     from neobert.instruments.throughput_report import markdown_table
-    from neobert.instruments.timing import WINDOW_NOTE, ModelUnavailable, ThroughputRow, build_model
+    from neobert.instruments.timing import ThroughputRow
 
     with pytest.raises(ModelUnavailable, match="no backward on a CPU"):
         build_model("modernbert-base-flex", torch.device("cpu"), torch.float32, training=True)
@@ -861,15 +863,15 @@ def test_modernbert_fa4_row_runs_flash_attention_4_on_a_gpu_and_says_why_not_els
     """modernbert-base-fa4: transformers' flash_attention_4 (FA4's local window skips the blocks the sliding window
     hides), only on a CUDA GPU with flash-attn-4 installed; modernbert-base takes flash_attention_2 only where
     flash-attn 2 itself is installed (flash-attn-4 alone also installs a package named flash_attn)."""
-    from neobert.instruments import timing as throughput
-    from neobert.instruments.timing import ModelUnavailable, build_model, hf_attention
+    from neobert.instruments import encoders
+    from neobert.instruments.encoders import ModelUnavailable, build_model, hf_attention
     from neobert.model import attention
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert hf_attention("modernbert-base-fa4", cpu) == hf_attention("modernbert-base-fa4", cuda) == "flash_attention_4"
-    monkeypatch.setattr(throughput, "flash_attn_packages", lambda: (False, True))  # flash-attn-4 alone
+    monkeypatch.setattr(encoders, "flash_attn_packages", lambda: (False, True))  # flash-attn-4 alone
     assert hf_attention("modernbert-base", cuda) == "sdpa"
-    monkeypatch.setattr(throughput, "flash_attn_packages", lambda: (True, False))  # flash-attn 2
+    monkeypatch.setattr(encoders, "flash_attn_packages", lambda: (True, False))  # flash-attn 2
     assert (hf_attention("modernbert-base", cuda), hf_attention("modernbert-base", cpu)) == ("flash_attention_2", "sdpa")
     monkeypatch.setattr(attention, "_HAS_FLASH_ATTN_4", False)
     with pytest.raises(ModelUnavailable, match="needs FlashAttention 4 .pip install flash-attn-4"):

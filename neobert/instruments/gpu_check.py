@@ -32,8 +32,9 @@ line exits 1 when there is any.
 Several GPUs: the loops run in this process and Lightning starts the other ranks by running the same command again
 (its script launcher); those ranks run the training stages only, and rank 0 measures and reports.
 
-The stages themselves (what each runs and measures) are in `neobert.instruments.gpu_check_stages`; this module plans the
-check, runs the stages in order, judges the ratios against their targets and writes the reports.
+The stages themselves (what each runs and measures) are in `neobert.instruments.gpu_check_stages` and
+`gpu_check_loops`; this module plans the check, runs the stages in order, judges the ratios against their targets and
+writes the reports.
 """
 
 from __future__ import annotations
@@ -50,11 +51,11 @@ import torch
 from neobert.config import ConfigError
 from neobert.config.gpu_check import GpuCheckConfig
 from neobert.config.pretrain import CUDA_GRAPH_MODES, BatchSizeWarmupConfig, PretrainConfig, compile_warmup_steps
+from neobert.instruments.gpu_check_loops import loop_profiler, loop_stage, resume_stage
 from neobert.instruments.gpu_check_stages import (BELOW_TARGET, CEILING, ENCODER, EXPORT, FAILED, OK, PLAIN_LOOP,
                                                   PROFILE, RECIPE_LOOP, RESUME, SKIPPED, CEILING_PROFILE_FILES,
                                                   LOOP_PROFILE_FILES, Plan, ProfileFiles, StageRow, encoder_stage,
-                                                  export_stage, head_ceiling_stage, log_interval, loop_profiler,
-                                                  loop_stage, profile_stage, resume_stage)
+                                                  export_stage, head_ceiling_stage, log_interval, profile_stage)
 from neobert.instruments.host_waits import host_wait_lines
 from neobert.instruments.kernel_profile import (CATEGORIES, KernelProfile, cuda_graphs_or_error,
                                                 trace_graphs_captured_from_now)

@@ -5,8 +5,7 @@ takes the Plan and returns its StageRow, a failure caught and marked FAILED by `
    step), then its model with the MLM head, one step as the pretraining module runs it on a batch built as the loop
    builds it (`head_ceiling_stage`): the ceiling the loops are judged against; with `profile`, a torch.profiler
    recording of that step and its self time by kind of kernel (`profile_stage`);
-2. the loops: the recipe's real training loop under a strategy (`loop_stage`, its figures from the metrics CSV);
-3. the resume from the loop's checkpoint (`resume_stage`);
+2. the loops and 3. the resume from the loop's checkpoint: `neobert.instruments.gpu_check_loops`;
 4. the export, reloaded by our loader and transformers' (`export_stage`);
 and each stage's peak device memory against the preflight's estimate.
 """
@@ -25,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import lightning as L
 import torch
 from torch.profiler import profile
 from transformers import AutoModelForMaskedLM
@@ -34,22 +32,18 @@ from neobert.config.gpu_check import GpuCheckConfig
 from neobert.config.pretrain import CUDA_GRAPH_MODES, PretrainConfig
 from neobert.data.masking import MLMMasker
 from neobert.data.pretraining import BatchBuilder
-from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import CheckpointError
 from neobert.eval.flops import mfu, peak_flops
-from neobert.eval.plots import read_curves
+from neobert.instruments.encoders import Batch, BenchModel, make_batch, neobert_forward, rows_as_documents
 from neobert.instruments.kernel_profile import NAME_COLUMNS, KernelProfile, profiler_activities, summarise_events
 from neobert.instruments.preflight import GiB, Preflight, memory_section
-from neobert.instruments.timing import (Batch, BenchModel, make_batch, neobert_forward, rows_as_documents,
-                                        synchronize, time_step)
+from neobert.instruments.timing import synchronize, time_step
 from neobert.jobs.cli import one_line
-from neobert.jobs.pretrain import run_pretraining
 from neobert.layout import (CONFIG_NAME, EXPORT_DIR, GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV,
                             GPU_CHECK_LOOP_TRACE, GPU_CHECK_PROFILE_CSV, GPU_CHECK_PROFILE_NAMES_CSV, GPU_CHECK_TRACE,
-                            has_tokenizer, metrics_csvs, write_atomically)
-from neobert.lit.checkpoints import newest_readable_checkpoint, verify_checkpoint
-from neobert.lit.pretrain import MLMPretrainingModule, real_tokens
+                            has_tokenizer, write_atomically)
+from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.lit.strategies import is_deepspeed, loop_compute_dtype, loop_dtypes
 from neobert.lit.trainer import resolve_precision
 from neobert.model import NeoBERT, NeoBERTForMaskedLM
@@ -160,6 +154,15 @@ def attempt(row: StageRow, work: Callable[[], None]) -> None:
     print(" | ".join([f"{STAGE_DONE} {row.stage}", row.status + (f": {row.error}" if row.error else "")
                       + " (before the targets are judged)",
                       *(f"{name} {value}" for name, value in figures.items() if value), row.notes]), flush=True)
+
+
+def unavailable(strategy: str, device: torch.device) -> str | None:
+    """Why `strategy` cannot run here, or None."""
+    if is_deepspeed(strategy) and device.type != "cuda":
+        return f"{strategy} needs CUDA: not run on this CPU (the plain loop stands in for it)"
+    if is_deepspeed(strategy) and importlib.util.find_spec("deepspeed") is None:
+        return f"{strategy} needs the deepspeed package (pip install -e '.[gpu]')"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- device memory
@@ -387,228 +390,6 @@ def ceiling_batch(plan: Plan) -> Batch:
     if data.packing == "none" and not data.unpad:  # the loop's padded batches carry a mask, which it always applies
         return dataclasses.replace(batch, attention_mask=torch.ones_like(batch.input_ids))
     return rows_as_documents(batch)  # the loop's layout: cu_seqlens (varlen attention), one document per row
-
-
-# ---------------------------------------------------------------------------------------------- 2. the loops
-class LoopProfiler(L.Callback):
-    """torch.profiler over `steps` optimizer steps of a training loop from global step `first_step`, on rank zero:
-    where the loop's time goes beside the ceiling's step (the optimizer, the strategy's copies and collectives, the
-    device waiting for the host). The device is synchronised at both ends, so that the wall time is the steps'. It
-    counts the recorded micro-batches' real tokens as the pretraining module does (`real_tokens`). `result` holds the
-    summary once the steps are done (or the loop ended first: then over the steps it ran)."""
-
-    def __init__(self, first_step: int, steps: int, device: torch.device, output_dir: Path) -> None:
-        self.first_step, self.steps, self.device, self.output_dir = first_step, steps, device, output_dir
-        self.recording: profile | None = None
-        self.started_at, self.started_step = 0.0, 0
-        self.tokens: list[int | torch.Tensor] = []  # per recorded micro-batch, summed when the recording stops
-        self.result: KernelProfile | None = None
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        if (self.recording is None and self.result is None and trainer.is_global_zero
-                and trainer.global_step == self.first_step and batch_idx % trainer.accumulate_grad_batches == 0):
-            synchronize(self.device)
-            self.recording = profile(activities=profiler_activities(self.device))
-            self.recording.start()
-            self.started_at, self.started_step = time.perf_counter(), trainer.global_step
-        if self.recording is not None:
-            self.tokens.append(real_tokens(batch, (batch.get(DATA_STATE_KEY) or {}).get("stats")))
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if self.recording is not None and trainer.global_step >= self.first_step + self.steps:
-            self._stop(trainer)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self.recording is not None:
-            self._stop(trainer)
-
-    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        if self.recording is not None:  # the loop failed: nothing summarised, and no profiler left running
-            recording, self.recording = self.recording, None
-            recording.stop()
-
-    def _stop(self, trainer) -> None:
-        synchronize(self.device)
-        wall = time.perf_counter() - self.started_at
-        recording, self.recording = self.recording, None
-        recording.stop()
-        tokens = int(sum(self.tokens))  # a mask's device sums are read here, after the recording
-        self.result = summarise_recording(recording, self.device, trainer.global_step - self.started_step, wall,
-                                          self.output_dir, LOOP_PROFILE_FILES, tokens)
-
-
-class StepProbe(L.Callback):
-    """The global steps a run started and ended at, and its Trainer (whether fit finished)."""
-
-    def __init__(self) -> None:
-        self.trainer: L.Trainer | None = None
-        self.started: int | None = None
-        self.ended: int | None = None
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.trainer, self.started = trainer, trainer.global_step
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self.ended = trainer.global_step
-
-    @property
-    def trained(self) -> bool:
-        return self.trainer is not None and self.trainer.state.finished
-
-
-def compiled_graphs() -> int:
-    """The graphs torch.compile has compiled in this process so far (dynamo's count)."""
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]  # torch imports dynamo
-
-
-def train(plan: Plan, run: PretrainConfig, label: str, *callbacks: L.Callback) -> StepProbe:
-    """run_pretraining with a probe (and `callbacks`). A failure after training finished (the export, the summary) is
-    the export stage's: printed and kept in plan.export_errors, while this stage keeps its figures."""
-    probe = StepProbe()
-    try:
-        run_pretraining(run, extra_callbacks=[probe, *callbacks])
-    except Exception as err:
-        if not probe.trained:
-            raise
-        traceback.print_exc()
-        plan.export_errors.append(f"after the {label}: {type(err).__name__}: {one_line(err)}")
-    return probe
-
-
-def loop_config(plan: Plan, strategy: str, run_name: str) -> PretrainConfig:
-    """The recipe for `steps` steps under `strategy` in output_dir/run_name, validating and checkpointing at the
-    last step, with the CSV logger; no unigram baseline (it is not the loop); the export in the run directory."""
-    steps = plan.config.steps
-    trainer = dataclasses.replace(plan.recipe.trainer, strategy=strategy, max_steps=steps,
-                                  checkpoint_every_n_steps=steps, eval_every_n_steps=steps)
-    data = dataclasses.replace(plan.recipe.data, baseline_docs=0)
-    logging = plan.recipe.logging  # the CSV logger writes what the loop's figures are read from
-    if "csv" not in logging.loggers:
-        logging = dataclasses.replace(logging, loggers=[*logging.loggers, "csv"])
-    run = dataclasses.replace(plan.recipe, trainer=trainer, data=data, logging=logging,
-                              output_dir=str(plan.output_dir / run_name), export_dir=None, resume=False)
-    run.validate()
-    return run
-
-
-def unavailable(strategy: str, device: torch.device) -> str | None:
-    """Why `strategy` cannot run here, or None."""
-    if is_deepspeed(strategy) and device.type != "cuda":
-        return f"{strategy} needs CUDA: not run on this CPU (the plain loop stands in for it)"
-    if is_deepspeed(strategy) and importlib.util.find_spec("deepspeed") is None:
-        return f"{strategy} needs the deepspeed package (pip install -e '.[gpu]')"
-    return None
-
-
-def loop_stage(plan: Plan, title: str, strategy: str, run_name: str,
-               profiler: LoopProfiler | None = None) -> tuple[StageRow, PretrainConfig | None]:
-    """(the row, the loop's config when it trained). `profiler`: records steps of this loop (`loop_profiler`)."""
-    row = StageRow(title, strategy)
-    reason = unavailable(strategy, plan.device)
-    if reason and plan.device.type == "cuda":  # a GPU node that cannot run the strategy fails the check
-        row.status, row.error = FAILED, reason
-        return row, None
-    if reason:
-        row.status, row.notes = SKIPPED, reason
-        return row, None
-    run = loop_config(plan, strategy, run_name)
-    trained = []
-    callbacks = [profiler] if profiler is not None else []
-
-    def work() -> None:
-        try:
-            row.memory_estimate_gib = memory_estimate_gib(plan, run)
-        except Exception as err:  # noqa: BLE001 - an estimate the preflight cannot make is noted, not fatal
-            row.notes = f"no memory estimate ({type(err).__name__}: {one_line(err)}); "
-        start_peak_memory(plan.device)
-        if run.model.compile:
-            # As in a pretraining run's own process: the ceilings' graphs neither count here nor use up dynamo's
-            # recompile limit, past which it runs a frame eagerly with one warning, and the row would time that
-            torch._dynamo.reset()
-        graphs = compiled_graphs()
-        # suppress_errors off: under it (TORCHDYNAMO_SUPPRESS_ERRORS=1) dynamo refuses fail_on_recompile_limit_hit
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True, suppress_errors=False):
-            probe = train(plan, run, title, *callbacks)
-        row.peak_memory_gib = peak_memory_gib(plan.device)
-        trained.append(probe.trained)
-        row.tokens_per_s, row.mfu, validation = loop_figures(plan, run)
-        checkpoint, _ = newest_readable_checkpoint(run.output_dir)
-        if checkpoint is None or verify_checkpoint(checkpoint) != plan.config.steps:
-            raise CheckpointError(f"{run.output_dir}: no checkpoint of step {plan.config.steps} was written")
-        row.notes += (f"steps {plan.config.timed_from}-{plan.config.steps - 1} of {plan.config.steps}"
-                      + untimed_steps(plan.config, profiled=profiler is not None)
-                      + f"; validation loss {validation:.4f}; checkpoint {checkpoint.name} (step {plan.config.steps})")
-        if run.model.compile:  # a recompiling loop (a shape that changes, a size not taken as dynamic) shows here
-            scope = run.model.compile_scope
-            row.notes += (f"; torch.compile ({scope}) compiled {compiled_graphs() - graphs} graphs in training and "
-                          f"validation" + (" (the blocks' and the MLM head's scoring)" if scope == "blocks" else ""))
-
-    attempt(row, work)
-    return row, (run if any(trained) else None)
-
-
-def untimed_steps(config: GpuCheckConfig, profiled: bool) -> str:
-    """Why a loop's timed steps start after its warm-up, if they do (profile=true: both loops start alike)."""
-    if not config.profile:
-        return ""
-    first, last = config.warmup_steps, config.warmup_steps + config.profile_steps - 1
-    if profiled:
-        recorded = f"step {first}" if first == last else f"steps {first}-{last}"
-        return f" ({recorded} profiled and step {last + 1}, whose log interval holds the profiler's stop, not timed)"
-    return " (from the step the profiled recipe's loop is timed from)"
-
-
-def loop_profiler(plan: Plan) -> LoopProfiler | None:
-    """With profile=true, a profiler of the recipe's loop over the `profile_steps` steps after the warm-up (left out
-    of its tokens/s: GpuCheckConfig.timed_from)."""
-    if not plan.config.profile:
-        return None
-    return LoopProfiler(plan.config.warmup_steps, plan.config.profile_steps, plan.device, plan.output_dir)
-
-
-def loop_figures(plan: Plan, run: PretrainConfig) -> tuple[float, float | None, float]:
-    """(tokens/s, MFU or None, the final validation loss) from the run's metrics CSV: the mean of the log intervals
-    whose steps all come after the warm-up (and the profiled steps: GpuCheckConfig.timed_from)."""
-    interval = log_interval(plan.config, run)
-    curves = read_curves(metrics_csvs(run.output_dir), [TOKENS_PER_S, MFU, VAL_LOSS])
-
-    def after_warmup(points: dict[int, float]) -> list[float]:
-        return [value for step, value in sorted(points.items()) if step - interval + 1 >= plan.config.timed_from]
-
-    rates, mfus = after_warmup(curves[TOKENS_PER_S]), after_warmup(curves[MFU])
-    if not rates:
-        raise RuntimeError(f"{run.output_dir}: no {TOKENS_PER_S} logged after the warm-up in its metrics CSV")
-    if not curves[VAL_LOSS]:
-        raise RuntimeError(f"{run.output_dir}: no {VAL_LOSS} logged: the validation did not run")
-    return statistics.fmean(rates), (statistics.fmean(mfus) if mfus else None), curves[VAL_LOSS][max(curves[VAL_LOSS])]
-
-
-# ---------------------------------------------------------------------------------------------- 3. the resume
-def resume_stage(plan: Plan, loop: PretrainConfig | None) -> StageRow:
-    steps, more = plan.config.steps, plan.config.resume_steps
-    row = StageRow(f"{RESUME} +{more} steps", loop.trainer.strategy if loop else "")
-    if loop is None:
-        row.status, row.notes = SKIPPED, "no loop trained: nothing to resume"
-        return row
-    run = dataclasses.replace(loop, resume=True, trainer=dataclasses.replace(loop.trainer, max_steps=steps + more))
-
-    def work() -> None:
-        checkpoint, _ = newest_readable_checkpoint(run.output_dir)
-        if checkpoint is None:
-            raise CheckpointError(f"{run.output_dir} holds no readable checkpoint to resume from")
-        saved = verify_checkpoint(checkpoint)
-        start_peak_memory(plan.device)
-        probe = train(plan, run, row.stage)
-        row.peak_memory_gib = peak_memory_gib(plan.device)
-        expected = (steps, steps, steps + more)
-        if (saved, probe.started, probe.ended) != expected:
-            raise CheckpointError(f"expected a resume from the checkpoint of step {steps} to start there and end at "
-                                  f"step {steps + more}; the checkpoint {checkpoint.name} is of step {saved}, and the "
-                                  f"run started at step {probe.started} and ended at step {probe.ended}")
-        row.notes = f"from {checkpoint.name} (step {saved}): started at step {probe.started}, ended at {probe.ended}"
-
-    attempt(row, work)
-    return row
 
 
 # ---------------------------------------------------------------------------------------------- 4. the export

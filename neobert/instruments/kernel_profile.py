@@ -1,7 +1,7 @@
 """Where a training step's time goes, by kind of work: the self time of each kernel (on a GPU) or operator (on a
 CPU) of a `torch.profiler` recording, put into categories by name (`category_of`, the explicit patterns of
 `RULES`) and summed (`summarise`, `summarise_events`). The GPU check's profiles of the model with its MLM head and of
-the training loop use it (`neobert.instruments.gpu_check_stages`, `profile=true`), and so does the throughput job's
+the training loop use it (`neobert.instruments.gpu_check_stages` and `gpu_check_loops`, `profile=true`), and so does the throughput job's
 profile of each timed row (`neobert.instruments.timing.profile_step`, `profile=true`).
 
 Categories by name only: a pointwise kernel of the eager RMSNorm (a multiply, an rsqrt) is "elementwise", not

@@ -32,14 +32,14 @@ from neobert.errors import ConfigError
 from neobert.eval.device import resolve_device
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
 from neobert.eval.plots import plot_throughput
+from neobert.instruments.encoders import (Batch, BenchModel, ModelUnavailable, build_model, compiled_graphs_per_shape,
+                                          make_batch)
 from neobert.instruments.kernel_profile import cuda_graphs_or_error, trace_graphs_captured_from_now
 from neobert.instruments.throughput_report import (PROFILE_FAILED, host_waits_markdown, markdown_table,
                                                    profile_markdown, profile_was_asked, read_csv, write_csv,
                                                    write_profile_csvs)
-from neobert.instruments.timing import (MATMUL_REFERENCE_SHAPE, Batch, BenchModel, MatmulReference, ModelUnavailable,
-                                        ThroughputRow, build_model, compiled_graphs_per_shape, is_out_of_memory,
-                                        make_batch, profile_step, resolve_dtype, search_batch_size,
-                                        time_step)
+from neobert.instruments.timing import (MATMUL_REFERENCE_SHAPE, MatmulReference, ThroughputRow, is_out_of_memory,
+                                        profile_step, resolve_dtype, search_batch_size, time_step)
 from neobert.jobs.cli import one_line
 from neobert.layout import (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
                             THROUGHPUT_PROFILE_NAMES_CSV, THROUGHPUT_TRACES_DIR)

@@ -12,9 +12,10 @@ from typing import Callable, Sequence
 
 from neobert.config.throughput import LAYOUTS, MODEL_NAMES, MODES
 from neobert.errors import ConfigError
+from neobert.instruments.encoders import WINDOW_NOTE
 from neobert.instruments.host_waits import host_wait_lines
 from neobert.instruments.kernel_profile import CATEGORIES, NAME_COLUMNS
-from neobert.instruments.timing import WINDOW_NOTE, ThroughputRow
+from neobert.instruments.timing import ThroughputRow
 from neobert.layout import THROUGHPUT_CSV
 
 CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow) if f.name != "profile"]  # the profile has its own

@@ -28,7 +28,7 @@ from neobert.jobs.cli import run_cli
 from neobert.layout import (GPU_CHECK_JSON, GPU_CHECK_LOOP_PROFILE_CSV, GPU_CHECK_LOOP_PROFILE_NAMES_CSV,
                             GPU_CHECK_LOOP_TRACE, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_PROFILE_CSV,
                             GPU_CHECK_PROFILE_NAMES_CSV, GPU_CHECK_TRACE)
-from neobert.model.modeling import IGNORE_INDEX
+from neobert.model.heads import IGNORE_INDEX
 
 ENCODER, CEILING, PROFILE = "encoder alone (reference)", "model + MLM head (ceiling)", "profile: model + MLM head"
 STAGES = (ENCODER, CEILING, "loop, recipe's strategy", "loop, plain strategy", "resume +2 steps", "export + reload")

@@ -28,7 +28,7 @@ from neobert.jobs.ner import load_task_config, run_task
 from neobert.layout import NER_RUN_INFO, metrics_csvs
 from neobert.lit.ner import NerTagger
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM, NeoBERTForTokenClassification
-from neobert.model.modeling import IGNORE_INDEX
+from neobert.model.heads import IGNORE_INDEX
 
 WNUT = NER_TASKS["wnut17"]
 QUIET = ["logging.progress_bar=false"]

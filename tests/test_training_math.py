@@ -25,7 +25,7 @@ from neobert.jobs.pretrain import build_model_config
 from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.lit.trainer import build_trainer
 from neobert.model import NeoBERTForMaskedLM
-from neobert.model.modeling import IGNORE_INDEX
+from neobert.model.heads import IGNORE_INDEX
 
 STEPS, DOCUMENTS_PER_BATCH, MAX_LENGTH = 4, 4, 32
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, Subset
 
-from neobert.model.modeling import IGNORE_INDEX
+from neobert.model.heads import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from neobert.errors import DataError
-from neobert.model.modeling import IGNORE_INDEX
+from neobert.model.heads import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

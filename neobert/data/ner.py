@@ -30,7 +30,7 @@ from torch.utils.data import Dataset
 from neobert.config.ner import NerDataConfig
 from neobert.errors import ConfigError, DataError
 from neobert.hub import HubUnreachableError, require_hub
-from neobert.model.modeling import IGNORE_INDEX
+from neobert.model.heads import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 

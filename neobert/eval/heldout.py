@@ -17,7 +17,8 @@ from neobert.config.pretrain import MaskingConfig, PretrainDataConfig
 from neobert.data.corpus import iterate_documents, truncate
 from neobert.data.pretraining import validation_batches
 from neobert.eval.pseudo_perplexity import score_documents
-from neobert.model.modeling import IGNORE_INDEX, NeoBERTForMaskedLM
+from neobert.model.heads import IGNORE_INDEX
+from neobert.model.modeling import NeoBERTForMaskedLM
 
 
 def heldout_data(source: str, documents: int, max_length: int) -> PretrainDataConfig:

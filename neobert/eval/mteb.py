@@ -30,14 +30,14 @@ from mteb.models.model_meta import ModelMeta
 from torch import Tensor
 
 from neobert.config import ConfigError, config_path
-from neobert.errors import DataError
 from neobert.data.backbone import Backbone
 from neobert.data.beir import read_beir
-from neobert.eval.flops import warn_if_bf16_is_emulated
 from neobert.data.contrastive import prepend_instruction, read_local_examples, read_sts_pairs
+from neobert.errors import DataError
+from neobert.eval.flops import warn_if_bf16_is_emulated
 from neobert.hub import require_hub
 from neobert.layout import MATRYOSHKA_JSON, SENTENCE_BERT_CONFIG
-from neobert.model.modeling import pool_embeddings
+from neobert.model.heads import pool_embeddings
 
 log = logging.getLogger(__name__)
 

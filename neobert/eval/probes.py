@@ -15,7 +15,8 @@ from transformers import PreTrainedTokenizerBase
 
 from neobert.data.backbone import Backbone, load_backbone
 from neobert.eval.pseudo_perplexity import load_model_and_tokenizer
-from neobert.model.modeling import NeoBERTForMaskedLM, pool_embeddings
+from neobert.model.heads import pool_embeddings
+from neobert.model.modeling import NeoBERTForMaskedLM
 
 # Hand-written paraphrase pairs: software documentation first (what the CPU ladder trains on), then general
 # English. The mismatched pairs of `paraphrase_gap` pair each first sentence with the next pair's second one, so

@@ -24,7 +24,8 @@ from torch import Tensor
 from neobert.data.tokenizer import BERT_BASE_UNCASED, load_tokenizer
 from neobert.eval.flops import warn_if_bf16_is_emulated
 from neobert.layout import CONFIG_NAME, WEIGHTS_NAME, has_tokenizer
-from neobert.model.modeling import IGNORE_INDEX, NeoBERTForMaskedLM
+from neobert.model.heads import IGNORE_INDEX
+from neobert.model.modeling import NeoBERTForMaskedLM
 
 
 # ---------------------------------------------------------------------------------------------- scoring

@@ -47,7 +47,7 @@ from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.lit.strategies import is_deepspeed, loop_compute_dtype, loop_dtypes
 from neobert.lit.trainer import resolve_precision
 from neobert.model import NeoBERT, NeoBERTForMaskedLM
-from neobert.model.modeling import IGNORE_INDEX
+from neobert.model.heads import IGNORE_INDEX
 
 OK, FAILED, SKIPPED, BELOW_TARGET = "ok", "FAILED", "skipped", "BELOW TARGET"
 ENCODER, CEILING, PROFILE = "encoder alone (reference)", "model + MLM head (ceiling)", "profile: model + MLM head"

@@ -23,7 +23,7 @@ from neobert.layout import MATRYOSHKA_JSON
 from neobert.lit.checkpoints import OPTIMIZER_NAME_KEY
 from neobert.lit.optim import configure_optimizers
 from neobert.lit.rng import RngState
-from neobert.model.modeling import pool_embeddings
+from neobert.model.heads import pool_embeddings
 from neobert.model.sentence_transformers import export_sentence_transformers
 
 

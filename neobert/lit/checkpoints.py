@@ -363,13 +363,35 @@ def model_state_dict(checkpoint: dict, source: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- a run's checkpoints
+class StepCheckpoint(ModelCheckpoint):
+    """ModelCheckpoint, keeping a step's validation with its checkpoint. Lightning writes the checkpoint of a step
+    that validates before the validation, and a run resumed from it skips that validation as done (Lightning 2.6):
+    a validation interrupted by Ctrl-C or a kill was never run. Here last.ckpt is written again once the validation
+    has run, and a run resumed from a checkpoint written before its validation runs that validation first."""
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        loop = trainer.fit_loop.epoch_loop
+        batches = loop.total_batch_idx + 1  # the micro-batches the checkpoint had trained
+        if trainer.enable_validation and loop.restarted_on_train_batch_end and batches % trainer.val_check_batch == 0:
+            self._last_global_step_saved = trainer.global_step  # its checkpoint: written again after it
+            loop.val_loop.restarting = False  # a whole validation, not the rest of one
+            trainer.validating = True
+            loop.val_loop.run()  # logged at the step an uninterrupted run logs it
+            trainer.training = True
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if self.last_model_path and self._last_global_step_saved == trainer.global_step:
+            trainer.save_checkpoint(self.last_model_path)
+
+
 def step_checkpoint_callback(output_dir: str | Path, trainer: TrainerConfig) -> ModelCheckpoint:
     """`output_dir/checkpoints/step-NNNNNNNN.ckpt` every `trainer.checkpoint_every_n_steps` optimizer steps (the
     newest `trainer.keep_checkpoints` kept) and `last.ckpt`: what `resume=true` continues from."""
-    return ModelCheckpoint(dirpath=checkpoint_dir(output_dir), filename="step-{step:08d}",
-                           auto_insert_metric_name=False,
-                           every_n_train_steps=trainer.checkpoint_every_n_steps, save_last=True,
-                           save_top_k=trainer.keep_checkpoints, monitor="step", mode="max")
+    return StepCheckpoint(dirpath=checkpoint_dir(output_dir), filename="step-{step:08d}",
+                          auto_insert_metric_name=False,
+                          every_n_train_steps=trainer.checkpoint_every_n_steps, save_last=True,
+                          save_top_k=trainer.keep_checkpoints, monitor="step", mode="max")
 
 
 def refuse_existing_checkpoints(output_dir: str | Path) -> None:

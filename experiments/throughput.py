@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--report", nargs="+", metavar="CSV",
                         help="re-make the reports from these throughput CSVs (in --output-dir); no model runs")
     parser.add_argument("--overwrite", action="store_true",
-                        help="with --report: replace the report an --output-dir already holds")
+                        help="replace the report --output-dir already holds (its files and nothing else)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of ThroughputConfig")
     add_debug_flag(parser)
     return parser
@@ -67,10 +67,8 @@ def main(argv=None) -> dict:
             raise ConfigError(f"--report re-makes reports from CSVs, so {flag} has nothing to act on: give "
                               f"--report the CSVs and --output-dir only")
         paths = report_from_csvs(args.report, args.output_dir or ThroughputConfig.output_dir, args.overwrite)
-    elif args.overwrite:
-        raise ConfigError("--overwrite goes with --report (re-made reports); a measurement writes its own output_dir")
     else:
-        paths = run_throughput_job(config_of(args))
+        paths = run_throughput_job(config_of(args), args.overwrite)
     print_report(paths)
     return paths
 

@@ -35,7 +35,7 @@ from neobert.data.tokenizer import load_tokenizer
 from neobert.errors import DataError
 from neobert.instruments.gpu_check import judge, logs_tokens_per_s
 from neobert.instruments.gpu_check_stages import CEILING, ENCODER, FAILED, PLAIN_LOOP, RECIPE_LOOP, StageRow
-from neobert.instruments.throughput_report import write_csv
+from neobert.instruments.throughput_report import read_csv, write_csv
 from neobert.instruments.timing import ThroughputRow
 from neobert.jobs.cli import run_cli
 from neobert.lit import checkpoints
@@ -262,6 +262,32 @@ def test_a_throughput_report_validates_every_row_and_never_replaces_an_earlier_o
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert run_cli(throughput_cli.main, ["--report", str(good), "--output-dir", str(out), "--overwrite"]) == 0
     assert entries(out) == ["notes.txt", "throughput.csv", "throughput.md", "throughput.png"]
+
+
+def test_a_throughput_measurement_never_replaces_an_earlier_report_unless_overwrite(tmp_path, capsys, monkeypatch):
+    """A measurement into an --output-dir holding a report used to replace it, an earlier throughput_profile.csv
+    left beside the new report: refused before anything is measured, as --report is; --overwrite replaces it."""
+    from neobert.instruments import throughput as throughput_job
+
+    out = tmp_path / "out"
+    earlier = throughput_csv(tmp_path / "earlier.csv")
+    assert run_cli(throughput_cli.main, ["--report", str(earlier), "--output-dir", str(out)]) == 0
+    (out / "throughput_profile.csv").write_text("an earlier measurement's profile\n")
+    (out / "notes.txt").write_text("the user's\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    measure = ["--models", "neobert", "--lengths", "16", "--output-dir", str(out), "neobert_preset=tiny",
+               "batch_sizes=[2]", "repeats=1", "matmul_calls=1", "device=cpu"]
+    with monkeypatch.context() as patched:
+        patched.setattr(throughput_job, "run_throughput", lambda *args, **kwargs: pytest.fail("it measured"))
+        assert run_cli(throughput_cli.main, measure) == 2
+    assert error_lines(capsys) == [
+        f"error: --output-dir {out} already holds a throughput report (throughput.csv, throughput.md, throughput.png, "
+        f"throughput_profile.csv): pass --overwrite to replace it, or choose another --output-dir"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert run_cli(throughput_cli.main, [*measure, "--overwrite"]) == 0
+    assert entries(out) == ["notes.txt", "throughput.csv", "throughput.md", "throughput.png"]
+    assert [(row.model, row.seq_len) for row in read_csv(out / "throughput.csv")] == [("neobert", 16)]
 
 
 # ---------------------------------------------------------------------------------------------- 6. weak answers

@@ -246,7 +246,7 @@ def test_profile_true_reports_where_each_rows_step_went_per_tflop_of_its_model(t
     (out / "throughput_traces").mkdir(parents=True)
     (out / "throughput_traces" / "training_full_16_roberta-base.json.gz").write_bytes(b"")  # an earlier run's
     paths = main(["--models", "neobert,bert-base", "--lengths", "16", "--output-dir", str(out), "neobert_preset=tiny",
-                  "batch_sizes=[2]", "repeats=1", "matmul_calls=2", "device=cpu", "profile=true"])
+                  "batch_sizes=[2]", "repeats=1", "matmul_calls=2", "device=cpu", "profile=true", "--overwrite"])
     timed = {r["model"]: r for r in csv.DictReader(open(paths["csv"]))}
     assert "profile" not in next(iter(timed.values()))  # the profile has its own tables
     assert [row.profile for row in read_csv(paths["csv"])] == [None, None]
@@ -1009,12 +1009,12 @@ def test_a_run_cut_short_leaves_the_tables_of_what_it_timed(monkeypatch, tmp_pat
 
     monkeypatch.setattr(job, "_profile_row", profile_row)
     with pytest.raises(SystemExit):
-        job.run_throughput_job(dataclasses.replace(config, profile=True))
+        job.run_throughput_job(dataclasses.replace(config, profile=True), overwrite=True)
     profiled = list(csv.DictReader(open(tmp_path / "throughput_profile.csv")))
     assert {r["seq_len"] for r in profiled} == {"16"} and len(read_csv(tmp_path / "throughput.csv")) == 2
     assert (tmp_path / "throughput.md").read_text().startswith(job.UNFINISHED)
     monkeypatch.setattr(job, "_profile_row", real_profile_row)
-    job.run_throughput_job(dataclasses.replace(config, profile=True))  # a run that ends: no such line
+    job.run_throughput_job(dataclasses.replace(config, profile=True), overwrite=True)  # a run that ends: no such line
     assert not (tmp_path / "throughput.md").read_text().startswith(job.UNFINISHED)
 
 

@@ -19,7 +19,6 @@ The run (`run_throughput`), with the measurement's pieces from `neobert.instrume
 from __future__ import annotations
 
 import logging
-import shutil
 import statistics
 from pathlib import Path
 from typing import Callable, Sequence
@@ -50,9 +49,11 @@ from neobert.outputs import THROUGHPUT, claim_output_dir, clear_output_dir
 log = logging.getLogger(__name__)
 
 
-def run_throughput_job(config: ThroughputConfig) -> dict[str, Path]:
+def run_throughput_job(config: ThroughputConfig, overwrite: bool = False) -> dict[str, Path]:
     """Measures, writes the reports and returns their paths ({"csv", "markdown", "plot"}, and with profile=true
-    "profile", "profile_names" and the folder of the profiled steps' traces, "traces")."""
+    "profile", "profile_names" and the folder of the profiled steps' traces, "traces"). Refused before anything is
+    measured where output_dir holds an earlier report, unless `overwrite` (`claim_report_dir`)."""
+    claim_report_dir(config.output_dir, overwrite)
     rows: list[ThroughputRow] = []
 
     def write_so_far(done: list[ThroughputRow]) -> None:
@@ -90,10 +91,16 @@ def report_from_csvs(csv_paths: Sequence[str | Path], output_dir: str | Path,
         raise ConfigError(f"--output-dir {output_dir}: its {THROUGHPUT_CSV} is one of the CSVs read, which the report "
                           f"would replace; choose another output directory")
     rows = [row for path in csv_paths for row in read_csv(path)]
+    claim_report_dir(output_dir, overwrite)
+    return write_reports(rows, output_dir)
+
+
+def claim_report_dir(output_dir: str | Path, overwrite: bool) -> None:
+    """Refuses an `output_dir` holding an earlier report unless `overwrite`, which removes that report's files (and
+    nothing else): no stale profile table or trace stays beside the new report."""
     claim_output_dir(output_dir, THROUGHPUT, where=f"--output-dir {output_dir}", noun="--output-dir",
                      earlier=REPORT_EXISTS, overwrite=overwrite, flag="--overwrite")
     clear_output_dir(output_dir, THROUGHPUT)
-    return write_reports(rows, output_dir)
 
 
 UNFINISHED = "**Written while the run went on: its later rows and profiles are missing where it stopped.**"
@@ -299,10 +306,8 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
                     on_group(rows)
         # After every timing: a profiler's kernel tracer may stay attached once it has run, and slow what follows
         traces = Path(config.output_dir) / THROUGHPUT_TRACES_DIR
-        if config.profile:  # an earlier run's traces in the same output_dir are not this run's
-            shutil.rmtree(traces, ignore_errors=True)
         if to_profile:
-            traces.mkdir(parents=True, exist_ok=True)  # (what rmtree could not remove: not worth the run)
+            traces.mkdir(parents=True, exist_ok=True)
         for row, bench, batch in to_profile:
             _profile_row(row, bench, batch, training, device, autocast_dtype,
                          traces / f"{row.mode}_{row.layout}_{row.seq_len}_{row.model}.json.gz")

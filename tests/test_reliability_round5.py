@@ -32,7 +32,7 @@ from neobert.config.throughput import MODEL_NAMES
 from neobert.data import corpus
 from neobert.data.glue import get_task, load_glue_split
 from neobert.data.tokenizer import load_tokenizer
-from neobert.errors import DataError
+from neobert.errors import ConfigError, DataError
 from neobert.instruments.gpu_check import judge, logs_tokens_per_s
 from neobert.instruments.gpu_check_stages import CEILING, ENCODER, FAILED, PLAIN_LOOP, RECIPE_LOOP, StageRow
 from neobert.instruments.throughput_report import read_csv, write_csv
@@ -431,6 +431,40 @@ def test_a_long_document_is_tokenized_a_piece_at_a_time_into_the_same_ids(monkey
     assert len(text) > 20 * corpus.LONG_DOCUMENT_CHARS and len(whole[1]) > 1000
     assert documents_tokenizer.encode(documents) == whole
     assert [text[start:end] for start, end in corpus.whitespace_pieces(text, 97)][1][0] == " "
+
+
+def test_static_shapes_true_without_packing_is_refused_naming_the_key(tmp_path, capsys):
+    """`data.static_shapes=true data.packing=none` used to be ignored without a word: static shapes lay out packed
+    batches only. auto stays accepted with packing none, and model.compile=true (auto becomes true) too, in a single
+    run and in a phase that turns packing off."""
+    from test_pretrain_slow import write_yaml
+
+    from neobert.jobs.phases import phase_config
+
+    config = write_yaml(tmp_path)
+    refused = ("invalid config key 'data.static_shapes': true lays out packed batches in one shape, and "
+               "data.packing=none packs none: set data.packing to greedy or best_fit, or data.static_shapes to auto "
+               "or false")
+    for flags in ([], ["--preflight"]):
+        argv = ["--config", str(config), *flags, "data.static_shapes=true", "data.packing=none"]
+        assert run_cli(pretrain_cli.main, argv) == 2
+        assert error_lines(capsys) == [f"error: {refused}"]
+    assert not (tmp_path / "run").exists()
+    # under model.compile a resolved config holds auto as true (a phase's, one written out and loaded again)
+    for accepted in (["data.static_shapes=auto"], ["data.static_shapes=false"],
+                     ["model.compile=true", "data.static_shapes=auto"],
+                     ["model.compile=true", "data.static_shapes=true"],
+                     ["data.static_shapes=true", "data.packing=greedy"]):
+        assert run_cli(pretrain_cli.main, ["--config", str(config), "--preflight", "data.packing=none",
+                                           *accepted]) == 0
+    phases = "phases=[{name: a, steps: 2}, {name: b, overrides: {data.packing: none}}]"
+    recipe = load_config(PretrainConfig, config, ["data.packing=greedy", "data.static_shapes=true", phases])
+    with pytest.raises(ConfigError) as raised:
+        phase_config(recipe, 1)
+    assert str(raised.value) == f"{refused} (in phase 1, 'b')"
+    recipe = load_config(PretrainConfig, config, ["data.packing=greedy", "model.compile=true",
+                                                  "data.static_shapes=auto", phases])
+    assert phase_config(recipe, 1).data.static_shapes == "true"  # auto's value; no use without packing, no error
 
 
 def test_a_validation_interrupted_by_ctrl_c_is_run_on_resume(tmp_path, capsys, monkeypatch):

@@ -347,6 +347,11 @@ class PretrainConfig:
         require(str(data.static_shapes).lower() in STATIC_SHAPES, "data.static_shapes",
                 f"must be one of {STATIC_SHAPES}, got {data.static_shapes!r}")
         model = self.model
+        # Under model.compile=true, true is also what auto became (resolve; a phase inherits it whatever its
+        # packing), so only a true that auto could not have given is refused.
+        require(str(data.static_shapes).lower() != "true" or data.packing != "none" or model.compile is True,
+                "data.static_shapes", "true lays out packed batches in one shape, and data.packing=none packs none: "
+                "set data.packing to greedy or best_fit, or data.static_shapes to auto or false")
         require(model.compile_mode in COMPILE_MODES, "model.compile_mode",
                 f"must be one of {COMPILE_MODES}, got {model.compile_mode!r}")
         require(model.compile or model.compile_mode == "default", "model.compile_mode",

@@ -1,7 +1,8 @@
-"""The A/B scripts a GPU machine runs (scripts/bench, run_checks.sh's steps `norms`, `mlp`, `rope`): their timer
+"""The A/B scripts (scripts/bench; a GPU machine runs run_checks.sh's steps `norms`, `mlp`, `rope`): their one timer
 (neobert.instruments.ab.alternate) warms up, alternates, keeps medians and leaves out a candidate that fails; each script
-runs on CPU at a small size and prints every variant there with its errors against float32 (a script broken here
-would cost minutes on a GPU); and the rotary tables QuACK's candidate gets turn q and k as the model does."""
+runs on CPU at a small size and prints every variant there (with its errors against float32 where it checks them: a
+script broken here would cost minutes on a GPU); and the rotary tables QuACK's candidate gets turn q and k as the
+model does."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import BertConfig
 
 from neobert.instruments import ab
-from neobert.instruments.ab import alternate, compare, optional_attribute
+from neobert.instruments.ab import alternate, compare, optional_attribute, seconds_per_call
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import position_ids_from_cu_seqlens
 from neobert.model.rope import RotaryTables, apply_rope, rope_tables
@@ -133,6 +135,36 @@ def test_each_bench_runs_on_cpu_and_prints_every_variant_with_its_errors(capsys,
     for row in rows.values():
         errors = [float(word.rstrip(",")) for word in row.split("float32:")[1].split() if word[0].isdigit()]
         assert errors and all(0 < error < 0.05 for error in errors)  # bf16 against float32, never a wrong layout
+
+
+TINY_BERT = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=192)
+
+
+@pytest.mark.parametrize("script, arguments, keywords, rows", [
+    ("compile_ab", (1, "float32"), dict(preset="tiny", bert=TINY_BERT, length=16),
+     [f"{model} {variant}" for model in ("neobert", "bert-base")
+      for variant in ("eager", "compiled, static", "compiled, dynamic", "compiled, frozen")]),
+    ("compile_scope_ab", (1, 16, "tiny", 1), {},
+     [f"{name}: median step" for name in ("eager", "model", "blocks", "blocks_head_eager")] + ["blocks / model"]),
+    ("encoder_ab", (1, "float32"), dict(preset="tiny", length=16), ["before-27", "before-15", "now"]),
+    ("rope_and_swiglu", (1, 16), {}, ["one call", "two calls", "real pairs", "clone", "out of place", "in place"] * 2),
+    ("static_packing_ab", ("tiny", 1, 2, 64), {},
+     ["eager, unpadded", "eager, static", "eager, static+filler", "compiled, static", "compiled, unpadded"]),
+])
+def test_each_cpu_bench_times_every_variant_with_the_suites_timer(monkeypatch, capsys, script, arguments, keywords,
+                                                                   rows):
+    """The scripts that time CPU variants: every row is printed, in order, with a figure, none left out, each
+    sample taken by the suite's timer (ab.seconds_per_call), not one of the script's own."""
+    samples = []
+    monkeypatch.setattr(ab, "seconds_per_call", lambda *args, **kwargs: samples.append(1) or
+                        seconds_per_call(*args, **kwargs))
+    torch._dynamo.reset()
+    bench(script)["main"](*arguments, **keywords)
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    measured = [line for line in lines if line.startswith(tuple(rows)) and any(c.isdigit() for c in line)]
+    assert [max((row for row in rows if line.startswith(row)), key=len) for line in measured] == rows, lines
+    assert not any("not measured" in line for line in lines)
+    assert len(samples) >= 3 * len(set(rows) - {"blocks / model"})  # two warm-ups and a timed sample a variant
 
 
 def test_quacks_interleaved_tables_turn_q_and_k_as_apply_rope_does():

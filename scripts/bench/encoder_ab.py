@@ -1,6 +1,6 @@
 """In-process A/B of the eager encoder's non-matmul changes (docs/benchmarks.md): the `neobert` preset, random
-weights, batch 8 x 512, inference, 2 threads; the variants' forwards interleaved (A, B, C, A, ...) so that they
-share the machine's load, median reported. Each variant puts back older code for some parts of the model:
+weights, batch 8 x 512, inference, 2 threads; the variants' forwards alternated (neobert/instruments/ab.py: A, B,
+C, A, ...) so that they share the machine's load, median reported. Each variant puts back older code for some parts of the model:
 
 * before-15: q and k rotated by one RoPE call each, SwiGLU out of place, norms and RoPE through float32 (the code
   before issue 15's work);
@@ -15,14 +15,13 @@ share the machine's load, median reported. Each variant puts back older code for
 from __future__ import annotations
 
 import contextlib
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from neobert.instruments.ab import compare, device_label, seconds_per_call
 from neobert.instruments.timing import dtype_conversions
 from neobert.model import NeoBERT, NeoBERTConfig
 from neobert.model import rope
@@ -59,36 +58,42 @@ def patched(block=None, swiglu=None, upcast=False):
         EncoderBlock.forward, SwiGLU.forward, RMSNorm.forward, rope._HALF = saved
 
 
-VARIANTS = {
-    "before-15": dict(block=block_with_two_rope_calls, swiglu=swiglu_out_of_place, upcast=True),
+VARIANTS = {  # before-27 first: the reference of the ratios and output differences
     "before-27": dict(upcast=True),
+    "before-15": dict(block=block_with_two_rope_calls, swiglu=swiglu_out_of_place, upcast=True),
     "now": {},
 }
+BATCH = 8
 
 
-def main(repeats: int = 4, dtype: str = "float32") -> None:
+def main(repeats: int = 4, dtype: str = "float32", *, preset: str = "neobert", length: int = 512) -> None:
+    """`preset` and `length`: a smaller model and batch for a quick check on CPU."""
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    model = NeoBERT(NeoBERTConfig.from_preset("neobert")).to(getattr(torch, dtype)).eval()
-    ids = torch.randint(5, model.config.vocab_size, (8, 512))
-    outputs, times = {}, {name: [] for name in VARIANTS}
-    with torch.inference_mode():
-        for round_ in range(repeats + 1):  # round 0 warms up
-            for name, patch in VARIANTS.items():
-                with patched(**patch):
-                    start = time.perf_counter()
-                    outputs[name] = model(ids).last_hidden_state
-                    if round_:
-                        times[name].append(time.perf_counter() - start)
-    base = statistics.median(times["before-27"])
-    for name, measured in times.items():
-        step = statistics.median(measured)
-        difference = (outputs[name].float() - outputs["before-27"].float()).abs().max()
-        with patched(**VARIANTS[name]):
+    model = NeoBERT(NeoBERTConfig.from_preset(preset)).to(getattr(torch, dtype)).eval()
+    ids = torch.randint(5, model.config.vocab_size, (BATCH, length))
+    cpu = torch.device("cpu")
+
+    def output(patch: dict) -> torch.Tensor:
+        with patched(**patch):
+            return model(ids).last_hidden_state.float()
+
+    def time_one(patch: dict):
+        with patched(**patch):
+            return seconds_per_call(lambda: model(ids), cpu, calls=1)
+
+    def describe(patch: dict, median: float, base: float) -> str:
+        with patched(**patch):
             conversions = dtype_conversions(lambda: model(ids))
-        print(f"{name:10s} {8 * 512 / step:7.1f} tokens/s  {base / step:.3f}x before-27  "
-              f"(max |output - before-27| {difference:.2e}; dtype conversions {conversions.count}, "
-              f"{conversions.elements / 1e6:.1f}M elements; runs {', '.join(f'{t:.2f}' for t in measured)} s)")
+        return (f"{BATCH * length / median:7.1f} tokens/s  {base / median:.3f}x before-27  (max |output - before-27| "
+                f"{(output(patch) - reference).abs().max():.2e}; dtype conversions {conversions.count}, "
+                f"{conversions.elements / 1e6:.1f}M elements)")
+
+    print(f"Inference forward, {preset}, {BATCH} x {length} {dtype}, {device_label(cpu)}, torch {torch.__version__}, "
+          f"median of {repeats} samples of 1 call")
+    with torch.inference_mode():
+        reference = output(VARIANTS["before-27"])
+        print("\n".join(compare(VARIANTS, time_one, describe, repeats, width=10)))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@ eager against torch.compile, in one process (issue 33, data.static_shapes): eage
 default without compile), eager on the static batches (what the padding costs), compiled (Inductor) on the static
 batches (one graph) and compiled on the unpadded ones (what compile did before: a recompile, then a dynamic graph); and eager
 on the static batches with their zero-length filler documents given to the model, as only CUDA graphs still do.
-The batches are the real stream's (the demo corpus, micro-batch x max_length, best fit); variants interleaved (A, B,
-C, D per round) after a warm-up round that compiles; the median over the rounds, and the graphs each compiled.
+The batches are the real stream's (the demo corpus, micro-batch x max_length, best fit); variants alternated
+(neobert/instruments/ab.py: a sample is one pass over the batches, A, B, C, D per round) after two warm-up passes
+that compile; the median over the rounds, and the graphs each compiled.
 
     python scripts/bench/static_packing_ab.py [preset] [rounds] [micro_batch] [max_length]
 """
@@ -17,7 +18,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from neobert.data.demo_corpus import demo_documents
 from neobert.data.pretraining import PretrainingStream
 from neobert.data.stream_state import DATA_STATE_KEY
 from neobert.data.tokenizer import load_tokenizer
+from neobert.instruments.ab import alternate, seconds_per_call
 from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.model import NeoBERTConfig
 
@@ -72,24 +73,28 @@ def main(preset: str = "mini", rounds: int = 10, micro_batch: int = 8, max_lengt
                 "eager, static+filler": (with_filler, "static"),
                 "compiled, static": (compiled("compiled, static"), "static"),
                 "compiled, unpadded": (compiled("compiled, unpadded"), "unpadded")}
-    times = {name: [] for name in variants}
     real_tokens = statistics.mean(batch["input_ids"].numel() for batch in batches["unpadded"])
-    for round_ in range(rounds + 1):  # round 0 compiles and warms up
-        for name, (module, kind) in variants.items():
-            start = time.perf_counter()
-            for batch in batches[kind]:
-                module.model.zero_grad(set_to_none=True)
-                module(batch).loss.backward()
-            if round_:
-                times[name].append((time.perf_counter() - start) / BATCHES)
-        print(f"round {round_} done", file=sys.stderr, flush=True)
-    eager_step = statistics.median(times["eager, unpadded"])
+
+    def seconds_per_step(variant) -> float:
+        """One pass over the variant's batches: seconds per training step."""
+        module, kind = variant
+        remaining = iter(batches[kind])
+
+        def step():
+            module.model.zero_grad(set_to_none=True)
+            module(next(remaining)).loss.backward()
+
+        return seconds_per_call(step, torch.device("cpu"), calls=len(batches[kind])).seconds
+
+    medians, failed, _ = alternate({name: lambda variant=variant: seconds_per_step(variant)
+                                    for name, variant in variants.items()}, rounds)
+    if failed:  # every variant is a term of the ratios below
+        raise RuntimeError(f"not measured: {failed}")
     print(f"{preset}, {micro_batch} x {max_length} best fit, {real_tokens:.0f} real tokens per batch on average, "
           f"{rounds} rounds of {BATCHES} batches, torch {torch.__version__}, 2 threads")
-    for name, measured in times.items():
-        step = statistics.median(measured)
+    for name, step in medians.items():
         print(f"{name:22s} {1000 * step:8.1f} ms/step  {real_tokens / step:8.0f} real tokens/s  "
-              f"{eager_step / step:.3f}x eager unpadded  {statistics.median(times['eager, static']) / step:.3f}x "
+              f"{medians['eager, unpadded'] / step:.3f}x eager unpadded  {medians['eager, static'] / step:.3f}x "
               f"eager static  graphs {graphs.get(name, '-')}")
 
 

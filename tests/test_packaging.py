@@ -62,9 +62,21 @@ print(config_path("mteb_instructions.json").is_file(), len(packaged_config_names
     assert resources.split()[0] == "True" and int(resources.split()[1]) >= 20
     help_text = run([str(python), "-m", "experiments.pretrain", "--config", "neobert", "--help"], cwd=work, env=env)
     assert "packaged config name" in help_text
-    for cli in ("glue", "ner", "contrastive", "mine_negatives", "mteb", "throughput", "pseudo_perplexity",
-                "ablations", "export", "offline_corpus", "gpu_check"):
-        run([str(python), "-m", f"experiments.{cli}", "--help"], cwd=work, env=env)
+    # Every other command line's --help, each run as `python -m` runs it, in one interpreter (one import of torch)
+    clis = ("glue", "ner", "contrastive", "mine_negatives", "mteb", "throughput", "pseudo_perplexity", "ablations",
+            "export", "offline_corpus", "gpu_check")
+    out = run([str(python), "-c", f"""
+import contextlib, importlib.util, io, runpy, sys
+for cli in {clis!r}:
+    sys.argv, shown = [cli, "--help"], io.StringIO()
+    try:
+        with contextlib.redirect_stdout(shown):
+            runpy.run_module("experiments." + cli, run_name="__main__", alter_sys=True)
+    except SystemExit as exit:
+        print(cli, importlib.util.find_spec("experiments." + cli).origin, exit.code, "usage:" in shown.getvalue())
+"""], cwd=work, env=env)
+    assert [line.split() for line in out.splitlines()] == [
+        [cli, str(site / "experiments" / f"{cli}.py"), "0", "True"] for cli in clis]
 
 
 @pytest.mark.slow

@@ -37,12 +37,13 @@ class CallTime(NamedTuple):
     issued_share: float | None
 
 
-def seconds_per_call(step: Callable[[], Any], device: torch.device, calls: int = CALLS_PER_SAMPLE) -> CallTime:
+def seconds_per_call(step: Callable[[], Any], device: torch.device, calls: int | None = None) -> CallTime:
     """Seconds per call of `step` (one forward + backward, say), `calls` of them back to back between two waits for
     the device: the host queues the next call while the device runs the last, as in a model's step, so a short
     kernel's sample is not its launch overhead before an idle device, unless issuing a call takes the host longer
     than the device takes to run it (`issued_share` near 1: HOST_BOUND). A step that waits for the device itself (a
     value read on the host, an allocation that waits) reads the same way: its host share is near 1 too."""
+    calls = calls or CALLS_PER_SAMPLE  # read at each call: a CPU smoke run of a script sets it to 1
     synchronize(device)
     start = time.perf_counter()
     for _ in range(calls):
@@ -51,6 +52,11 @@ def seconds_per_call(step: Callable[[], Any], device: torch.device, calls: int =
     synchronize(device)
     elapsed = time.perf_counter() - start
     return CallTime(elapsed / calls, issued / elapsed if device.type == "cuda" else None)
+
+
+def samples_described(repeats: int) -> str:
+    """What a script's header says of its timing: the median of `repeats` samples of CALLS_PER_SAMPLE calls."""
+    return f"median of {repeats} samples of {CALLS_PER_SAMPLE} calls"
 
 
 def reason(err: Exception) -> str:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from neobert.instruments.ab import (CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute,
+from neobert.instruments.ab import (CallTime, compare, device_label, optional_attribute, samples_described,
                                     seconds_per_call)
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import cu_seqlens_of_rows
@@ -153,7 +153,7 @@ def main(tokens: int = 32768, repeats: int = 20, length: int = 512) -> None:
 
     flops = 4 * batch * length * length * heads * head_dim  # QK^T and PV, 2 FLOPs per multiply-add
     print(f"Attention, {batch} x {length} tokens x {heads} heads x {head_dim}, no mask, bf16, {device_label(device)}, "
-          f"torch {torch.__version__}, median of {repeats} samples of {CALLS_PER_SAMPLE} calls")
+          f"torch {torch.__version__}, {samples_described(repeats)}")
     for training in (False, True):
         work = flops * (3 if training else 1)  # the backward counted twice the forward, as the model's MFU counts it
         print(f"{'Forward + backward (training)' if training else 'Forward alone (inference)'}, median of {repeats}")

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from neobert.instruments.ab import CALLS_PER_SAMPLE, CallTime, compare, device_label, seconds_per_call
+from neobert.instruments.ab import CallTime, compare, device_label, samples_described, seconds_per_call
 from neobert.model import NeoBERTConfig
 from neobert.model.heads import padded_linear
 
@@ -64,7 +64,7 @@ def main(rows: int = 6989, repeats: int = 20) -> None:
                 "padded_compiled": torch.compile(padded)}
     print(f"MLM decoder + cross-entropy forward + backward, {rows:,} rows x {config.hidden_size} -> "
           f"{config.vocab_size:,} (padded: {config.vocab_size + -config.vocab_size % PAD_TO:,}) bf16, "
-          f"{device_label(device)}, torch {torch.__version__}, median of {repeats} samples of {CALLS_PER_SAMPLE} calls")
+          f"{device_label(device)}, torch {torch.__version__}, {samples_described(repeats)}")
     flops = 3 * 2 * rows * config.hidden_size * config.vocab_size  # the three GEMMs at the real vocabulary
     expected = [value.float() for value in forward_backward(as_is, reference, hidden.float(), targets)]
 

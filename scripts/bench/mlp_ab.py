@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from neobert.instruments.ab import (CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute,
+from neobert.instruments.ab import (CallTime, compare, device_label, optional_attribute, samples_described,
                                     seconds_per_call)
 from neobert.model import NeoBERTConfig
 from neobert.model.kernels import liger_missing_reason
@@ -74,7 +74,7 @@ def main(rows: int = 32768, repeats: int = 20) -> None:
     if device.type == "cuda" and liger_missing is None:
         variants["liger"] = (module("liger"), lambda m, x: m(x))
     print(f"SwiGLU MLP forward + backward, {rows:,} x {config.hidden_size} -> 2 x {config.ffn_hidden_size} bf16, "
-          f"{device_label(device)}, torch {torch.__version__}, median of {repeats} samples of {CALLS_PER_SAMPLE} calls")
+          f"{device_label(device)}, torch {torch.__version__}, {samples_described(repeats)}")
     # the two matmuls' FLOPs, forward (2 per multiply-add) and backward (twice the forward)
     flops = 3 * 2 * rows * config.hidden_size * 3 * config.ffn_hidden_size
 

@@ -20,7 +20,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from neobert.instruments.ab import (CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute,
+from neobert.instruments.ab import (CallTime, compare, device_label, optional_attribute, samples_described,
                                     seconds_per_call)
 from neobert.model.kernels import liger_missing_reason, liger_rms_norm
 from neobert.model.layers import rms_norm_in_dtype
@@ -58,7 +58,7 @@ def main(rows: int = 32768, repeats: int = 20) -> None:
     if device.type == "cuda" and liger_missing is None:
         variants["liger"] = lambda x, w: liger_rms_norm(x, w, EPS)
     print(f"RMSNorm forward + backward, {rows:,} x {HIDDEN} bf16, {device_label(device)}, "
-          f"torch {torch.__version__}, median of {repeats} samples of {CALLS_PER_SAMPLE} calls")
+          f"torch {torch.__version__}, {samples_described(repeats)}")
 
     def measure(norms: dict) -> None:
         """Times `norms` in alternation with the reference and prints each: time, ratio, errors."""

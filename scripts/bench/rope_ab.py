@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from neobert.instruments.ab import (CALLS_PER_SAMPLE, CallTime, compare, device_label, optional_attribute,
+from neobert.instruments.ab import (CallTime, compare, device_label, optional_attribute, samples_described,
                                     seconds_per_call)
 from neobert.model import NeoBERTConfig
 from neobert.model.attention import position_ids_from_cu_seqlens
@@ -86,8 +86,7 @@ def main(tokens: int = 32768, repeats: int = 20) -> None:
 
     variants = {"eager": in_dtype, "complex": complex_rotation, "compiled": torch.compile(as_the_model_does)}
     print(f"RoPE forward + backward of q and k, {tokens:,} tokens in documents of {DOCUMENT} x {heads} heads x "
-          f"{head_dim}, bf16, {device_label(device)}, torch {torch.__version__}, median of {repeats} samples of "
-          f"{CALLS_PER_SAMPLE} calls")
+          f"{head_dim}, bf16, {device_label(device)}, torch {torch.__version__}, {samples_described(repeats)}")
 
     def measure(rotations: dict) -> None:
         """Times `rotations` in alternation with eager and prints each: time, ratio, errors."""

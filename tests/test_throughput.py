@@ -704,8 +704,8 @@ def test_a_model_past_its_recompile_limit_loses_its_rows_and_none_is_timed_eager
     """A miscounted limit (ModernBERT with FA4, compiled, on the H100) costs the models that hit it their rows, this
     one failed and the later ones not run (each would compile until the same error), never a row timed in eager;
     the rows measured before it are kept, and the run goes on."""
-    count = job.compiled_graphs
-    monkeypatch.setattr(job, "compiled_graphs", lambda *args: 1)  # dynamo's own limit, 8, for the run's 24 graphs
+    count = job.expected_graphs
+    monkeypatch.setattr(job, "expected_graphs", lambda *args: 1)  # dynamo's own limit, 8, for the run's 24 graphs
     searched, real_search = [], job._search
     monkeypatch.setattr(job, "_search", lambda bench, layout, length, *args: searched.append((bench.name, length))
                         or real_search(bench, layout, length, *args))
@@ -754,7 +754,7 @@ def test_eager_models_stay_eager_beside_the_compiled_rows_and_say_so(compiled):
     # an eager row compiles nothing of its own: not counted as a compiled FA4 row of transformers
     config = ThroughputConfig(models=["neobert", "modernbert-base-fa4"], eager_models=["modernbert-base-fa4"],
                               layouts=["full"], compile=True)
-    assert job.compiled_graphs(config, config.models, [1024], [16]) == 2
+    assert job.expected_graphs(config, config.models, [1024], [16]) == 2
 
 
 def test_compile_mode_reaches_torch_compile_and_cuda_graph_modes_start_a_step_per_call(monkeypatch, compiled):

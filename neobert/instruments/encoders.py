@@ -108,11 +108,11 @@ def _hf_config(name: str):
     return ModernBertConfig()  # the defaults are ModernBERT-base: 22 x 768, 8,192 positions
 
 
-def compiled_graphs_per_shape(name: str) -> int:
-    """How many graphs of one code object a row compiles per shape under compile=true: 1, but for transformers'
-    FlashAttention 4 rows, whose attention function breaks the graph (CuTe DSL's DLTensorWrapper) and whose resumed
-    frame torch 2.11's Dynamo compiles once per layer (it guards `module.layer_idx`; a CPU model of the break
-    recompiles once per layer too)."""
+def graphs_per_shape(name: str) -> int:
+    """The expected graphs per shape (an estimate, for dynamo's recompile limit): how many graphs of one code object
+    a row compiles per shape under compile=true: 1, but for transformers' FlashAttention 4 rows, whose attention
+    function breaks the graph (CuTe DSL's DLTensorWrapper) and whose resumed frame torch 2.11's Dynamo compiles once
+    per layer (it guards `module.layer_idx`; a CPU model of the break recompiles once per layer too)."""
     return _hf_config(name).num_hidden_layers if WINDOWED_MODELS.get(name) == "flash_attention_4" else 1
 
 

@@ -31,7 +31,7 @@ from neobert.errors import ConfigError
 from neobert.eval.device import resolve_device
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
 from neobert.eval.plots import plot_throughput
-from neobert.instruments.encoders import (Batch, BenchModel, ModelUnavailable, build_model, compiled_graphs_per_shape,
+from neobert.instruments.encoders import (Batch, BenchModel, ModelUnavailable, build_model, graphs_per_shape,
                                           make_batch)
 from neobert.instruments.kernel_profile import cuda_graphs_or_error, trace_graphs_captured_from_now
 from neobert.instruments.throughput_report import (PROFILE_FAILED, host_waits_markdown, markdown_table,
@@ -134,22 +134,22 @@ def default_lengths(device: torch.device) -> list[int]:
     return [128, 256, 512, 1024, 2048, 4096] if device.type == "cuda" else [128, 512]
 
 
-def compiled_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Sequence[int],
+def expected_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Sequence[int],
                     candidates: Sequence[int]) -> int:
-    """How many graphs dynamo may compile of one code object in this run: the limit it is given (past its own, 8,
-    and 256 for a code object all told, it would fall back to eager without a word, and time that; with
-    fail_on_recompile_limit_hit a miscount costs the model that hits it its rows instead). Each model compiles once
-    per shape it runs (the searched sizes of every layout and length), and dynamo counts the graphs of one code
-    object together: neobert and its neobert-<kernel> rows run the same forward. A FlexAttention row (FLEX_MODELS)
-    compiles inside transformers even without compile=true: its block mask and its kernel, each twice a shape (the
-    full and the sliding-window mask), and again for grad mode. A compiled FlashAttention 4 row of transformers
-    compiles its attention once per layer (compiled_graphs_per_shape). Automatic dynamic shapes are off: every shape
-    gets its own static graph, as compile=true's dynamic=False gives, not the dynamic graph dynamo would switch to at
-    the second shape (which row timed which depended on the search's order)."""
+    """The expected graphs of one code object in this run (an estimate, not dynamo's count), the limit dynamo is given
+    (past its own, 8, and 256 for a code object all told, it would fall back to eager without a word, and time that;
+    with fail_on_recompile_limit_hit a miscount costs the model that hits it its rows instead). Each model compiles once
+    per shape it runs (the searched sizes of every layout and length), and dynamo counts the graphs of one code object
+    together: neobert and its neobert-<kernel> rows run the same forward. A FlexAttention row (FLEX_MODELS) compiles
+    inside transformers even without compile=true: its block mask and its kernel, each twice a shape (the full and the
+    sliding-window mask), and again for grad mode. A compiled FlashAttention 4 row of transformers compiles its
+    attention once per layer (graphs_per_shape). Automatic dynamic shapes are off: every shape gets its own static
+    graph, as compile=true's dynamic=False gives, not the dynamic graph dynamo would switch to at the second shape
+    (which row timed which depended on the search's order)."""
     flex = any(name in FLEX_MODELS for name in models)
     sizes = len(set(candidates)) if config.compile or flex else 1
     shapes = len(config.layouts) * len(lengths) * sizes * (2 if flex else 1) + (4 if flex else 0)
-    return shapes * sum(compiled_graphs_per_shape(name) if config.compiles(name) else 1 for name in models)
+    return shapes * sum(graphs_per_shape(name) if config.compiles(name) else 1 for name in models)
 
 
 def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = log.info,
@@ -233,7 +233,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
             models[name].cuda_graphs = config.compile_mode in CUDA_GRAPH_MODES
     if config.profile and config.compile and config.compile_mode in CUDA_GRAPH_MODES:
         trace_graphs_captured_from_now(device)
-    graphs = compiled_graphs(config, list(models), lengths, candidates)
+    graphs = expected_graphs(config, list(models), lengths, candidates)
     to_profile: list[tuple[ThroughputRow, BenchModel, Batch]] = []  # profile=true: what is profiled after the timing
     with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, graphs),
                                     accumulated_recompile_limit=max(torch._dynamo.config.accumulated_recompile_limit,

@@ -56,10 +56,8 @@ class GpuCheckConfig:
 
     @property
     def timed_from(self) -> int:
-        """The loops' first step in their tokens/s and MFU (both loops alike): after the warm-up and, with profile=true,
-        after the recipe's loop's profiled steps and the step after them, whose logged interval holds the profiler's
-        stop and the writing of its tables at the end of the last profiled step (each logged interval also holds the
-        end of the step before it)."""
+        """The loops' first step counted in their tokens/s and MFU: after the warm-up, and with profile=true after the
+        profiled steps and the next one (whose interval holds the profiler's stop and the writing of its tables)."""
         return self.warmup_steps + (self.profile_steps + 1 if self.profile else 0)
 
     def validate(self) -> None:

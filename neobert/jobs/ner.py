@@ -115,7 +115,6 @@ load_task_config = NER.load_task_config
 
 
 def run_task(config: NerConfig, sweep: bool = False) -> dict:
-    """Fine-tunes one task (`finetune.run_task`): a single run with the config's hyperparameters, or (sweep=True)
-    the grid with its seeds, ranked by the median entity F1 over seeds. Keeps the best run's model in
-    `<output_dir>/<task>/best/`."""
+    """One task fine-tuned (`finetune.run_task`): one run, or with `sweep` the grid and its seeds ranked by median
+    entity F1; the best run's model in `<output_dir>/<task>/best/`."""
     return finetune.run_task(NER, config, sweep).summary

@@ -117,10 +117,8 @@ def remove_partial_writes(output_dir: str | Path) -> list[Path]:
 
 # ---------------------------------------------------------------------------------------------- resume
 def verify_checkpoint(path: str | Path) -> int:
-    """Loads `path` (memory-mapped: the tensors are not read) and returns its global step; raises
-    CheckpointError saying why it cannot be resumed from. A directory is a sharded (fsdp2) or DeepSpeed
-    checkpoint: its non-tensor part is loaded and every shard (fsdp2) or partition (DeepSpeed) must be there
-    and load; see `_verify_sharded` and `_verify_deepspeed`."""
+    """The global step of the checkpoint at `path` (file, or fsdp2/DeepSpeed directory) that `verified_checkpoint`
+    found whole; CheckpointError saying why it cannot be resumed from."""
     return int(verified_checkpoint(path)["global_step"])
 
 

@@ -42,9 +42,8 @@ class MaskedLMOutput:
     predictions: Tensor | None = None  # the fused loss's argmax token per scored row (-1 for rows labelled -100)
 
     def predicted_ids(self) -> Tensor:
-        """The most likely token of every row the head scored: from the logits, or the fused loss's predictions. max's
-        indices, not argmax: on bf16 logits argmax is several times slower on a CPU, and the training loop asks every
-        micro-batch (the first of equal maxima either way)."""
+        """The most likely token of every row the head scored: from the logits, or the fused loss's predictions (max's
+        indices: cheaper than argmax on bf16 logits on a CPU, the same first of equal maxima)."""
         return self.logits.max(-1).indices if self.logits is not None else self.predictions
 
 
@@ -368,12 +367,9 @@ class NeoBERTForMaskedLM(NeoBERTPreTrained):
         return logits, F.cross_entropy(logits.float(), targets, reduction="sum") / scored
 
     def compile_masked_scoring(self, **kwargs) -> None:
-        """`score_masked_rows` compiled (`torch.compile`'s arguments; compile_scope=blocks does it): the float32
-        logits of the loss and its softmax fused into the cross-entropy's kernels instead of written out whole (its
-        speed: docs/benchmarks.md). The number of masked rows changes from batch to batch: dynamic, unless the caller
-        says otherwise or compiles for CUDA graphs, whose batches have one shape (data.static_shapes). Never CUDA graphs
-        itself: the head is a few large kernels, and a graph would keep its logits (rows x the vocabulary) in a pool
-        that the next replay overwrites. A copy of the model (`__getstate__`) runs the eager method."""
+        """`score_masked_rows` compiled (compile_scope=blocks): the loss's softmax fused into the cross-entropy, its
+        float32 logits never written out whole. Dynamic in the masked rows, but under CUDA graphs (one batch shape);
+        never a CUDA graph itself, whose pool the next replay would overwrite with the logits still in use."""
         mode = kwargs.pop("mode", None)
         kwargs = {"dynamic": mode not in CUDA_GRAPH_MODES, **kwargs, "mode": WITHOUT_CUDA_GRAPHS.get(mode, mode)}
         self.score_masked_rows = torch.compile(self.score_masked_rows, **kwargs)

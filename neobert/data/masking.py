@@ -33,7 +33,7 @@ class StaticShapes:
       repeated) up to the fixed count. The batch's "documents" (an int, at most `documents`) counts the entries before
       that filler, [PAD] tails included. Only CUDA graphs need the fixed count: elsewhere
       MLMPretrainingModule.forward gives the model the entries up to "documents" alone, as a dynamic size of
-      the compiled graph (FlashAttention's kernels are slower on many empty documents, docs/benchmarks.md);
+      the compiled graph (FlashAttention's varlen kernels slow down on many empty documents);
       max_seqlen is `length`;
     * masked_index has `masked` entries: the masked positions, then a position whose label is -100, repeated (the
       loss ignores it; an accuracy must count the entries whose label is not -100, not the entries).

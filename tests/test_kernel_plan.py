@@ -12,7 +12,7 @@ import torch
 from neobert.config import load_config
 from neobert.config.pretrain import PretrainConfig
 from neobert.instruments.preflight import preflight_report
-from neobert.instruments.preflight_kernels import training_plan
+from neobert.instruments.preflight_kernels import planned_run, training_plan
 from neobert.model import NeoBERTConfig, attention, kernels
 from neobert.model import config as model_config_module
 
@@ -25,10 +25,14 @@ def cuda_tensor(dtype=torch.bfloat16):
                                  device=types.SimpleNamespace(type="cuda"))
 
 
-def forward_choices(model_config: NeoBERTConfig) -> tuple[str, str]:
+def forward_choices(model_config: NeoBERTConfig, compiled: bool = False) -> tuple[str, str]:
     """(the packed attention kernel, the MLP's kernel) the forward pass takes for a bf16 training step on the GPU the
-    mocks describe: the calls its layers make (`attend`'s and `SwiGLU.forward`'s)."""
+    mocks describe, in a compiled block or not: the calls its layers make (`attend`'s and `SwiGLU.forward`'s)."""
     widths = (model_config.hidden_size, model_config.ffn_hidden_size)
+    if compiled:  # what the layers read while Dynamo traces a compiled block
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch.compiler, "is_compiling", lambda: True)
+            return forward_choices(model_config)
     attention_kernel = attention.chosen_packed_kernel(model_config.attention_kernel, "cuda", torch.bfloat16,
                                                       model_config.dropout, model_config.head_dim, True)
     mlp = ("quack" if kernels.use_quack(model_config.kernels, cuda_tensor(), widths)
@@ -64,7 +68,11 @@ def test_the_preflight_and_the_forward_pass_agree_on_the_plan(monkeypatch, capab
     on_a_gpu(monkeypatch, capability, packages)
     config, model_config = recipe_and_model(*overrides)
     plan = training_plan(config, model_config, capability)
-    assert (plan.attention, plan.mlp) == forward_choices(model_config)
+    # model.compile=auto: compiled by blocks from Hopper on (planned on a machine without a GPU: with the Triton
+    # PyTorch's CUDA build brings)
+    compiled = planned_run(config, capability).model.compile
+    assert compiled is (capability >= (9, 0))
+    assert (plan.attention, plan.mlp) == forward_choices(model_config, compiled)
     widths = (model_config.hidden_size, model_config.ffn_hidden_size)
     assert (plan.mlp == "quack") == (model_config.kernels == "quack" and capability[0] >= 8
                                      and all(width % 8 == 0 for width in widths))

@@ -285,8 +285,9 @@ def test_the_activation_estimate_counts_what_liger_and_quack_keep_of_the_mlp(mon
     monkeypatch.setattr(model_config_module, "liger_missing_reason", lambda: None)
     monkeypatch.setattr(model_config_module, "quack_missing_reason", lambda: None)
 
-    def estimate(*overrides):
-        config = load_config(PretrainConfig, "neobert", list(overrides))
+    def estimate(*overrides):  # eager unless the overrides compile (the recipe's auto compiles on the planned H100)
+        config = load_config(PretrainConfig, "neobert", ["model.compile=false", "model.compile_scope=model",
+                                                         *overrides])
         return config_activation_bytes(config, build_model_config(config, load_tokenizer(config.data.tokenizer)))
 
     config = load_config(PretrainConfig, "neobert", [])

@@ -23,6 +23,7 @@ PACKING_MODES = ("none", "greedy", "best_fit")
 # data.packing was a boolean before best-fit packing: true meant today's greedy packing.
 PACKING_BOOLEANS = {"true": "greedy", "false": "none"}
 STATIC_SHAPES = ("auto", "true", "false")
+COMPILE_SETTINGS = ("true", "false", "auto")  # model.compile: auto is decided by the run for its device
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # The compile modes that record CUDA graphs: the model's (neobert.model.kernels, which compiles), stated here for the
 # schema's checks, below the model (tests/test_kernel_plan.py ties them to each other and to torch's own table)
@@ -48,7 +49,10 @@ class ModelConfig:
     preset: str = "neobert"
     # Any NeoBERTConfig field, e.g. position_encoding, activation, norm, max_length, attention_backend, dropout.
     overrides: Dict[str, Any] = field(default_factory=dict)
-    compile: bool = False  # torch.compile the model
+    # torch.compile the model: true, false, or auto: compiled where the model's rule says it pays for the device the
+    # run trains on (neobert.model.kernels.compile_pays: a CUDA GPU of compute capability 9.0 or later with Triton),
+    # decided when the run starts (neobert.jobs.pretrain.decide_compile); false is the one switch to eager
+    compile: Any = False
     # torch.compile's mode with model.compile: reduce-overhead replays each step as CUDA graphs (one launch instead of
     # hundreds; needs one batch shape, data.static_shapes), max-autotune also searches matmul kernels (slow to start).
     compile_mode: str = "default"
@@ -299,7 +303,9 @@ class PretrainConfig:
         config is resolved again once its overrides are applied, neobert.jobs.phases.phase_config).
 
         * data.packing's legacy booleans become their names (true: greedy, false: none), with a warning;
-        * data.static_shapes is lower-cased, and auto becomes model.compile (true or false).
+        * model.compile's true, false and auto, given as strings, become True, False and "auto";
+        * data.static_shapes is lower-cased, and auto becomes model.compile (true or false), or stays auto while
+          model.compile is auto (the run decides both for its device: neobert.jobs.pretrain.decide_compile).
 
         A value that is none of these is left as given, for `validate` to name. Calling it again changes nothing."""
         data = self.data
@@ -307,10 +313,13 @@ class PretrainConfig:
             data.packing = PACKING_BOOLEANS[str(data.packing).lower()]
             warnings.warn(f"data.packing={data.packing != 'none'} is deprecated and will be removed in the next "
                           f"release; use data.packing={data.packing}", FutureWarning, stacklevel=2)
+        if str(self.model.compile).lower() in COMPILE_SETTINGS:
+            self.model.compile = {"true": True, "false": False}.get(str(self.model.compile).lower(), "auto")
         static = str(data.static_shapes).lower()
         if static in STATIC_SHAPES:
             # auto follows model.compile, which no phase may change: the same whatever a phase's packing.
-            data.static_shapes = str(self.model.compile).lower() if static == "auto" else static
+            follows = str(self.model.compile).lower()  # "auto" until the run decides model.compile=auto
+            data.static_shapes = follows if static == "auto" and follows in COMPILE_SETTINGS else static
 
     def derived_model_overrides(self) -> Dict[str, Any]:
         """The NeoBERTConfig fields the data decides, where model.overrides leaves them unset: attention_backend=varlen
@@ -352,14 +361,17 @@ class PretrainConfig:
         require(str(data.static_shapes).lower() != "true" or data.packing != "none" or model.compile is True,
                 "data.static_shapes", "true lays out packed batches in one shape, and data.packing=none packs none: "
                 "set data.packing to greedy or best_fit, or data.static_shapes to auto or false")
+        require(isinstance(model.compile, bool) or model.compile == "auto", "model.compile",
+                f"must be true, false or auto, got {model.compile!r}")
+        may_compile = model.compile in (True, "auto")  # the mode and scope apply where auto decides to compile
         require(model.compile_mode in COMPILE_MODES, "model.compile_mode",
                 f"must be one of {COMPILE_MODES}, got {model.compile_mode!r}")
-        require(model.compile or model.compile_mode == "default", "model.compile_mode",
-                f"{model.compile_mode!r} is a mode of torch.compile: set model.compile=true too")
+        require(may_compile or model.compile_mode == "default", "model.compile_mode",
+                f"{model.compile_mode!r} is a mode of torch.compile: set model.compile=true (or auto) too")
         require(model.compile_scope in COMPILE_SCOPES, "model.compile_scope",
                 f"must be one of {COMPILE_SCOPES}, got {model.compile_scope!r}")
-        require(model.compile or model.compile_scope == "model", "model.compile_scope",
-                "chooses what torch.compile compiles: set model.compile=true too")
+        require(may_compile or model.compile_scope == "model", "model.compile_scope",
+                "chooses what torch.compile compiles: set model.compile=true (or auto) too")
         # A CUDA graph replays fixed shapes: a batch of new shape records another graph (memory and time)
         require(model.compile_mode not in CUDA_GRAPH_MODES or str(data.static_shapes).lower() != "false"
                 and data.packing != "none", "model.compile_mode",

@@ -59,7 +59,7 @@ from neobert.instruments.gpu_check_stages import (BELOW_TARGET, CEILING, ENCODER
 from neobert.instruments.host_waits import host_wait_lines
 from neobert.instruments.kernel_profile import (CATEGORIES, KernelProfile, cuda_graphs_or_error,
                                                 trace_graphs_captured_from_now)
-from neobert.jobs.pretrain import load_pretrain_config, prepare
+from neobert.jobs.pretrain import decide_compile, load_pretrain_config, prepare
 from neobert.layout import GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_RECIPE_RUN, write_atomically
 from neobert.outputs import GPU_CHECK, claim_output_dir, clear_output_dir, is_global_rank_zero
 
@@ -146,6 +146,7 @@ def make_plan(config: GpuCheckConfig) -> Plan:
                               f"check's own key devices=N to use fewer")
     recipe, left_out = steady_state(recipe)
     on_gpu = torch.cuda.is_available() and recipe.trainer.accelerator in ("auto", "gpu", "cuda")
+    recipe = decide_compile(recipe, "cuda" if on_gpu else "cpu")  # model.compile=auto, as the recipe's run decides it
     devices = (torch.cuda.device_count() if on_gpu else 1) if config.devices == "auto" else int(config.devices)
     trainer = dataclasses.replace(recipe.trainer, devices=devices, num_nodes=1)  # one node: this one
     data = recipe.data

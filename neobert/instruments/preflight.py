@@ -36,8 +36,8 @@ from neobert.instruments.data_pipeline import run_ours
 from neobert.jobs.phases import plan_phases
 from neobert.jobs.pretrain import build_model_config
 from neobert.instruments.preflight_kernels import (DEFAULT_GPU, attention_section, gpu_capability, in_16_bits,
-                                                   kernels_section, planned_capability, precision_section,
-                                                   resolve_precision_on_gpu)
+                                                   kernels_section, planned_capability, planned_run,
+                                                   precision_section, resolve_precision_on_gpu)
 from neobert.instruments.preflight_memory import GiB, config_activation_bytes, memory_section, world_size
 from neobert.lit.strategies import is_deepspeed
 from neobert.lit.trainer import build_strategy
@@ -94,6 +94,8 @@ def preflight_report(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> Prefligh
     """Builds the run of a loaded config (resolved and validated by the loader) and checks it (see the module
     docstring)."""
     report = Preflight()
+    given, capability = config, planned_capability(gpu)
+    config = planned_run(config, capability)  # the run as it trains there: model.compile=auto decided
     trainer = config.trainer
     tokenizer = load_tokenizer(config.data.tokenizer, max_length=config.data.max_length,
                                config_key="data.tokenizer")
@@ -113,7 +115,7 @@ def preflight_report(config: PretrainConfig, gpu: str = DEFAULT_GPU) -> Prefligh
     precision_section(report, config, gpu)
     memory_section(report, config, model, parameters, gpu)
     attention_section(report, config, model_config, precision, gpu)
-    kernels_section(report, config, model_config, planned_capability(gpu))
+    kernels_section(report, given, model_config, capability)
     demand_per_gpu = mfu_section(report, config, model, model_config, gpu)
     workers_section(report, config, tokenizer, demand_per_gpu)
     if config.phases:

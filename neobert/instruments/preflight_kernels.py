@@ -10,11 +10,12 @@ import re
 import torch
 
 from neobert.config.pretrain import CUDA_GRAPH_MODES, PretrainConfig
+from neobert.jobs.pretrain import compile_decision, decide_compile
 from neobert.lit.strategies import loop_dtypes
 from neobert.model import attention
 from neobert.model.attention import (attention_kernel_missing_reason, before_ampere, chosen_packed_kernel,
                                      flash_attn_4_takes)
-from neobert.model.kernels import KernelPlan, kernel_plan
+from neobert.model.kernels import KernelPlan, kernel_plan, triton_installed
 
 DEFAULT_GPU = "NVIDIA H100 80GB HBM3"  # what torch.cuda.get_device_name() says on an H100 SXM
 # The compute capability of a GPU by a word of its name (torch.cuda.get_device_name: "NVIDIA H100 80GB HBM3",
@@ -49,6 +50,18 @@ def planned_capability(gpu: str) -> tuple[int, int] | None:
     return None if torch.cuda.is_available() else gpu_capability(gpu)
 
 
+def planned_run(config: PretrainConfig, capability: tuple[int, int] | None) -> PretrainConfig:
+    """The config as it trains on the planned GPU (`planned_capability`): model.compile=auto decided there
+    (`decide_compile`), with this machine's Triton where it has a GPU, else with the one PyTorch's CUDA build brings."""
+    return decide_compile(config, "cuda", capability, planned_triton())
+
+
+def planned_triton() -> bool | None:
+    """Whether the planned GPU's machine has Triton: None (this machine's, looked up) where it has a GPU; else true, as
+    PyTorch's CUDA build brings it."""
+    return None if torch.cuda.is_available() else True
+
+
 def resolve_precision_on_gpu(config: PretrainConfig) -> str:
     """The precision the run will have on its GPUs (null = bf16-mixed there), whatever this machine has."""
     return str(config.trainer.precision) if config.trainer.precision is not None else "bf16-mixed"
@@ -73,9 +86,9 @@ def activation_precision(config: PretrainConfig) -> str:
 
 def training_plan(config: PretrainConfig, model_config, capability: tuple[int, int] | None) -> KernelPlan:
     """The model's kernel plan of the run's training step on a GPU of this capability (None: this machine's): its
-    batches' layout, its precision's dtype, its compilation and masked-only head. A ValueError naming the field where
-    the chosen attention kernel cannot run it."""
-    data, model = config.data, config.model
+    batches' layout, its precision's dtype, its compilation (model.compile=auto decided for that GPU) and masked-only
+    head. A ValueError naming the field where the chosen attention kernel cannot run it."""
+    data, model = config.data, planned_run(config, capability).model
     return kernel_plan(model_config, "cuda", COMPUTE_DTYPES.get(resolve_precision_on_gpu(config), torch.float32),
                        capability, packed=data.packing != "none" or data.unpad, training=True,
                        compile_scope=model.compile_scope if model.compile else None,
@@ -172,6 +185,9 @@ def kernels_section(report, config: PretrainConfig, model_config, capability: tu
     what torch.compile compiles (model.compile, compile_scope, compile_mode), as the model's plan for the run's GPU
     says: docs/pretraining.md, "The model's kernels"."""
     report.section("Kernels and compilation")
+    if config.model.compile == "auto":
+        report.add(f"- {auto_compile_words(config, capability)}")
+    config = planned_run(config, capability)
     compiled, scope, mode = config.model.compile, config.model.compile_scope, config.model.compile_mode
     plan = training_plan(config, model_config, capability)
     liger = plan.norms == "liger"
@@ -189,6 +205,19 @@ def kernels_section(report, config: PretrainConfig, model_config, capability: tu
         if model_config.kernels == "quack":
             report.add(f"- model.overrides.kernels=quack does not apply: {_why_not_quack(config, model_config)}")
     report.add(f"- the MLM head's loss: {_head_words(config, model_config, plan)}")
+
+
+def auto_compile_words(config: PretrainConfig, capability: tuple[int, int] | None) -> str:
+    """What model.compile=auto becomes on the run's GPU (this machine's, else one of this `capability`) and why: the
+    model's rule (`compile_pays`) as `planned_run` asks it."""
+    if capability is None and not torch.cuda.is_available():
+        return ("model.compile=auto: eager, as model.compile=false: the named GPU's compute capability is not known "
+                "here (GPU_CAPABILITIES); it compiles on one of 9.0, Hopper, or later with Triton installed")
+    triton = planned_triton()
+    words = compile_decision(planned_run(config, capability), "cuda", capability, triton)
+    if triton and not triton_installed():
+        words += " (there: PyTorch's CUDA build brings Triton; this machine has none)"
+    return words
 
 
 def _why_not_quack(config: PretrainConfig, model_config) -> str:

@@ -5,11 +5,13 @@ command line; docs/pretraining.md the guide.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Sequence
 
 import lightning as L
+import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from neobert.config import ConfigError, config_path, load_config
@@ -36,6 +38,8 @@ from neobert.lit.strategies import master_state_dict
 from neobert.lit.trainer import build_trainer, check_strategy_has_its_device
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model.config import ModelFieldError
+from neobert.model.attention import cuda_capability
+from neobert.model.kernels import compile_pays, eager_reason
 from neobert.model.checkpoint import load_state_dict_strict, read_weights, submodule_state
 from neobert.outputs import (EXPORT, check_writable, claim_output_dir, clear_output_dir, hold_output_dir,
                              is_within)
@@ -89,6 +93,30 @@ def build_model_config(config: PretrainConfig, tokenizer) -> NeoBERTConfig:
         raise ConfigError(f"invalid config key 'data.max_length': {config.data.max_length} exceeds the model's "
                           f"max_length {model_config.max_length} (set model.overrides.max_length)")
     return model_config
+
+
+def decide_compile(config: PretrainConfig, device_type: str, capability: tuple[int, int] | None = None,
+                   triton: bool | None = None) -> PretrainConfig:
+    """The config as it trains on `device_type` (a GPU of this compute capability, None: this one; with Triton or
+    without, None: as installed here): model.compile=auto decided by the model's rule
+    (`neobert.model.kernels.compile_pays`), data.static_shapes=auto following it; where auto stays eager, the eager
+    run of model.compile=false (compile_scope and compile_mode at their defaults). A copy; true and false come back
+    as they are."""
+    if config.model.compile != "auto":
+        return config
+    compiled = compile_pays(device_type, capability, triton)
+    defaults = type(config.model)()
+    model = dataclasses.replace(config.model, compile=True) if compiled else dataclasses.replace(
+        config.model, compile=False, compile_scope=defaults.compile_scope, compile_mode=defaults.compile_mode)
+    decided = dataclasses.replace(config, model=model, data=dataclasses.replace(config.data))
+    decided.resolve()  # data.static_shapes=auto follows the decision
+    return decided
+
+
+def run_device_type(config: PretrainConfig) -> str:
+    """The device type the run trains on: "cuda" where Lightning's accelerator finds a GPU, else "cpu"."""
+    on_gpu = torch.cuda.is_available() and config.trainer.accelerator in ("auto", "gpu", "cuda")
+    return "cuda" if on_gpu else "cpu"
 
 
 def prepare(config: PretrainConfig, phase=None):
@@ -222,6 +250,7 @@ def train_and_export(config: PretrainConfig, extra_callbacks: Sequence[L.Callbac
         raise ConfigError("invalid config key 'phases': a phased recipe runs phase by phase "
                           "(neobert.jobs.phases.run_phases; `python -m experiments.pretrain` does)")
     check_strategy_has_its_device(config.trainer)
+    config = decided_for_this_run(config)
     tokenizer, model_config, datamodule = prepare(config, phase)
     ckpt_path = resume_checkpoint(config.output_dir) if config.resume else None
     L.seed_everything(config.trainer.seed, workers=True)
@@ -283,6 +312,27 @@ def train_and_export(config: PretrainConfig, extra_callbacks: Sequence[L.Callbac
     if trainer.is_global_zero:
         summarise(config, export_dir, baselines)
     return export_dir
+
+
+def decided_for_this_run(config: PretrainConfig) -> PretrainConfig:
+    """`decide_compile` for this machine's device, said in one line where model.compile=auto decided it."""
+    device_type = run_device_type(config)
+    decided = decide_compile(config, device_type)
+    if decided is not config:
+        log.info("%s (model.compile=false trains eager)", compile_decision(decided, device_type))
+    return decided
+
+
+def compile_decision(decided: PretrainConfig, device_type: str, capability: tuple[int, int] | None = None,
+                     triton: bool | None = None) -> str:
+    """In words, what model.compile=auto became in the `decided` config (`decide_compile`'s, with these arguments),
+    and why."""
+    why = eager_reason(device_type, capability, triton)
+    if why is not None:
+        return f"model.compile=auto: eager, as model.compile=false: {why}"
+    major, minor = cuda_capability() if capability is None else capability
+    return (f"model.compile=auto: compiled (compile_scope={decided.model.compile_scope}, compile_mode="
+            f"{decided.model.compile_mode}): compute capability {major}.{minor} (Hopper or later) and Triton installed")
 
 
 def run_pretokenize(config: PretrainConfig, out_dir: str | Path) -> list[Path]:

@@ -5,6 +5,7 @@ tokenizer, run config). The whole job is `neobert.jobs.pretrain.run_pretraining`
 
 from __future__ import annotations
 
+import logging
 import time
 
 import lightning as L
@@ -20,6 +21,8 @@ from neobert.lit.optim import configure_optimizers, lr_factor
 from neobert.lit.strategies import deepspeed_grad_norm, fsdp2_shard, is_deepspeed, loop_compute_dtype
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model.heads import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -53,6 +56,9 @@ class MLMPretrainingModule(L.LightningModule):
 
     def __init__(self, config: PretrainConfig, model_config: NeoBERTConfig, tokenizer):
         super().__init__()
+        if not isinstance(config.model.compile, bool):  # "auto" is truthy: never taken for true here
+            raise ValueError(f"model.compile={config.model.compile!r}: the run decides auto for its device before it "
+                             f"builds the module (neobert.jobs.pretrain.decide_compile)")
         self.config = config
         self.model = NeoBERTForMaskedLM(model_config)
         self.tokenizer = tokenizer
@@ -83,6 +89,11 @@ class MLMPretrainingModule(L.LightningModule):
         self.attention_flops_per_squared_length = attention_flops(model_config.num_hidden_layers,
                                                                   model_config.hidden_size, 1, training=True)
         self._interval_squared_lengths = 0  # a host count: sum of squared sequence lengths since the last read
+        # The wall time of the run's first optimizer step (compilation included where compiled): when it started,
+        # then its seconds, logged as train/first_step_s with the next metrics
+        self._first_step_started: float | None = None
+        self.first_step_s: float | None = None
+        self._first_step_logged = False
 
     def training_flops_per_token(self, tokens: float, squared_lengths: float) -> float:
         """train/mfu's FLOPs per token of `tokens` trained tokens whose sequences' squared lengths sum to
@@ -180,6 +191,8 @@ class MLMPretrainingModule(L.LightningModule):
         loop = self.trainer.fit_loop.epoch_loop
         if loop._batches_that_stepped != self.trainer.global_step:
             loop._batches_that_stepped = self.trainer.global_step
+        if self._first_step_started is None:
+            self._first_step_started = time.perf_counter()
 
     @staticmethod
     def _empty_step() -> dict:
@@ -252,6 +265,8 @@ class MLMPretrainingModule(L.LightningModule):
             if peak and interval_tokens:
                 per_token = self.training_flops_per_token(interval_tokens / world, self._interval_squared_lengths)
                 metrics["train/mfu"] = mfu(tokens_per_second / world, per_token, peak)
+        if self.first_step_s is not None and not self._first_step_logged:
+            metrics["train/first_step_s"], self._first_step_logged = self.first_step_s, True
         self._interval_started, self._interval_tokens, self._interval_squared_lengths = now, 0.0, 0
         self.log_dict(metrics, on_step=True, on_epoch=False, batch_size=1)
         # Shown by the progress bar as a Python number: a value logged with prog_bar=True would be read back from
@@ -273,6 +288,18 @@ class MLMPretrainingModule(L.LightningModule):
             norm = deepspeed_grad_norm(self.trainer.strategy)  # the step's norm, from DeepSpeed's engine
             if norm is not None:
                 self.log("train/grad_norm", norm, on_step=True, on_epoch=False, batch_size=1)
+            if self.first_step_s is None:
+                self._time_first_step()
+
+    def _time_first_step(self) -> None:
+        """The first optimizer step's wall time, once the device has finished it (the run's one extra wait)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.first_step_s = time.perf_counter() - self._first_step_started
+        if self.trainer.is_global_zero:
+            scope = self.config.model.compile_scope
+            how = f"torch.compile's compilation ({scope}) included" if self.config.model.compile else "eager"
+            log.info("the first optimizer step took %.1f s (%s): train/first_step_s", self.first_step_s, how)
 
     def validation_step(self, batch: dict, batch_idx: int):
         output = self(batch)

@@ -44,12 +44,42 @@ def liger_missing_reason() -> str | None:
     """Why Liger-Kernel cannot be used here (None when it can be imported)."""
     if importlib.util.find_spec("liger_kernel") is None:
         return "needs the liger-kernel package (pip install liger-kernel; it runs on CUDA GPUs only)"
-    if importlib.util.find_spec("triton") is None:
+    if not triton_installed():
         return "needs Triton (installed with PyTorch's CUDA builds; Liger-Kernel's kernels are Triton kernels)"
     # 0.8 added the fused loss's argmax output, which the training accuracy reads (fused_mlm_loss), and 0.8.2 the
     # fused gate-up SwiGLU (LigerFusedGateUpSiLUMulFunction, kernels=liger); one minimum for either switch, as both
     # import the same package
     return older_than("liger-kernel", LIGER_MINIMUM)
+
+
+def triton_installed() -> bool:
+    """Whether Triton is installed: the language of Inductor's GPU kernels and of Liger-Kernel's."""
+    return importlib.util.find_spec("triton") is not None
+
+
+# From Hopper on, the training step compiled outran eager (H200, docs/benchmarks.md); before it the suite has no
+# measurement that says compiling pays, so auto stays eager there
+COMPILE_PAYS_FROM = (9, 0)
+
+
+def eager_reason(device_type: str, capability: tuple[int, int] | None = None,
+                 triton: bool | None = None) -> str | None:
+    """Why `model.compile=auto` trains eager on `device_type` (a GPU of this compute capability; None: this one) with
+    Triton or without (None: whether it is installed here), or None where it compiles (`compile_pays`)."""
+    if device_type != "cuda":
+        return f"a {device_type} device (auto compiles on CUDA GPUs of compute capability 9.0, Hopper, or later)"
+    major, minor = cuda_capability() if capability is None else capability
+    if (major, minor) < COMPILE_PAYS_FROM:
+        return f"compute capability {major}.{minor}, before Hopper's 9.0"
+    if not (triton_installed() if triton is None else triton):
+        return "Triton is not installed (Inductor writes its GPU kernels in it; PyTorch's CUDA wheels bring it)"
+    return None
+
+
+def compile_pays(device_type: str, capability: tuple[int, int] | None = None, triton: bool | None = None) -> bool:
+    """Whether `model.compile=auto` compiles a training step on `device_type` (a GPU of this compute capability;
+    None: this one): on CUDA from Hopper (9.0) on, with Triton (None: installed here)."""
+    return eager_reason(device_type, capability, triton) is None
 
 
 QUACK_MINIMUM = "0.6"  # mlp_func's concat_layout, which reads w12's [gate; up] stacking as it is (0.6.5 tested)

@@ -5,7 +5,7 @@
         --batch-sizes 8 --mode inference
     python -m experiments.throughput --config my_throughput.yaml layouts=[full,padded,unpadded]
     python -m experiments.throughput --models neobert,bert-base --lengths 512 profile=true   # where the time goes
-    python -m experiments.throughput --models neobert-flash_attn_4 neobert_overrides.kernels=quack compile=true
+    python -m experiments.throughput --models neobert-flash_attn_4 model_overrides.kernels=quack compile=true
 
 Writes throughput.csv, throughput.md (Table 9 layout, ratios per length) and throughput.png (Figure 3); with
 profile=true, throughput_profile.csv, throughput_profile_names.csv and each profiled step's Chrome trace in

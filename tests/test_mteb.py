@@ -238,9 +238,9 @@ def test_minilm_sts_dev_matches_sentence_transformers(tmp_path, capsys):
 
 
 def test_kernels_reaches_neobert_and_a_bad_or_unavailable_choice_names_the_key(tmp_path, monkeypatch):
-    """`kernels` (neobert.model.kernels) is the NeoBERT model's: a value it cannot take, or liger where Liger-Kernel
-    is not installed, is a ConfigError naming the MTEB key; a model that runs (liger's functions stand in for the
-    package here, so on CPU the eager ops run) scores exactly as with eager kernels."""
+    """`model_overrides.kernels` (neobert.model.kernels) is the NeoBERT model's: a value it cannot take, or liger where
+    Liger-Kernel is not installed, is a ConfigError naming the MTEB key; a model that runs (liger's functions stand in
+    for the package here, so on CPU the eager ops run) scores exactly as with eager kernels."""
     from neobert.config.loader import ConfigError
     from neobert.model import config as model_config
     from neobert.model import NeoBERT, NeoBERTConfig
@@ -250,18 +250,18 @@ def test_kernels_reaches_neobert_and_a_bad_or_unavailable_choice_names_the_key(t
     NeoBERT(NeoBERTConfig.from_preset("tiny")).save_pretrained(model_dir)
     sts = _write_sts(tmp_path / "sts.csv", STS_ROWS)
     args = ["--model", str(model_dir), "--tasks", f"sts:S={sts}", "instructions=none"]
-    with pytest.raises(ConfigError, match=r"'kernels': must be one of"):
-        main(args + ["--output-dir", str(tmp_path / "bad"), "kernels=fused"])
+    with pytest.raises(ConfigError, match=r"'model_overrides\.kernels': must be one of"):
+        main(args + ["--output-dir", str(tmp_path / "bad"), "model_overrides.kernels=fused"])
     monkeypatch.setattr(model_config, "liger_missing_reason", lambda: "needs the liger-kernel package")
-    with pytest.raises(ConfigError, match=r"'kernels'.*liger-kernel"):
-        main(args + ["--output-dir", str(tmp_path / "missing"), "kernels=liger"])
+    with pytest.raises(ConfigError, match=r"'model_overrides\.kernels'.*liger-kernel"):
+        main(args + ["--output-dir", str(tmp_path / "missing"), "model_overrides.kernels=liger"])
     monkeypatch.setattr(model_config, "liger_missing_reason", lambda: None)
     from neobert.jobs import mteb as mteb_job
 
     loaded = []
     load_backbone = mteb_job.load_backbone
     monkeypatch.setattr(mteb_job, "load_backbone", lambda *a, **k: loaded.append(load_backbone(*a, **k)) or loaded[-1])
-    scores = {k: main(args + ["--output-dir", str(tmp_path / k), f"kernels={k}"])["tasks"]["S"]["main_score"]
-              for k in ("eager", "liger")}
+    scores = {k: main(args + ["--output-dir", str(tmp_path / k), f"model_overrides.kernels={k}"])["tasks"]["S"]
+              ["main_score"] for k in ("eager", "liger")}
     assert [backbone.encoder.config.kernels for backbone in loaded] == ["eager", "liger"]
     assert scores["liger"] == scores["eager"]  # on CPU tensors the liger model runs the eager ops

@@ -26,7 +26,7 @@ import neobert.model.config as model_config_module
 from neobert.config.gpu_check import split_overrides
 from neobert.data.demo_corpus import demo_documents
 from neobert.instruments.gpu_check import make_plan
-from neobert.instruments.throughput import check_neobert_overrides
+from neobert.instruments.throughput import check_model_overrides
 from neobert.jobs.pretrain import load_pretrain_config
 from neobert.model.attention import attention_kernel_missing_reason
 
@@ -163,7 +163,7 @@ def test_each_throughput_step_is_a_valid_config_and_its_values_reach_the_job(ste
     commands, stdouts, _ = run_script(step, prepared, tmp_path)
     config = throughput_cli.parse_args(timed_run(commands, "experiments.throughput"))
     config.validate()
-    check_neobert_overrides(config)
+    check_model_overrides(config)
     name, _limit, *own = bash_words(STEPS[step])
     alone = throughput_cli.parse_args(own)
     for key in keys(own):

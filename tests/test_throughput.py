@@ -403,7 +403,7 @@ def test_a_gpu_profile_table_takes_a_unit_that_fits_and_says_how_busy_the_device
     assert "norm" not in table.split("\n")[4]  # a category no model spent time in has no column
 
 
-def test_neobert_overrides_reach_every_neobert_row_but_its_own_choice_and_are_listed_in_its_note(monkeypatch):
+def test_model_overrides_reach_every_neobert_row_but_its_own_choice_and_are_listed_in_its_note(monkeypatch):
     from neobert.model import config as model_config_module
 
     built = {}
@@ -416,7 +416,7 @@ def test_neobert_overrides_reach_every_neobert_row_but_its_own_choice_and_are_li
     monkeypatch.setattr(encoders, "_build_neobert", build)
     config = ThroughputConfig(models=["neobert", "neobert-padded_sdpa", "bert-base"], neobert_preset="tiny",
                               lengths=[16], batch_sizes=[2], repeats=1, device="cpu", matmul_calls=1,
-                              neobert_overrides={"rope_theta": 20000.0, "attention_kernel": "varlen_attn"})
+                              model_overrides={"rope_theta": 20000.0, "attention_kernel": "varlen_attn"})
     rows = {row.model: row for row in job.run_throughput(config)}
     assert list(built) == ["neobert-padded_sdpa"] and built["neobert-padded_sdpa"].module.config.rope_theta == 20000
     assert built["neobert-padded_sdpa"].module.config.attention_kernel == "padded_sdpa"  # the row's own kernel wins
@@ -425,14 +425,14 @@ def test_neobert_overrides_reach_every_neobert_row_but_its_own_choice_and_are_li
     # neobert takes the overrides' kernel, which runs on a GPU only: its row says so
     assert rows["neobert"].note == "not available: attention_kernel=varlen_attn runs on CUDA GPUs only"
     assert "rope_theta" not in rows["bert-base"].note
-    config.neobert_overrides = {"rope_theta": 20000.0}
+    config.model_overrides = {"rope_theta": 20000.0}
     [row] = [row for row in job.run_throughput(config) if row.model == "neobert"]
     assert row.tokens_per_s > 0 and row.note == "attention: sdpa (no mask); rope_theta=20000.0"
     assert built["neobert"].module.config.rope_theta == 20000
     # a kernel choice through the overrides: the rows say why it cannot run here (a CPU), as neobert-quack's would
     monkeypatch.setattr(model_config_module, "quack_missing_reason", lambda: None)
     monkeypatch.setattr(encoders, "quack_missing_reason", lambda: None)
-    config.neobert_overrides = {"kernels": "quack"}
+    config.model_overrides = {"kernels": "quack"}
     [row] = [row for row in job.run_throughput(config) if row.model == "neobert"]
     assert row.tokens_per_s is None and row.note == "not available: kernels=quack runs on CUDA GPUs only"
 
@@ -490,17 +490,17 @@ def _pretend_every_kernel_is_installed_on_a_hopper_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"kernel": "liger"}, r"'neobert_overrides': unknown NeoBERTConfig field\(s\) \['kernel'\]"),
-    ({"kernels": "fused"}, r"'neobert_overrides.kernels': must be one of"),
-    ({"decoder_pad_multiple": 64}, r"'neobert_overrides.decoder_pad_multiple': a field of the model's heads"),
-    ({"dropout": "x"}, r"'neobert_overrides.dropout': must be a number in \[0, 1\), got 'x'"),
+    ({"kernel": "liger"}, r"'model_overrides\.kernel': not a NeoBERTConfig field"),
+    ({"kernels": "fused"}, r"'model_overrides\.kernels': must be one of"),
+    ({"decoder_pad_multiple": 64}, r"'model_overrides\.decoder_pad_multiple': a field of the model's heads"),
+    ({"dropout": "x"}, r"'model_overrides\.dropout': must be a number in \[0, 1\), got 'x'"),
     ({"preset": "tinyy"}, r"'neobert_preset': unknown 'tinyy'; known presets: \['bert-base', 'mini', 'neobert'"),
 ])
-def test_bad_neobert_overrides_or_preset_name_the_key_before_any_work(monkeypatch, overrides, message):
+def test_bad_model_overrides_or_preset_name_the_key_before_any_work(monkeypatch, overrides, message):
     monkeypatch.setattr(job, "build_model", lambda *a, **k: pytest.fail("built a model"))
     preset = overrides.pop("preset", "tiny")
     with pytest.raises(ConfigError, match=message):
-        job.run_throughput(ThroughputConfig(neobert_preset=preset, device="cpu", neobert_overrides=overrides))
+        job.run_throughput(ThroughputConfig(neobert_preset=preset, device="cpu", model_overrides=overrides))
 
 
 def test_compiled_models_are_timed_and_an_emulated_bf16_run_has_no_matmul_reference(monkeypatch):

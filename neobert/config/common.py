@@ -25,6 +25,19 @@ OPTIMIZER_KEYS = ("lr", "weight_decay", "betas", "eps")
 # Where the fine-tuning jobs kept their logging settings before the shared `logging` section.
 LOGGING_KEYS_MOVED = {"trainer.enable_progress_bar": "logging.progress_bar",
                       "trainer.log_every_n_steps": "logging.log_every_n_steps"}
+# `model_overrides` of a job that loads a trained model (GLUE, NER, contrastive, mining, MTEB): the NeoBERTConfig
+# fields it may change at load, those that leave what the weights compute as it is (which kernels run the MLP and
+# norms, docs/pretraining.md "The model's kernels").
+LOAD_TIME_FIELDS = ("kernels",)
+# Where those jobs kept the kernels before `model_overrides`.
+KERNELS_MOVED = {"kernels": "model_overrides.kernels"}
+
+
+def check_load_time_overrides(model_overrides: dict[str, Any]) -> None:
+    """Every field of a trained model's `model_overrides` is one of LOAD_TIME_FIELDS."""
+    for name in model_overrides:
+        require(name in LOAD_TIME_FIELDS, f"model_overrides.{name}",
+                f"not a NeoBERTConfig field a loaded model may change; the fields: {', '.join(LOAD_TIME_FIELDS)}")
 
 
 @dataclass

@@ -8,10 +8,10 @@ a linear decay over 2,000 steps, gradient clipping 1.0, bf16 mixed precision.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional
 
-from neobert.config.common import (LOGGING_KEYS_MOVED, OPTIMIZER_KEYS, LoggingConfig, OptimizerConfig,
-                                   SchedulerConfig, TrainerConfig, check_optimizer_strategy)
+from neobert.config.common import (KERNELS_MOVED, LOGGING_KEYS_MOVED, OPTIMIZER_KEYS, LoggingConfig, OptimizerConfig,
+                                   SchedulerConfig, TrainerConfig, check_load_time_overrides, check_optimizer_strategy)
 from neobert.config.loader import require
 
 
@@ -167,9 +167,9 @@ class ContrastiveLossConfig:
 class ContrastiveConfig:
     model: str = "chandar-lab/NeoBERT"  # our checkpoint dir, any HF encoder dir or hub name, or preset:<name>
     tokenizer: Optional[str] = None
-    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU) | quack (QuACK's MLP on a GPU):
-    # neobert.model.kernels; other encoders run their own code.
-    kernels: str = "eager"
+    # NeoBERTConfig fields the loaded model changes (NeoBERT models; other encoders run their own code): kernels,
+    # eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU) | quack (QuACK's MLP on a GPU), neobert.model.kernels.
+    model_overrides: Dict[str, Any] = field(default_factory=dict)
     data: ContrastiveDataConfig = field(default_factory=ContrastiveDataConfig)
     loss: ContrastiveLossConfig = field(default_factory=ContrastiveLossConfig)
     optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(
@@ -193,6 +193,7 @@ class ContrastiveConfig:
         "train.max_steps": "trainer.max_steps",
         "train.gradient_clip": "trainer.gradient_clip_val",
         **LOGGING_KEYS_MOVED,
+        **KERNELS_MOVED,
     }
 
     def validate(self) -> None:
@@ -200,6 +201,7 @@ class ContrastiveConfig:
         for section in (self.data, self.loss, self.optimizer, self.scheduler, self.trainer, self.logging):
             section.validate()
         check_optimizer_strategy(self.optimizer, self.trainer)
+        check_load_time_overrides(self.model_overrides)
         # The linear decay needs the run's length.
         require(self.trainer.max_steps > 0, "trainer.max_steps", "must be positive")
         require(all(d > 0 for d in self.eval_sts_dims), "eval_sts_dims", "must be positive dimensions")

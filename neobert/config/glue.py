@@ -8,11 +8,11 @@ checkpoint kept. The same for every backbone, so NeoBERT and any Hugging Face en
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Dict, Optional
+from typing import Any, ClassVar, Dict, Optional
 
-from neobert.config.common import (LOGGING_KEYS_MOVED, OPTIMIZER_KEYS, FineTuneDataConfig, FineTuneTrainerConfig,
-                                   LoggingConfig, OptimizerConfig, SchedulerConfig, SweepConfig,
-                                   check_optimizer_strategy)
+from neobert.config.common import (KERNELS_MOVED, LOGGING_KEYS_MOVED, OPTIMIZER_KEYS, FineTuneDataConfig,
+                                   FineTuneTrainerConfig, LoggingConfig, OptimizerConfig, SchedulerConfig, SweepConfig,
+                                   check_load_time_overrides, check_optimizer_strategy)
 from neobert.config.loader import require
 
 
@@ -37,9 +37,9 @@ class GlueConfig:
     model: str = "chandar-lab/NeoBERT"  # our export, a local HF directory, a hub name, or preset:tiny
     tokenizer: Optional[str] = None  # default: the one beside the model
     classifier_dropout: float = 0.1
-    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU) | quack (QuACK's MLP on a GPU):
-    # neobert.model.kernels; other encoders run their own code.
-    kernels: str = "eager"
+    # NeoBERTConfig fields the loaded model changes (NeoBERT models; other encoders run their own code): kernels,
+    # eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU) | quack (QuACK's MLP on a GPU), neobert.model.kernels.
+    model_overrides: Dict[str, Any] = field(default_factory=dict)
     # "mnli": start from the best MNLI model under output_dir (the paper does this for RTE, MRPC, STS-B);
     # or a directory holding a fine-tuned model.safetensors of the same backbone.
     transfer_from: Optional[str] = None
@@ -64,6 +64,7 @@ class GlueConfig:
         "optim.warmup_fraction": "scheduler.warmup_fraction",
         "optim.gradient_clip_val": "trainer.gradient_clip_val",
         **LOGGING_KEYS_MOVED,
+        **KERNELS_MOVED,
     }
 
     def validate(self) -> None:
@@ -71,4 +72,5 @@ class GlueConfig:
         for section in (self.data, self.optimizer, self.scheduler, self.trainer, self.logging, self.sweep):
             section.validate()
         check_optimizer_strategy(self.optimizer, self.trainer)
+        check_load_time_overrides(self.model_overrides)
         require(0 <= self.classifier_dropout < 1, "classifier_dropout", "must be in [0, 1)")

@@ -9,8 +9,10 @@ only what they change.
 
 A config is named by a path or by the name of one shipped with the package (`neobert/configs/`): `neobert`,
 `glue/rte`, `ablations/m05` (the `.yaml` may be left out). A key that moved is listed in the schema's
-`RENAMED_KEYS` (old dotted key -> new one): for one release the old key still works, with a warning that names
-the new key. An override sets one item of a list by its index: `data.sources.0.weight=0`, `phases[1].steps=2`.
+`RENAMED_KEYS` (old dotted key -> new one, which may sit in a free-form dict: `kernels` ->
+`model_overrides.kernels`; a key inside a moved one moves with it): for one release the old key still works, with a
+warning that names the new key. An override sets one item of a list by its index: `data.sources.0.weight=0`,
+`phases[1].steps=2`.
 """
 
 from __future__ import annotations
@@ -255,11 +257,15 @@ def _warn_renamed(old: str, new: str, source: str) -> None:
 
 
 def _rename_override(override: str, renamed: dict[str, str]) -> str:
+    """The override under its key's new name; a key inside a moved section or dict moves with it
+    (`neobert_overrides.kernels` -> `model_overrides.kernels`)."""
     key, _, value = override.partition("=")
     key = key.strip()
-    if key in renamed:
-        _warn_renamed(key, renamed[key], "command line")
-        return f"{renamed[key]}={value}"
+    old = key if key in renamed else next((old for old in renamed if key.startswith(old + ".")), None)
+    if old is not None:
+        new = renamed[old] + key[len(old):]
+        _warn_renamed(key, new, "command line")
+        return f"{new}={value}"
     moved = sorted(new for old, new in renamed.items() if old.startswith(key + "."))
     if moved:
         raise ConfigError(f"invalid config key {key!r}: this section was split; set its keys one by one: "

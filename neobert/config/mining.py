@@ -4,10 +4,11 @@ query's positive (those above it are likely unlabelled positives, "false negativ
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, ClassVar, Dict, Optional
 
+from neobert.config.common import KERNELS_MOVED, check_load_time_overrides
 from neobert.config.loader import require
 
 SEARCHES = ("exact", "faiss")
@@ -20,9 +21,10 @@ class MiningConfig:
     # Our checkpoint dir, any HF encoder dir or hub name, a sentence-transformers dir, or preset:<name>.
     model: str = "chandar-lab/NeoBERT"
     tokenizer: Optional[str] = None  # backbone embedder only; default: beside the weights
-    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU) | quack (QuACK's MLP on a GPU):
-    # neobert.model.kernels; the backbone embedder only; other encoders run their own code.
-    kernels: str = "eager"
+    # NeoBERTConfig fields the loaded model changes (the backbone embedder's NeoBERT models; other encoders run their
+    # own code): kernels, eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU) | quack (QuACK's MLP on a GPU),
+    # neobert.model.kernels.
+    model_overrides: Dict[str, Any] = field(default_factory=dict)
     # The (query, positive) file: any layout of neobert.data.contrastive.read_local_examples.
     input: str = ""
     sts_min_score: float = 4.0  # STS layouts: pairs scoring at least this are (query, positive)
@@ -42,7 +44,10 @@ class MiningConfig:
     device: Optional[str] = None  # default: cuda if available
     seed: int = 0  # fixes the weights of a preset:<name> model
 
+    RENAMED_KEYS: ClassVar[Dict[str, str]] = KERNELS_MOVED
+
     def validate(self) -> None:
+        check_load_time_overrides(self.model_overrides)
         require(bool(self.input), "input", "required: the (query, positive) file to mine negatives for")
         require(Path(self.input).is_file(), "input", f"file {self.input!r} does not exist")
         if self.corpus is not None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, ClassVar, Dict, List, Optional
 
+from neobert.config.common import KERNELS_MOVED, check_load_time_overrides
 from neobert.config.loader import ConfigError, config_path, require
 
 NO_INSTRUCTIONS = "none"
@@ -26,10 +27,10 @@ class MtebConfig:
     max_examples: Optional[int] = None  # cap on the examples of local tasks (quick checks)
     beir_split: Optional[str] = None  # beir:<dir> tasks: the qrels split (qrels/<split>.tsv); null = the only one
     device: Optional[str] = None  # default: cuda if available
-    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU, neobert.model.kernels: faster eager
-    # inference, docs/benchmarks.md) | quack (QuACK's MLP on a GPU, made for compiled inference; this job runs eager);
-    # other encoders run their own code.
-    kernels: str = "eager"
+    # NeoBERTConfig fields the loaded model changes (NeoBERT models; other encoders run their own code): kernels,
+    # eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU, neobert.model.kernels: faster eager inference,
+    # docs/benchmarks.md) | quack (QuACK's MLP on a GPU, made for compiled inference; this job runs eager).
+    model_overrides: Dict[str, Any] = field(default_factory=dict)
     # Autocast dtype of the encoder: float32 | bfloat16; null = bfloat16 on GPU (the paper), float32 on CPU.
     # bfloat16 is faster on CPUs with avx512_bf16 or AMX, and far slower where it is emulated (a warning says so).
     dtype: Optional[str] = None
@@ -38,6 +39,8 @@ class MtebConfig:
     dim: Optional[int] = None
     output_dir: str = "runs/mteb"
 
+    RENAMED_KEYS: ClassVar[Dict[str, str]] = KERNELS_MOVED
+
     def instructions_file(self) -> Optional[Path]:
         """The instruction file, or None for "none"."""
         if self.instructions.lower() == NO_INSTRUCTIONS:
@@ -45,6 +48,7 @@ class MtebConfig:
         return config_path(self.instructions)
 
     def validate(self) -> None:
+        check_load_time_overrides(self.model_overrides)
         require(bool(self.tasks), "tasks", "no MTEB tasks given")
         require(self.batch_size > 0, "batch_size", "must be positive")
         require(self.max_length is None or self.max_length > 0, "max_length", "must be positive or null")

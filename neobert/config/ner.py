@@ -9,10 +9,11 @@ decay, validation every n steps, early stopping, the best checkpoint kept, `--sw
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Any, ClassVar, Dict, Optional
 
-from neobert.config.common import (FineTuneDataConfig, FineTuneTrainerConfig, LoggingConfig, OptimizerConfig,
-                                   SchedulerConfig, SweepConfig, check_optimizer_strategy)
+from neobert.config.common import (KERNELS_MOVED, FineTuneDataConfig, FineTuneTrainerConfig, LoggingConfig,
+                                   OptimizerConfig, SchedulerConfig, SweepConfig, check_load_time_overrides,
+                                   check_optimizer_strategy)
 from neobert.config.loader import require
 
 SPLITS = ("train", "validation", "test")
@@ -38,9 +39,9 @@ class NerConfig:
     model: str = "chandar-lab/NeoBERT"  # our export, a local HF directory, a hub name, or preset:tiny
     tokenizer: Optional[str] = None  # default: the one beside the model (a fast tokenizer: word alignment)
     classifier_dropout: float = 0.1
-    # NeoBERT models: eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU) | quack (QuACK's MLP on a GPU):
-    # neobert.model.kernels; other encoders run their own code.
-    kernels: str = "eager"
+    # NeoBERTConfig fields the loaded model changes (NeoBERT models; other encoders run their own code): kernels,
+    # eager | liger (Liger-Kernel's RMSNorm and SwiGLU on a GPU) | quack (QuACK's MLP on a GPU), neobert.model.kernels.
+    model_overrides: Dict[str, Any] = field(default_factory=dict)
     output_dir: Optional[str] = None  # default: runs/ner/<model name>
     keep_run_checkpoints: bool = False  # the per-run best checkpoints; the task's best model is always kept
     overwrite: bool = False  # replace a finished run in output_dir/<task>/ (refused otherwise)
@@ -53,9 +54,12 @@ class NerConfig:
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(log_every_n_steps=50, loggers=["csv"]))
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
+    RENAMED_KEYS: ClassVar[Dict[str, str]] = KERNELS_MOVED
+
     def validate(self) -> None:
         """Checks the values the types cannot; every message names the key."""
         for section in (self.data, self.optimizer, self.scheduler, self.trainer, self.logging, self.sweep):
             section.validate()
         check_optimizer_strategy(self.optimizer, self.trainer)
+        check_load_time_overrides(self.model_overrides)
         require(0 <= self.classifier_dropout < 1, "classifier_dropout", "must be in [0, 1)")

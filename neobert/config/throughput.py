@@ -4,15 +4,16 @@ Table 9, docs/ablations.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional
 
 from neobert.config.loader import require
 from neobert.config.pretrain import COMPILE_MODES, compile_warmup_steps
 
-# neobert-liger: our encoder with NeoBERTConfig.kernels="liger" (CUDA with liger-kernel installed; else a row saying why)
+# neobert-liger: the row of our encoder with model_overrides.kernels=liger (CUDA with liger-kernel installed; else a
+# row saying why)
 DEFAULT_MODELS = ("neobert", "neobert-liger", "neobert-official", "bert-base", "roberta-base", "modernbert-base")
-# neobert-<kernels>: our encoder with NeoBERTConfig.kernels=<kernels> (neobert-quack: QuACK's MLP; CUDA with
-# quack-kernels installed); neobert-liger is a default row too
+# neobert-<kernels>: the name of the row of our encoder with model_overrides.kernels=<kernels> (neobert-quack: QuACK's
+# MLP; CUDA with quack-kernels installed); neobert-liger is a default row too
 KERNEL_MODELS = ("neobert-liger", "neobert-quack")
 # neobert-<kernel>: our encoder with NeoBERTConfig.attention_kernel=<kernel> (neobert.model.attention), full rows (one
 # document each) and unpadded documents through that kernel, beside neobert's auto; on CUDA where its package is
@@ -53,8 +54,8 @@ class ThroughputConfig:
     # NeoBERTConfig fields of the encoder for every NeoBERT row but neobert-official, e.g. {kernels: quack,
     # attention_kernel: flash_attn_4}: combinations of the machine's choices (a neobert-<kernel> row's own attention
     # kernel, and neobert-liger's and neobert-quack's kernels, win over these); the rows' notes list them. The MLM
-    # head's fields are refused: the job times the encoder alone
-    neobert_overrides: Dict[str, Any] = field(default_factory=dict)
+    # head's fields are refused: the job times the encoder alone (randomly initialised: any other field is taken)
+    model_overrides: Dict[str, Any] = field(default_factory=dict)
     official_code_dir: Optional[str] = None  # a local copy of the hub repo chandar-lab/NeoBERT (model.py + config)
     device: str = "auto"  # auto | cpu | cuda
     # Inference: the weights in this dtype. Training: float32 weights under autocast to it (bf16-mixed).
@@ -81,6 +82,8 @@ class ThroughputConfig:
     threads: int = 0  # torch CPU threads; 0 = leave as is
     seed: int = 0
     output_dir: str = "runs/throughput"
+
+    RENAMED_KEYS: ClassVar[Dict[str, str]] = {"neobert_overrides": "model_overrides"}
 
     def compiles(self, model: str) -> bool:
         """Whether this run compiles the row of `model` (compile=true, and not one of eager_models)."""

@@ -71,31 +71,31 @@ class Backbone(nn.Module):
 
 
 def load_backbone(name_or_path: str, tokenizer: str | None = None, config_key: str = "model",
-                  **neobert_overrides) -> Backbone:
+                  **model_overrides) -> Backbone:
     """`tokenizer` overrides where the tokenizer comes from (default: beside the weights, else bert-base-uncased
-    for NeoBERT). `neobert_overrides` are NeoBERTConfig fields (e.g. kernels), each set by the job's config key of
-    the same name: a value the model cannot take is a ConfigError naming that key; other encoders ignore them (a
-    warning says so where one differs from NeoBERT's default)."""
+    for NeoBERT). `model_overrides` are NeoBERTConfig fields (e.g. kernels), each set by the job's config key
+    `model_overrides.<field>`: a value the model cannot take is a ConfigError naming that key; other encoders ignore
+    them (a warning says so where one differs from NeoBERT's default)."""
     try:
-        backbone = _load_backbone(name_or_path, tokenizer, config_key, neobert_overrides)
+        backbone = _load_backbone(name_or_path, tokenizer, config_key, model_overrides)
     except ModelFieldError as err:
-        if err.field not in neobert_overrides:  # a field of the checkpoint itself, not the job's
+        if err.field not in model_overrides:  # a field of the checkpoint itself, not the job's
             raise
-        raise err.as_config_error("") from err
+        raise err.as_config_error("model_overrides.") from err
     if not backbone.is_neobert:
         defaults = NeoBERTConfig()
-        ignored = sorted(k for k, v in neobert_overrides.items() if v != getattr(defaults, k))
+        ignored = sorted(k for k, v in model_overrides.items() if v != getattr(defaults, k))
         if ignored:
             log.warning("%s: for NeoBERT models only; %s runs its own code",
-                        ", ".join(f"{k}={neobert_overrides[k]}" for k in ignored), name_or_path)
+                        ", ".join(f"model_overrides.{k}={model_overrides[k]}" for k in ignored), name_or_path)
     return backbone
 
 
-def _load_backbone(name_or_path: str, tokenizer: str | None, config_key: str, neobert_overrides: dict) -> Backbone:
+def _load_backbone(name_or_path: str, tokenizer: str | None, config_key: str, model_overrides: dict) -> Backbone:
     tokenizer_key = "tokenizer" if tokenizer else config_key
     if name_or_path.startswith("preset:"):
         try:
-            config = NeoBERTConfig.from_preset(name_or_path.removeprefix("preset:"), **neobert_overrides)
+            config = NeoBERTConfig.from_preset(name_or_path.removeprefix("preset:"), **model_overrides)
         except ModelFieldError:
             raise
         except ValueError as err:  # an unknown preset
@@ -112,7 +112,7 @@ def _load_backbone(name_or_path: str, tokenizer: str | None, config_key: str, ne
     elif not (path / CONFIG_NAME).is_file():
         raise ConfigError(f"{config_key}={name_or_path!r} is a directory without {CONFIG_NAME}: not a model directory")
     if is_neobert_dir(path):
-        encoder = NeoBERT.from_pretrained(path, **neobert_overrides)
+        encoder = NeoBERT.from_pretrained(path, **model_overrides)
         tok = load_tokenizer(tokenizer or (str(path) if has_tokenizer(path) else BERT_BASE_UNCASED),
                              max_length=encoder.config.max_length, config_key=tokenizer_key)
         return Backbone(encoder, tok, encoder.config.hidden_size, encoder.config.num_hidden_layers, True, str(path))

@@ -123,16 +123,16 @@ def _hf_max_length(name: str, config) -> int:
 
 def build_model(name: str, device: torch.device, dtype: torch.dtype, neobert_preset: str = "neobert",
                 official_code_dir: str | None = None, compute_dtype: torch.dtype | None = None,
-                training: bool = False, neobert_overrides: dict[str, Any] | None = None,
+                training: bool = False, model_overrides: dict[str, Any] | None = None,
                 compiled: bool = False) -> BenchModel:
     """A randomly initialised encoder (no download), its weights in `dtype`. `compute_dtype` (the autocast dtype of a
     training step; default `dtype`) and `training` (dropout on) decide which attention kernel a NeoBERT runs, and with
-    `compiled` (it will be compiled) whether its kernels choice can run; `neobert_overrides` are NeoBERTConfig fields
+    `compiled` (it will be compiled) whether its kernels choice can run; `model_overrides` are NeoBERTConfig fields
     of every NeoBERT row (the row's own kernel choice wins). Raises ModelUnavailable with the reason when it cannot be
     built or its kernels cannot run here."""
     if name in ("neobert",) + KERNEL_MODELS + ATTENTION_KERNEL_MODELS:
         bench = _build_neobert(name, device, compute_dtype or dtype, training, neobert_preset,
-                               dict(neobert_overrides or {}), compiled)
+                               dict(model_overrides or {}), compiled)
     elif name == "neobert-official":
         bench = _build_official(official_code_dir)
     else:

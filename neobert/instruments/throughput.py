@@ -159,7 +159,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     stopped by RUN_STOPPERS measured before it); `on_group(rows)` after each layout and length's rows, and after
     each row's profile."""
     config.validate()
-    check_neobert_overrides(config)
+    check_model_overrides(config)
     if config.threads:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
@@ -214,7 +214,7 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
         try:
             models[name] = build_model(name, device, weights_dtype, config.neobert_preset, config.official_code_dir,
                                        compute_dtype=autocast_dtype or weights_dtype, training=training,
-                                       neobert_overrides=config.neobert_overrides, compiled=compiled)
+                                       model_overrides=config.model_overrides, compiled=compiled)
         except ModelUnavailable as err:
             progress(f"{name}: not available: {err}")
             for layout in config.layouts:
@@ -323,21 +323,23 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
 RUN_STOPPERS = (torch.AcceleratorError,) if hasattr(torch, "AcceleratorError") else ()  # 2.8+
 
 
-def check_neobert_overrides(config: ThroughputConfig) -> None:
-    """neobert_preset must be a preset, and neobert_overrides must make a NeoBERTConfig of it whose packages are
+def check_model_overrides(config: ThroughputConfig) -> None:
+    """neobert_preset must be a preset, and model_overrides must make a NeoBERTConfig of it whose packages are
     installed: else a ConfigError naming the key, before any work (every NeoBERT row would take them)."""
     if config.neobert_preset not in PRESETS:
         raise ConfigError(f"invalid config key 'neobert_preset': unknown {config.neobert_preset!r}; known presets: "
                           f"{sorted(PRESETS)}")
-    if heads := [key for key in HEAD_FIELDS if key in config.neobert_overrides]:
-        raise ConfigError(f"invalid config key 'neobert_overrides.{heads[0]}': a field of the model's heads; the job "
+    if unknown := sorted(set(config.model_overrides) - set(NeoBERTConfig.__dataclass_fields__)):
+        raise ConfigError(f"invalid config key 'model_overrides.{unknown[0]}': not a NeoBERTConfig field")
+    if heads := [key for key in HEAD_FIELDS if key in config.model_overrides]:
+        raise ConfigError(f"invalid config key 'model_overrides.{heads[0]}': a field of the model's heads; the job "
                           f"times the encoder alone")
     try:
-        NeoBERTConfig.from_preset(config.neobert_preset, **config.neobert_overrides)
+        NeoBERTConfig.from_preset(config.neobert_preset, **config.model_overrides)
     except ModelFieldError as err:
-        raise err.as_config_error("neobert_overrides.") from err
+        raise err.as_config_error("model_overrides.") from err
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"invalid config key 'neobert_overrides': {err}") from err
+        raise ConfigError(f"invalid config key 'model_overrides': {err}") from err
 
 
 def _profile_row(row: ThroughputRow, bench: BenchModel, batch: Batch, training: bool, device: torch.device,

@@ -43,7 +43,7 @@ def train_and_export(config: ContrastiveConfig) -> dict:
     ckpt_path = resume_checkpoint(output_dir) if config.resume else None
     if ckpt_path is not None:
         refuse_another_optimizer(ckpt_path, config.optimizer.name, "choose another output_dir to start over")
-    backbone = load_backbone(config.model, tokenizer=config.tokenizer, kernels=config.kernels)
+    backbone = load_backbone(config.model, tokenizer=config.tokenizer, **config.model_overrides)
     datamodule = ContrastiveDataModule(config.data, backbone.tokenizer)
     datamodule.setup("fit")  # reads (or fails to reach) every data set before the model work starts
 

@@ -228,7 +228,7 @@ def run_task(job: FineTuneJob, config, sweep: bool = False) -> TaskRun:
 def run_held_task(job: FineTuneJob, config, task, task_dir: Path, sweep: bool) -> TaskRun:
     """`run_task` once its task directory is held."""
     prepare_task_dir(task_dir, config.overwrite, job.run_inputs(config, task))
-    backbone = load_backbone(config.model, tokenizer=config.tokenizer, kernels=config.kernels)
+    backbone = load_backbone(config.model, tokenizer=config.tokenizer, **config.model_overrides)
     datamodule = job.datamodule(task, backbone.tokenizer, config.data, seed=config.trainer.seed)
 
     def fine_tune(run_config, run_dir: Path) -> dict:

@@ -128,7 +128,7 @@ def build_embedder(config: MiningConfig, embedder: str) -> Embedder:
         return _sentence_transformers_embedder(config, device)
     from neobert.eval.mteb import embed_texts, resolve_length_limit  # imports mteb (heavy): the backbone embedder only
 
-    backbone = load_backbone(config.model, tokenizer=config.tokenizer, kernels=config.kernels).to(device)
+    backbone = load_backbone(config.model, tokenizer=config.tokenizer, **config.model_overrides).to(device)
     max_length = resolve_length_limit(backbone, config.max_length).tokens  # once, not per block of texts
     dtype = torch.bfloat16 if device.type == "cuda" else None  # as the MTEB evaluation: bf16 on GPU only
     block = config.batch_size * BATCHES_PER_PROGRESS_STEP

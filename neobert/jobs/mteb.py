@@ -36,7 +36,7 @@ TABLE4_COLUMNS = {
 
 def evaluate_model(config: MtebConfig, show_progress_bar: bool = True) -> dict[str, Any]:
     tasks = resolve_tasks(config.tasks, config.max_examples, config.beir_split)  # before loading the model: bad specs fail fast
-    backbone = load_backbone(config.model, tokenizer=config.tokenizer, kernels=config.kernels)
+    backbone = load_backbone(config.model, tokenizer=config.tokenizer, **config.model_overrides)
     dims = trained_dims(config.model)
     if config.dim is not None and config.dim != backbone.hidden_size and config.dim not in (dims or []):
         log.warning("dim=%d: %s was not trained for this truncation (%s); its scores may be poor", config.dim,

@@ -100,7 +100,7 @@
 #                    kernel): FA4 in both NeoBERT rows, the MLP eager and QuACK's, the candidates of the per-FLOP
 #                    target together; not profiled (with CUDA graphs the profiler's tracer is attached before any
 #                    timing, and would time eager BERT with it)                                          ~3 min
-#   infer_quack_fa4  inference at 512 compiled, FA4 in every NeoBERT row (neobert_overrides): neobert (eager MLP)
+#   infer_quack_fa4  inference at 512 compiled, FA4 in every NeoBERT row (model_overrides): neobert (eager MLP)
 #                    and neobert-quack (QuACK's MLP) side by side, against bert-base (needs FA4 and QuACK
 #                    unpacked: else FA4's absence stops the run, naming the key)                          ~2.5 min
 #   train_quack_fa4  the issue's training target the same way: 1,024 tokens, full rows and unpadded, compiled,
@@ -317,19 +317,19 @@ import flash_attn.cute, cutlass; print('flash_attn_4 found and imported, cutlass
                             'models=[neobert,neobert-flash_attn_4,neobert-quack,bert-base]' 'batch_sizes=[64]' \
                             search_top=1 repeats=5 compile=true 'eager_models=[bert-base]' ;;
         infer_graphs) throughput throughput_inference_graphs 240 mode=inference 'lengths=[512]' \
-                          'models=[neobert,neobert-quack,bert-base]' neobert_overrides.attention_kernel=flash_attn_4 \
+                          'models=[neobert,neobert-quack,bert-base]' model_overrides.attention_kernel=flash_attn_4 \
                           'batch_sizes=[64]' search_top=1 repeats=5 compile=true compile_mode=reduce-overhead warmup=2 \
                           'eager_models=[bert-base]' profile=false ;;
         infer_quack_fa4) throughput throughput_inference_quack_fa4 180 mode=inference 'lengths=[512]' \
-                             'models=[neobert,neobert-quack,bert-base]' neobert_overrides.attention_kernel=flash_attn_4 \
+                             'models=[neobert,neobert-quack,bert-base]' model_overrides.attention_kernel=flash_attn_4 \
                              'batch_sizes=[64]' search_top=1 repeats=5 compile=true 'eager_models=[bert-base]' ;;
         train_quack_fa4) throughput throughput_training_quack_fa4 330 mode=training 'lengths=[1024]' \
                              'layouts=[full,unpadded]' 'models=[neobert,neobert-quack]' \
-                             neobert_overrides.attention_kernel=flash_attn_4 'batch_sizes=[32]' search_top=1 repeats=5 \
+                             model_overrides.attention_kernel=flash_attn_4 'batch_sizes=[32]' search_top=1 repeats=5 \
                              compile=true ;;
         train_graphs) throughput throughput_training_graphs 420 mode=training 'lengths=[1024]' \
                           'layouts=[full,unpadded]' 'models=[neobert]' \
-                          neobert_overrides.attention_kernel=flash_attn_4 'batch_sizes=[32]' search_top=1 repeats=5 \
+                          model_overrides.attention_kernel=flash_attn_4 'batch_sizes=[32]' search_top=1 repeats=5 \
                           compile=true compile_mode=reduce-overhead warmup=2 profile=false ;;
         *) echo "unknown step $step (see the list at the top of $0)" | tee -a "$LOG"; exit 2 ;;
     esac

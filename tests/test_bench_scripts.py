@@ -125,8 +125,9 @@ def test_optional_attribute_says_why_a_candidate_library_is_missing_or_fails(mon
     ("rope_ab", 1024, ["eager", "complex", "compiled"]),
     ("decoder_ab", 64, ["as_is", "padded", "compiled", "padded_compiled"]),
 ])
-def test_each_bench_runs_on_cpu_and_prints_every_variant_with_its_errors(capsys, script, size, variants):
+def test_each_bench_runs_on_cpu_and_prints_every_variant_with_its_errors(monkeypatch, capsys, script, size, variants):
     torch._dynamo.reset()
+    monkeypatch.setattr(ab, "CALLS_PER_SAMPLE", 1)  # a smoke run: one call per sample (bf16 is emulated on a CPU)
     bench(script)["main"](size, 1)
     lines = capsys.readouterr().out.splitlines()
     assert "CPU" in lines[0] and "median of 1" in lines[0]
@@ -159,7 +160,10 @@ def test_each_cpu_bench_times_every_variant_with_the_suites_timer(monkeypatch, c
     monkeypatch.setattr(ab, "seconds_per_call", lambda *args, **kwargs: samples.append(1) or
                         seconds_per_call(*args, **kwargs))
     torch._dynamo.reset()
-    bench(script)["main"](*arguments, **keywords)
+    main = bench(script)["main"]
+    if "BATCHES" in main.__globals__:  # a smoke run: 3 distinct batches a sample, not the script's 20
+        monkeypatch.setitem(main.__globals__, "BATCHES", 3)
+    main(*arguments, **keywords)
     lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
     measured = [line for line in lines if line.startswith(tuple(rows)) and any(c.isdigit() for c in line)]
     assert [max((row for row in rows if line.startswith(row)), key=len) for line in measured] == rows, lines
@@ -208,11 +212,12 @@ def test_a_candidate_failing_while_timed_or_checked_costs_only_its_row_with_the_
                      "  unchecked not measured: its check against float32 failed: ValueError: mismatched layouts"]
 
 
-def test_the_attention_bench_runs_on_cpu_and_says_why_a_backend_is_not_measured(capsys):
+def test_the_attention_bench_runs_on_cpu_and_says_why_a_backend_is_not_measured(monkeypatch, capsys):
     """attention_ab on a CPU: SDPA as the model calls it, the forced backends a CPU has, compiled; the GPU-only
     backends each a line saying why; both modes; every measured output, and in training every gradient, near those
     of attention written out in float32 (einsum: a wrong transpose of the fused projection's views would not be)."""
     torch._dynamo.reset()
+    monkeypatch.setattr(ab, "CALLS_PER_SAMPLE", 1)  # a smoke run: one call per sample
     bench("attention_ab")["main"](1024, 1)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("Attention, 2 x 512 tokens") and "CPU" in lines[0]

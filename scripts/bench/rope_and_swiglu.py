@@ -18,7 +18,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from neobert.instruments.ab import CALLS_PER_SAMPLE, compare, device_label, seconds_per_call
+from neobert.instruments.ab import compare, device_label, samples_described, seconds_per_call
 from neobert.model.rope import apply_rope, rope_tables
 
 BATCH, HEADS, HEAD_DIM, FFN = 8, 12, 64, 2048
@@ -84,8 +84,7 @@ def main(repeats: int = 7, length: int = 512) -> None:
     torch.set_num_threads(2)
     rotations = rope_tables(HEAD_DIM, torch.arange(length).expand(BATCH, length), 10000.0)
     print(f"RoPE of q and k and SwiGLU's elementwise work, batch {BATCH} x {length}, {HEADS} heads of {HEAD_DIM}, "
-          f"ffn {FFN}, {device_label(CPU)}, torch {torch.__version__}, median of {repeats} samples of "
-          f"{CALLS_PER_SAMPLE} calls")
+          f"ffn {FFN}, {device_label(CPU)}, torch {torch.__version__}, {samples_described(repeats)}")
     for dtype in (torch.float32, torch.bfloat16):
         print(f"{dtype}: RoPE of q and k (real pairs: in {dtype})")
         print("\n".join(rope_table(dtype, rotations, length, repeats)))

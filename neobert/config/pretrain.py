@@ -322,12 +322,10 @@ class PretrainConfig:
             data.static_shapes = follows if static == "auto" and follows in COMPILE_SETTINGS else static
 
     def derived_model_overrides(self) -> Dict[str, Any]:
-        """The NeoBERTConfig fields the data decides, where model.overrides leaves them unset: attention_backend=varlen
-        when training batches carry cu_seqlens (data.packing, or data.unpad; varlen kernels on GPU whatever this
-        field), so that the model also unpads the padded batches of a caller that checks its inputs (e.g. the
-        export's users). Derived where the model config is built (and shown by the preflight), never written into
-        model.overrides: checkpoints and phases.json record the config as given, and each phase derives its own from
-        its own data keys."""
+        """The NeoBERTConfig fields the data decides where model.overrides leaves them unset: attention_backend=varlen
+        when training batches carry cu_seqlens (data.packing or data.unpad), so the export unpads padded batches too.
+        Derived when the model config is built, never written into model.overrides (checkpoints record the config as
+        given; each phase derives its own)."""
         if "attention_backend" in self.model.overrides or (self.data.packing == "none" and not self.data.unpad):
             return {}
         return {"attention_backend": "varlen"}

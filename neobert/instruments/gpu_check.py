@@ -303,9 +303,8 @@ def write_reports(result: GpuCheckResult, plan: Plan) -> dict[str, Path]:
 
 
 def model_overrides_text(recipe) -> str:
-    """The model's overrides the run resolved, from the recipe's file as well as the command line: the machine's
-    choices (kernels, attention kernel, the decoder's padding) change the speed, and a recipe's file may set them
-    (configs/neobert.yaml pads the decoder since 2026-11-26; the H200's checks ran it as is)."""
+    """The model's overrides the run resolved, from the recipe's file and the command line: the machine's choices
+    (kernels, attention kernel, the decoder's padding) change the speed, and a recipe's file may set them."""
     return " ".join(f"{key}={value}" for key, value in sorted(recipe.model.overrides.items())) or "none"
 
 

@@ -18,6 +18,7 @@ The run (`run_throughput`), with the measurement's pieces from `neobert.instrume
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 from pathlib import Path
@@ -26,14 +27,15 @@ from typing import Callable, Sequence
 import torch
 
 from neobert.config.pretrain import CUDA_GRAPH_MODES
-from neobert.config.throughput import FLEX_MODELS, LAYOUTS, ThroughputConfig
+from neobert.config.throughput import LAYOUTS, ThroughputConfig
 from neobert.errors import ConfigError
 from neobert.eval.device import resolve_device
 from neobert.eval.flops import peak_flops, warn_if_bf16_is_emulated
 from neobert.eval.plots import plot_throughput
-from neobert.instruments.encoders import (Batch, BenchModel, ModelUnavailable, build_model, graphs_per_shape,
-                                          make_batch)
+from neobert.instruments.encoders import Batch, BenchModel, ModelUnavailable, build_model, make_batch
 from neobert.instruments.kernel_profile import cuda_graphs_or_error, trace_graphs_captured_from_now
+from neobert.instruments.throughput_plan import (check_model_overrides, default_lengths, expected_graphs,
+                                                 recompile_limits)
 from neobert.instruments.throughput_report import (PROFILE_FAILED, host_waits_markdown, markdown_table,
                                                    profile_markdown, profile_was_asked, read_csv, write_csv,
                                                    write_profile_csvs)
@@ -42,8 +44,6 @@ from neobert.instruments.timing import (MATMUL_REFERENCE_SHAPE, MatmulReference,
 from neobert.jobs.cli import one_line
 from neobert.layout import (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
                             THROUGHPUT_PROFILE_NAMES_CSV, THROUGHPUT_TRACES_DIR)
-from neobert.model import NeoBERTConfig
-from neobert.model.config import HEAD_FIELDS, PRESETS, ModelFieldError
 from neobert.outputs import THROUGHPUT, claim_output_dir, clear_output_dir
 
 log = logging.getLogger(__name__)
@@ -130,28 +130,6 @@ def write_reports(rows: Sequence[ThroughputRow], output_dir: str | Path, plot: b
 
 
 # ---------------------------------------------------------------------------------------------- the run
-def default_lengths(device: torch.device) -> list[int]:
-    return [128, 256, 512, 1024, 2048, 4096] if device.type == "cuda" else [128, 512]
-
-
-def expected_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Sequence[int],
-                    candidates: Sequence[int]) -> int:
-    """The expected graphs of one code object in this run (an estimate, not dynamo's count), the limit dynamo is given
-    (past its own, 8, and 256 for a code object all told, it would fall back to eager without a word, and time that;
-    with fail_on_recompile_limit_hit a miscount costs the model that hits it its rows instead). Each model compiles once
-    per shape it runs (the searched sizes of every layout and length), and dynamo counts the graphs of one code object
-    together: neobert and its neobert-<kernel> rows run the same forward. A FlexAttention row (FLEX_MODELS) compiles
-    inside transformers even without compile=true: its block mask and its kernel, each twice a shape (the full and the
-    sliding-window mask), and again for grad mode. A compiled FlashAttention 4 row of transformers compiles its
-    attention once per layer (graphs_per_shape). Automatic dynamic shapes are off: every shape gets its own static
-    graph, as compile=true's dynamic=False gives, not the dynamic graph dynamo would switch to at the second shape
-    (which row timed which depended on the search's order)."""
-    flex = any(name in FLEX_MODELS for name in models)
-    sizes = len(set(candidates)) if config.compile or flex else 1
-    shapes = len(config.layouts) * len(lengths) * sizes * (2 if flex else 1) + (4 if flex else 0)
-    return shapes * sum(graphs_per_shape(name) if config.compiles(name) else 1 for name in models)
-
-
 def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = log.info,
                    rows: list[ThroughputRow] | None = None,
                    on_group: Callable[[list[ThroughputRow]], None] | None = None) -> list[ThroughputRow]:
@@ -160,66 +138,116 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
     each row's profile."""
     config.validate()
     check_model_overrides(config)
+    run = _start_run(config, progress, [] if rows is None else rows)
+    models = _build_models(run)
+    if config.profile and config.compile and config.compile_mode in CUDA_GRAPH_MODES:
+        trace_graphs_captured_from_now(run.device)
+    graphs = expected_graphs(config, list(models), run.lengths, run.candidates)
+    to_profile: list[tuple[ThroughputRow, BenchModel, Batch]] = []  # profile=true: what is profiled after the timing
+    # compile_mode is "default" unless compile=true (validate)
+    with recompile_limits(graphs), cuda_graphs_or_error(run.device, config.compile_mode):
+        for layout in config.layouts:
+            for length in run.lengths:
+                timed = _measure_group(run, models, layout, length)
+                if config.profile:
+                    to_profile.extend(timed)
+                if on_group is not None:
+                    on_group(run.rows)
+        _profile_rows(run, to_profile, on_group)
+    return run.rows
+
+
+@dataclasses.dataclass
+class Run:
+    """What every step of a run shares: its config, its device and dtypes, MFU's denominator, and its rows so far."""
+
+    config: ThroughputConfig
+    progress: Callable[[str], None]
+    rows: list[ThroughputRow]
+    device: torch.device
+    dtype: torch.dtype
+    lengths: list[int]
+    candidates: list[int]  # the batch sizes searched
+    peak: float | None  # a published or given peak FLOP/s
+    peak_source: str
+    reference: MatmulReference | None = None  # on a CPU without a published peak: measured between the steps
+    standalone: float | None = None  # the reference alone, before any model exists
+    given_up: dict[str, str] = dataclasses.field(default_factory=dict)  # model -> why its later rows are not run
+
+    @property
+    def training(self) -> bool:
+        return self.config.mode == "training"
+
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        # Training keeps float32 weights and autocasts (what bf16-mixed training does); inference casts the weights.
+        return torch.float32 if self.training else self.dtype
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return self.dtype if self.training and self.dtype != torch.float32 else None
+
+    def unavailable(self, name: str, layout: str, length: int | None, note: str, bench: BenchModel | None = None):
+        params = None if bench is None else sum(p.numel() for p in bench.module.parameters())
+        self.rows.append(ThroughputRow(name, self.config.mode, layout, length or 0, None, None, None, None, None, None,
+                                       params, self.device.type, str(self.dtype).removeprefix("torch."), note))
+
+    def failed(self, name: str, layout: str, length: int, err: Exception, bench: BenchModel) -> None:
+        """A model that built but failed to run at this length: its row says why, the other rows go on. Past dynamo's
+        recompile limit, its later rows are not run either: each would compile until the same error."""
+        log.warning("%s L=%d %s failed", layout, length, name, exc_info=err)
+        why = f"failed: {type(err).__name__}: {one_line(err)}"
+        self.progress(f"{layout} L={length} {name}: {why}")
+        if isinstance(err, torch._dynamo.exc.FailOnRecompileLimitHit):
+            limits = torch._dynamo.config  # inside the run's patch: the limits it gave
+            self.given_up[name] = (f"not run: past the recompile limit at {layout} L={length} (more graphs of one "
+                                   f"code object than this run allows: {limits.recompile_limit} at a time, "
+                                   f"{limits.accumulated_recompile_limit} all told)")
+        bench.module.zero_grad(set_to_none=True)  # a training step cut short may have left gradients
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # an error the kernel left behind stops the run here (RUN_STOPPERS)
+            torch.cuda.empty_cache()
+        self.unavailable(name, layout, length, why, bench)
+
+
+def _start_run(config: ThroughputConfig, progress: Callable[[str], None], rows: list[ThroughputRow]) -> Run:
+    """Threads, device, dtype and MFU's denominator: a given or published peak, else on a CPU (bf16 not emulated)
+    the matmul reference, measured alone first."""
     if config.threads:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     emulated_bf16 = warn_if_bf16_is_emulated(device.type, dtype)
-    training = config.mode == "training"
-    # Training keeps float32 weights and autocasts (what bf16-mixed training does); inference casts the weights.
-    weights_dtype = torch.float32 if training else dtype
-    autocast_dtype = dtype if training and dtype != torch.float32 else None
-    lengths = config.lengths or default_lengths(device)
-    candidates = config.batch_sizes or [2 ** i for i in range(11)]
     peak = config.peak_flops or peak_flops(device, dtype)
-    peak_source = "given (peak_flops)" if config.peak_flops else "published" if peak else ""
-    reference = standalone = None
+    run = Run(config, progress, rows, device, dtype, lengths=config.lengths or default_lengths(device),
+              candidates=config.batch_sizes or [2 ** i for i in range(11)], peak=peak,
+              peak_source="given (peak_flops)" if config.peak_flops else "published" if peak else "")
     if peak is None and device.type == "cpu" and not emulated_bf16:
-        reference = MatmulReference(device, dtype, calls=config.matmul_calls)
+        run.reference = MatmulReference(device, dtype, calls=config.matmul_calls)
         # The same measurement alone, before any model exists: what the interleaved one is checked against.
-        standalone = statistics.median(reference.measure())
-        progress(f"matmul reference, standalone: {standalone / 1e9:,.1f} GFLOP/s")
-        peak_source = "measured matmul " + "x".join(map(str, MATMUL_REFERENCE_SHAPE))
+        run.standalone = statistics.median(run.reference.measure())
+        progress(f"matmul reference, standalone: {run.standalone / 1e9:,.1f} GFLOP/s")
+        run.peak_source = "measured matmul " + "x".join(map(str, MATMUL_REFERENCE_SHAPE))
+    return run
 
-    models: dict[str, BenchModel] = {}
-    rows = [] if rows is None else rows
 
-    def unavailable(name: str, layout: str, length: int | None, note: str, bench: BenchModel | None = None):
-        params = None if bench is None else sum(p.numel() for p in bench.module.parameters())
-        rows.append(ThroughputRow(name, config.mode, layout, length or 0, None, None, None, None, None, None, params,
-                                  device.type, str(dtype).removeprefix("torch."), note))
-
-    given_up: dict[str, str] = {}  # model -> why its later rows are not run
-
-    def failed(name: str, layout: str, length: int, err: Exception, bench: BenchModel) -> None:
-        """A model that built but failed to run at this length: its row says why, the other rows go on. Past dynamo's
-        recompile limit, its later rows are not run either: each would compile until the same error."""
-        log.warning("%s L=%d %s failed", layout, length, name, exc_info=err)
-        why = f"failed: {type(err).__name__}: {one_line(err)}"
-        progress(f"{layout} L={length} {name}: {why}")
-        if isinstance(err, torch._dynamo.exc.FailOnRecompileLimitHit):
-            limits = torch._dynamo.config  # inside the run's patch: the limits it gave
-            given_up[name] = (f"not run: past the recompile limit at {layout} L={length} (more graphs of one code "
-                              f"object than this run allows: {limits.recompile_limit} at a time, "
-                              f"{limits.accumulated_recompile_limit} all told)")
-        bench.module.zero_grad(set_to_none=True)  # a training step cut short may have left gradients
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # an error the kernel left behind stops the run here (RUN_STOPPERS)
-            torch.cuda.empty_cache()
-        unavailable(name, layout, length, why, bench)
-
+def _build_models(run: Run) -> dict[str, BenchModel]:
+    """Every model that builds, compiled where the config says; one that cannot has a row per layout and length
+    saying why."""
+    config, models = run.config, {}
     torch.manual_seed(config.seed)
     for name in config.models:
         compiled = config.compiles(name)
         try:
-            models[name] = build_model(name, device, weights_dtype, config.neobert_preset, config.official_code_dir,
-                                       compute_dtype=autocast_dtype or weights_dtype, training=training,
-                                       model_overrides=config.model_overrides, compiled=compiled)
+            models[name] = build_model(name, run.device, run.weights_dtype, config.neobert_preset,
+                                       config.official_code_dir, compute_dtype=run.autocast_dtype or run.weights_dtype,
+                                       training=run.training, model_overrides=config.model_overrides,
+                                       compiled=compiled)
         except ModelUnavailable as err:
-            progress(f"{name}: not available: {err}")
+            run.progress(f"{name}: not available: {err}")
             for layout in config.layouts:
-                for length in lengths:
-                    unavailable(name, layout, length, f"not available: {err}")
+                for length in run.lengths:
+                    run.unavailable(name, layout, length, f"not available: {err}")
             continue
         if config.compile and not compiled:  # a reference kept at its best beside the compiled rows
             notes = models[name].attention
@@ -231,89 +259,108 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
             # depended on how many sizes the search had tried.
             models[name].module = torch.compile(models[name].module, dynamic=False, mode=config.compile_mode)
             models[name].cuda_graphs = config.compile_mode in CUDA_GRAPH_MODES
-    if config.profile and config.compile and config.compile_mode in CUDA_GRAPH_MODES:
-        trace_graphs_captured_from_now(device)
-    graphs = expected_graphs(config, list(models), lengths, candidates)
-    to_profile: list[tuple[ThroughputRow, BenchModel, Batch]] = []  # profile=true: what is profiled after the timing
-    with torch._dynamo.config.patch(recompile_limit=max(torch._dynamo.config.recompile_limit, graphs),
-                                    accumulated_recompile_limit=max(torch._dynamo.config.accumulated_recompile_limit,
-                                                                    graphs),
-                                    fail_on_recompile_limit_hit=True, automatic_dynamic_shapes=False), \
-            cuda_graphs_or_error(device, config.compile_mode):  # "default" unless compile=true (validate)
-        for layout in config.layouts:
-            for length in lengths:
-                chosen: dict[str, tuple[int, Batch]] = {}
-                for name, bench in models.items():
-                    if name in given_up:
-                        unavailable(name, layout, length, given_up[name], bench)
-                        continue
-                    if length > bench.max_length:
-                        unavailable(name, layout, length, f"max length {bench.max_length}", bench)
-                        continue
-                    if layout in bench.skipped_layouts:
-                        unavailable(name, layout, length, bench.skipped_layouts[layout], bench)
-                        continue
-                    try:
-                        best = _search(bench, layout, length, candidates, config, device, training, autocast_dtype)
-                    except RUN_STOPPERS:
-                        raise
-                    except Exception as err:  # noqa: BLE001 - one row's failure, in its note
-                        failed(name, layout, length, err, models[name])
-                        continue
-                    if best is None:
-                        unavailable(name, layout, length, "no candidate batch size fits", bench)
-                        continue
-                    chosen[name] = best
-                    progress(f"{layout} L={length} {name}: batch size {best[0]}")
-                # Interleaved, timed repetitions: A, B, C, matmul reference, A, B, C, matmul reference, ...
-                times: dict[str, list[float]] = {name: [] for name in chosen}
-                issued: dict[str, list[float]] = {name: [] for name in chosen}
-                reference_rates = []
-                for _ in range(config.repeats):
-                    for name, (size, batch) in list(chosen.items()):
-                        try:
-                            times[name].append(time_step(models[name], batch, training, device, autocast_dtype))
-                            issued[name].append(models[name].issued_s)
-                        except RUN_STOPPERS:
-                            raise
-                        except Exception as err:  # noqa: BLE001 - one row's failure, in its note
-                            failed(name, layout, length, err, models[name])
-                            del chosen[name]
-                    if reference is not None:
-                        reference_rates.extend(reference.measure())
-                group_peak = statistics.median(reference_rates) if reference_rates else peak
-                if reference_rates:
-                    progress(f"{layout} L={length} matmul reference: {group_peak / 1e9:,.1f} GFLOP/s between the steps "
-                             f"(median of {len(reference_rates)} calls), {group_peak / standalone:.2f}x standalone")
-                for name, (size, batch) in chosen.items():
-                    bench = models[name]
-                    step = statistics.median(times[name])
-                    tokens_per_s = batch.real_tokens / step
-                    fpt = bench.batch_flops_per_token(batch, training)
-                    achieved = tokens_per_s * fpt
-                    rows.append(ThroughputRow(
-                        name, config.mode, layout, length, size, tokens_per_s, step, fpt, achieved,
-                        None if group_peak is None else achieved / group_peak,
-                        sum(p.numel() for p in bench.module.parameters()), device.type,
-                        str(dtype).removeprefix("torch."), note=bench.attention.get(layout, ""),
-                        peak_flops=group_peak, peak_source=peak_source, reference_standalone=standalone,
-                        issued_share=statistics.median(issued[name]) / step if device.type == "cuda" else None,
-                    ))
-                    progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")
-                    if config.profile:
-                        to_profile.append((rows[-1], bench, batch))
-                if on_group is not None:
-                    on_group(rows)
-        # After every timing: a profiler's kernel tracer may stay attached once it has run, and slow what follows
-        traces = Path(config.output_dir) / THROUGHPUT_TRACES_DIR
-        if to_profile:
-            traces.mkdir(parents=True, exist_ok=True)
-        for row, bench, batch in to_profile:
-            _profile_row(row, bench, batch, training, device, autocast_dtype,
-                         traces / f"{row.mode}_{row.layout}_{row.seq_len}_{row.model}.json.gz")
-            if on_group is not None:
-                on_group(rows)
-    return rows
+    return models
+
+
+def _measure_group(run: Run, models: dict[str, BenchModel], layout: str,
+                   length: int) -> list[tuple[ThroughputRow, BenchModel, Batch]]:
+    """Every model's row at one layout and length: its batch size searched, then its steps timed, interleaved with
+    the other models'. Returns the timed rows, each with its model and batch (what profiles it)."""
+    chosen = _choose_batches(run, models, layout, length)
+    times, issued, peak = _time_interleaved(run, models, layout, length, chosen)
+    timed = []
+    for name, (size, batch) in chosen.items():
+        bench = models[name]
+        step = statistics.median(times[name])
+        tokens_per_s = batch.real_tokens / step
+        fpt = bench.batch_flops_per_token(batch, run.training)
+        achieved = tokens_per_s * fpt
+        run.rows.append(ThroughputRow(
+            name, run.config.mode, layout, length, size, tokens_per_s, step, fpt, achieved,
+            None if peak is None else achieved / peak, sum(p.numel() for p in bench.module.parameters()),
+            run.device.type, str(run.dtype).removeprefix("torch."), note=bench.attention.get(layout, ""),
+            peak_flops=peak, peak_source=run.peak_source, reference_standalone=run.standalone,
+            issued_share=statistics.median(issued[name]) / step if run.device.type == "cuda" else None,
+        ))
+        run.progress(f"{layout} L={length} {name}: {tokens_per_s:,.0f} tokens/s (batch {size})")
+        timed.append((run.rows[-1], bench, batch))
+    return timed
+
+
+def _choose_batches(run: Run, models: dict[str, BenchModel], layout: str,
+                    length: int) -> dict[str, tuple[int, Batch]]:
+    """Each model's batch size and batch at this layout and length (`_search`); a model that cannot run here has a
+    row saying why instead."""
+    chosen = {}
+    for name, bench in models.items():
+        if (why := _why_not_run(run, name, bench, layout, length)) is not None:
+            run.unavailable(name, layout, length, why, bench)
+            continue
+        try:
+            best = _search(bench, layout, length, run.candidates, run.config, run.device, run.training,
+                           run.autocast_dtype)
+        except RUN_STOPPERS:
+            raise
+        except Exception as err:  # noqa: BLE001 - one row's failure, in its note
+            run.failed(name, layout, length, err, bench)
+            continue
+        if best is None:
+            run.unavailable(name, layout, length, "no candidate batch size fits", bench)
+            continue
+        chosen[name] = best
+        run.progress(f"{layout} L={length} {name}: batch size {best[0]}")
+    return chosen
+
+
+def _why_not_run(run: Run, name: str, bench: BenchModel, layout: str, length: int) -> str | None:
+    if name in run.given_up:
+        return run.given_up[name]
+    if length > bench.max_length:
+        return f"max length {bench.max_length}"
+    return bench.skipped_layouts[layout] if layout in bench.skipped_layouts else None
+
+
+def _time_interleaved(run: Run, models: dict[str, BenchModel], layout: str, length: int,
+                      chosen: dict[str, tuple[int, Batch]]) -> tuple[dict[str, list[float]], dict[str, list[float]],
+                                                                     float | None]:
+    """Timed repetitions, interleaved: A, B, C, matmul reference, A, B, C, matmul reference, ... Returns each
+    model's step times and the host's time issuing them, and the peak its MFU is a share of. A model that fails
+    leaves `chosen`, with a row saying why."""
+    times: dict[str, list[float]] = {name: [] for name in chosen}
+    issued: dict[str, list[float]] = {name: [] for name in chosen}
+    reference_rates = []
+    for _ in range(run.config.repeats):
+        for name, (size, batch) in list(chosen.items()):
+            try:
+                times[name].append(time_step(models[name], batch, run.training, run.device, run.autocast_dtype))
+                issued[name].append(models[name].issued_s)
+            except RUN_STOPPERS:
+                raise
+            except Exception as err:  # noqa: BLE001 - one row's failure, in its note
+                run.failed(name, layout, length, err, models[name])
+                del chosen[name]
+        if run.reference is not None:
+            reference_rates.extend(run.reference.measure())
+    if not reference_rates:
+        return times, issued, run.peak
+    peak = statistics.median(reference_rates)
+    run.progress(f"{layout} L={length} matmul reference: {peak / 1e9:,.1f} GFLOP/s between the steps (median of "
+                 f"{len(reference_rates)} calls), {peak / run.standalone:.2f}x standalone")
+    return times, issued, peak
+
+
+def _profile_rows(run: Run, to_profile: Sequence[tuple[ThroughputRow, BenchModel, Batch]],
+                  on_group: Callable[[list[ThroughputRow]], None] | None) -> None:
+    """One more step of each timed row under torch.profiler (`_profile_row`), its trace in throughput_traces/. After
+    every timing: a profiler's kernel tracer may stay attached once it has run, and slow what follows."""
+    traces = Path(run.config.output_dir) / THROUGHPUT_TRACES_DIR
+    if to_profile:
+        traces.mkdir(parents=True, exist_ok=True)
+    for row, bench, batch in to_profile:
+        _profile_row(row, bench, batch, run.training, run.device, run.autocast_dtype,
+                     traces / f"{row.mode}_{row.layout}_{row.seq_len}_{row.model}.json.gz")
+        if on_group is not None:
+            on_group(run.rows)
 
 
 # What stops the whole run rather than one row: an accelerator error (an illegal address, a device-side assert) leaves
@@ -321,25 +368,6 @@ def run_throughput(config: ThroughputConfig, progress: Callable[[str], None] = l
 # hit it its rows (fail_on_recompile_limit_hit: never a row timed in eager): on the H100 (2026-11-26) ModernBERT with
 # FA4, compiled, hit it inside transformers' attention and stopped a run whose NeoBERT rows had compiled
 RUN_STOPPERS = (torch.AcceleratorError,) if hasattr(torch, "AcceleratorError") else ()  # 2.8+
-
-
-def check_model_overrides(config: ThroughputConfig) -> None:
-    """neobert_preset must be a preset, and model_overrides must make a NeoBERTConfig of it whose packages are
-    installed: else a ConfigError naming the key, before any work (every NeoBERT row would take them)."""
-    if config.neobert_preset not in PRESETS:
-        raise ConfigError(f"invalid config key 'neobert_preset': unknown {config.neobert_preset!r}; known presets: "
-                          f"{sorted(PRESETS)}")
-    if unknown := sorted(set(config.model_overrides) - set(NeoBERTConfig.__dataclass_fields__)):
-        raise ConfigError(f"invalid config key 'model_overrides.{unknown[0]}': not a NeoBERTConfig field")
-    if heads := [key for key in HEAD_FIELDS if key in config.model_overrides]:
-        raise ConfigError(f"invalid config key 'model_overrides.{heads[0]}': a field of the model's heads; the job "
-                          f"times the encoder alone")
-    try:
-        NeoBERTConfig.from_preset(config.neobert_preset, **config.model_overrides)
-    except ModelFieldError as err:
-        raise err.as_config_error("model_overrides.") from err
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"invalid config key 'model_overrides': {err}") from err
 
 
 def _profile_row(row: ThroughputRow, bench: BenchModel, batch: Batch, training: bool, device: torch.device,

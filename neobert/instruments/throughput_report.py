@@ -203,83 +203,94 @@ def markdown_table(rows: Sequence[ThroughputRow], reference: str = "neobert") ->
     """Table 9 layout per (mode, layout): models as rows, lengths as columns, tokens/s (batch size); then the
     achieved FLOP/s, their share of the peak (a GPU's MFU, or on CPU of the matmul rate measured in the same run),
     and the ratio of `reference` to every other model per length."""
-    out = []
     groups = sorted({(r.mode, r.layout) for r in rows}, key=lambda g: (MODES.index(g[0]), LAYOUTS.index(g[1])))
+    out = []
     for mode, layout in groups:
-        group = [r for r in rows if (r.mode, r.layout) == (mode, layout)]
-        lengths = sorted({r.seq_len for r in group if r.seq_len})
-        names = [n for n in MODEL_NAMES if any(r.model == n for r in group)]
-        cell = {(r.model, r.seq_len): r for r in group}
-        # every model's note: why it has no figures, or what it ran (its attention, a windowed row's FLOPs counted
-        # dense, a NeoBERT row's choices that its name does not say)
-        notes: dict[str, list[str]] = {}
-        for r in group:
-            if r.note and r.note not in notes.setdefault(r.model, []):
-                notes[r.model].append(r.note)
-        header = "| model | " + " | ".join(str(n) for n in lengths) + " |"
-        rule = "|---|" + "---:|" * len(lengths)
-
-        def section(title: str, models: Sequence[str], text: Callable[[str, int], str], label=lambda n: n) -> None:
-            out.extend([f"### {mode}, {layout} batches: {title}\n", header, rule])
-            for name in models:
-                out.append(f"| {label(name)} | " + " | ".join(text(name, length) for length in lengths) + " |")
-            out.append("")
-
-        def measured(model: str, length: int) -> bool:
-            return cell.get((model, length)) is not None and cell[(model, length)].tokens_per_s is not None
-
-        def tokens_per_s(name: str, length: int) -> str:
-            row = cell.get((name, length))
-            return f"{row.tokens_per_s:,.0f} ({row.batch_size})" if measured(name, length) else "n/a"
-
-        def gflops(name: str, length: int) -> str:
-            row = cell.get((name, length))
-            return _fmt(None if row is None else row.achieved_flops, 1e9, 1)
-
-        def utilisation(name: str, length: int) -> str:
-            row = cell.get((name, length))
-            return _fmt(None if row is None or row.mfu is None else row.mfu * 100, digits=1)
-
-        def ratio(name: str, length: int) -> str:
-            if not (measured(name, length) and measured(reference, length)):
-                return "n/a"
-            ours, theirs = cell[(reference, length)], cell[(name, length)]
-            speed = ours.tokens_per_s / theirs.tokens_per_s
-            if WINDOW_NOTE in theirs.note:  # its FLOPs are counted dense: a per-FLOP ratio would mislead
-                return f"{speed:.2f}x; n/a"
-            per_flop = ours.achieved_flops / theirs.achieved_flops
-            return f"{speed:.2f}x; {per_flop:.2f}x"
-
-        section("tokens/s (best batch size)", names, tokens_per_s)
-        section("achieved GFLOP/s (tokens/s x FLOPs/token from neobert.eval.flops)", names, gflops)
-        peaks = {r.seq_len: r for r in group if r.peak_flops}
-        if peaks:
-            measured_peak = any(r.peak_source.startswith("measured") for r in peaks.values())
-            section("% of the matmul rate measured in this run" if measured_peak else "MFU %", names, utilisation)
-            if measured_peak:
-                rates = ", ".join(f"{n}: {_fmt(r.peak_flops, 1e9, 1)}" for n, r in sorted(peaks.items()))
-                first = next(iter(peaks.values()))
-                line = (f"Matmul reference ({first.peak_source}, {group[0].dtype}), GFLOP/s between the timed "
-                        f"steps, by length: {rates}")
-                if first.reference_standalone:
-                    off = [n for n, r in peaks.items() if abs(r.peak_flops / r.reference_standalone - 1) > 0.1]
-                    line += f"; standalone before the models: {_fmt(first.reference_standalone, 1e9, 1)}"
-                    line += f" (**more than 10% apart at {off}: the machine was not steady**)" if off else ""
-                out.extend([line, ""])
-        if any(r.issued_share is not None for r in group):
-            def issued(name: str, length: int) -> str:
-                row = cell.get((name, length))
-                return _fmt(None if row is None or row.issued_share is None else row.issued_share * 100)
-
-            section("the host's time to issue a step, % of the step (well below 100: the kernels set the pace)",
-                    names, issued)
-        others = [n for n in names if n != reference and any(measured(n, x) and measured(reference, x)
-                                                             for x in lengths)]
-        if others:
-            section(f"ratio {reference} / other (tokens/s; per FLOP)", others, ratio,
-                    label=lambda n: f"{reference} / {n}")
-        for name, model_notes in notes.items():
-            out.extend(f"- {name}: {note}" for note in model_notes)
-        if notes:
-            out.append("")
+        out.extend(_group_tables([r for r in rows if (r.mode, r.layout) == (mode, layout)], reference))
     return "\n".join(out)
+
+
+def _group_tables(group: Sequence[ThroughputRow], reference: str) -> list[str]:
+    """One (mode, layout)'s tables, then every model's notes."""
+    mode, layout = group[0].mode, group[0].layout
+    lengths = sorted({r.seq_len for r in group if r.seq_len})
+    names = [n for n in MODEL_NAMES if any(r.model == n for r in group)]
+    cell = {(r.model, r.seq_len): r for r in group}
+    out = []
+
+    def section(title: str, models: Sequence[str], text: Callable[[str, int], str], label=lambda n: n) -> None:
+        out.extend([f"### {mode}, {layout} batches: {title}\n", "| model | " + " | ".join(map(str, lengths)) + " |",
+                    "|---|" + "---:|" * len(lengths)])
+        for name in models:
+            out.append(f"| {label(name)} | " + " | ".join(text(name, length) for length in lengths) + " |")
+        out.append("")
+
+    def measured(model: str, length: int) -> bool:
+        return cell.get((model, length)) is not None and cell[(model, length)].tokens_per_s is not None
+
+    def tokens_per_s(name: str, length: int) -> str:
+        row = cell.get((name, length))
+        return f"{row.tokens_per_s:,.0f} ({row.batch_size})" if measured(name, length) else "n/a"
+
+    def gflops(name: str, length: int) -> str:
+        row = cell.get((name, length))
+        return _fmt(None if row is None else row.achieved_flops, 1e9, 1)
+
+    def utilisation(name: str, length: int) -> str:
+        row = cell.get((name, length))
+        return _fmt(None if row is None or row.mfu is None else row.mfu * 100, digits=1)
+
+    def issued(name: str, length: int) -> str:
+        row = cell.get((name, length))
+        return _fmt(None if row is None or row.issued_share is None else row.issued_share * 100)
+
+    def ratio(name: str, length: int) -> str:
+        if not (measured(name, length) and measured(reference, length)):
+            return "n/a"
+        return _ratio(cell[(reference, length)], cell[(name, length)])
+
+    section("tokens/s (best batch size)", names, tokens_per_s)
+    section("achieved GFLOP/s (tokens/s x FLOPs/token from neobert.eval.flops)", names, gflops)
+    if peaks := {r.seq_len: r for r in group if r.peak_flops}:
+        measured_peak = any(r.peak_source.startswith("measured") for r in peaks.values())
+        section("% of the matmul rate measured in this run" if measured_peak else "MFU %", names, utilisation)
+        if measured_peak:
+            out.extend([_matmul_reference_line(peaks, group[0].dtype), ""])
+    if any(r.issued_share is not None for r in group):
+        section("the host's time to issue a step, % of the step (well below 100: the kernels set the pace)",
+                names, issued)
+    others = [n for n in names if n != reference and any(measured(n, x) and measured(reference, x) for x in lengths)]
+    if others:
+        section(f"ratio {reference} / other (tokens/s; per FLOP)", others, ratio, label=lambda n: f"{reference} / {n}")
+    return out + _notes(group)
+
+
+def _ratio(ours: ThroughputRow, theirs: ThroughputRow) -> str:
+    """Speed ratio; per-FLOP ratio, n/a where their FLOPs are counted dense (a windowed row): it would mislead."""
+    speed = ours.tokens_per_s / theirs.tokens_per_s
+    if WINDOW_NOTE in theirs.note:
+        return f"{speed:.2f}x; n/a"
+    return f"{speed:.2f}x; {ours.achieved_flops / theirs.achieved_flops:.2f}x"
+
+
+def _matmul_reference_line(peaks: dict[int, ThroughputRow], dtype: str) -> str:
+    """The matmul rate measured between the timed steps, by length, and its check against the standalone rate."""
+    rates = ", ".join(f"{n}: {_fmt(r.peak_flops, 1e9, 1)}" for n, r in sorted(peaks.items()))
+    first = next(iter(peaks.values()))
+    line = f"Matmul reference ({first.peak_source}, {dtype}), GFLOP/s between the timed steps, by length: {rates}"
+    if first.reference_standalone:
+        off = [n for n, r in peaks.items() if abs(r.peak_flops / r.reference_standalone - 1) > 0.1]
+        line += f"; standalone before the models: {_fmt(first.reference_standalone, 1e9, 1)}"
+        line += f" (**more than 10% apart at {off}: the machine was not steady**)" if off else ""
+    return line
+
+
+def _notes(group: Sequence[ThroughputRow]) -> list[str]:
+    """Every model's notes, once each: why it has no figures, or what it ran (its attention, a windowed row's FLOPs
+    counted dense, a NeoBERT row's choices that its name does not say)."""
+    notes: dict[str, list[str]] = {}
+    for r in group:
+        if r.note and r.note not in notes.setdefault(r.model, []):
+            notes[r.model].append(r.note)
+    lines = [f"- {name}: {note}" for name, model_notes in notes.items() for note in model_notes]
+    return lines + [""] if notes else lines

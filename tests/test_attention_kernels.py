@@ -858,7 +858,7 @@ def test_padded_sdpa_gradients_stay_finite_where_cudnns_masked_backward_fails_on
     """The model's padded path (SDPA with a key-padding mask, PyTorch's choice of kernel) at the conditions of
     pytorch/pytorch#196678: since torch 2.11, on H100/H200, cuDNN's SDPA backward returns NaN in q's gradient when a
     mask is given, the length is 64 more than a multiple of 128 (192 here; 256 is the control) and a query row's
-    logsumexp is below ln(FLT_MAX) = -88.7 (forced here as in the issue's repro: every logit near -120). Fine-tuning
+    logsumexp is below ln(FLT_MAX) = -88.7 (forced here as in that issue's repro: every logit near -120). Fine-tuning
     batches are padded to a multiple of 8, so one in 16 has such a length. The guard (`masked_sdpa`: cuDNN left out
     of those calls) must keep every gradient finite. The same call with cuDNN forced, unguarded, is the control: its
     count of non-finite gradients is printed (run_checks' -rA shows it), so that a pass says whether the bug was

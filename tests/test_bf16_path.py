@@ -1,7 +1,7 @@
 """The bf16/fp16 eager path of the model: no dtype round trips per layer, outputs bounded by float32's.
 
 Where matmuls are cheap (bf16 on AMX/avx512_bf16 CPUs, any GPU) the copies of activations to float32 and back in
-the norms and RoPE cost more than they should (issue 27). The number of dtype copies of one forward does not depend
+the norms and RoPE cost more than they should. The number of dtype copies of one forward does not depend
 on the machine, so it is what these tests hold; the speed is in docs/benchmarks.md.
 """
 

@@ -1,5 +1,5 @@
 """model.compile_mode: torch.compile's mode reaches the model, CUDA-graph modes are refused where batches change shape,
-and every forward of the module under them starts a new CUDA-graph step (issue 34: CUDA graphs for the step)."""
+and every forward of the module under them starts a new CUDA-graph step."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every packaged config is run as shipped, by its own job, for a few optimizer steps (issue 24, finding 0).
+"""Every packaged config is run as shipped, by its own job, for a few optimizer steps.
 
 The other tests run a job on a config of their own (often at 32-true), so a shipped config can crash at its first
 step with none of them noticing: every bf16-mixed config with gradient clipping did, on the fused AdamW. Here each

@@ -62,7 +62,7 @@ def test_the_paper_configs_render_deepspeeds_config_with_our_micro_batch(tmp_pat
     assert config["gradient_accumulation_steps"] == shipped.trainer.accumulate_grad_batches
     assert config["gradient_clipping"] == 1.0
     assert config["zero_optimization"]["stage"] == 2
-    assert config["bf16"] == {"enabled": True, "check_grad_overflow": False}  # no host read per step (issue 33)
+    assert config["bf16"] == {"enabled": True, "check_grad_overflow": False}  # no host read per step
     tokens = (config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * 8
               * shipped.data.max_length)
     assert tokens == 2 ** 21  # the paper's 2M tokens per step on 8 GPUs
@@ -76,7 +76,7 @@ def test_the_paper_configs_render_deepspeeds_config_with_our_micro_batch(tmp_pat
 
 
 def test_trainer_deepspeed_tunes_the_rendered_config_and_bf16_reads_no_overflow_flag_every_step(tmp_path):
-    """Issue 33: under DeepSpeed bf16 every step read an overflow flag on the host (a device sync, DeepSpeed
+    """Under DeepSpeed bf16 every step read an overflow flag on the host (a device sync, DeepSpeed
     0.19.8 runtime/zero/stage_1_and_2.py:3237-3249); trainer.deepspeed turns the check off by default and passes
     DeepSpeed's bucket and overlap settings through, as DeepSpeed's own config parser then reads them."""
     from deepspeed.runtime.precision_config import get_bfloat16_config
@@ -232,7 +232,7 @@ def test_the_gradient_norm_comes_from_the_engine(engine_results):
 
 
 def test_the_end_of_run_export_gathers_the_masters_on_the_gpu_after_lightnings_teardown(monkeypatch):
-    """Issue 33: every DeepSpeed run on an H100 ended in `RuntimeError: No backend type associated with device type
+    """Every DeepSpeed run on an H100 ended in `RuntimeError: No backend type associated with device type
     cpu` at its export. Lightning's teardown had moved the module to the CPU (lightning 2.6.6 strategies/strategy.py
     :534-536) and DeepSpeed all-reduces a buffer shaped like the parameter, on the parameter's device (deepspeed
     0.19.8 utils/tensor_fragment.py:87-95), which NCCL refuses for CPU tensors. CUDA is mocked: the module's `to`
@@ -284,7 +284,7 @@ def test_a_checkpoint_rewritten_in_place_has_no_latest_while_it_is_written(tmp_p
 
 
 def test_bf16_mixed_clips_with_the_fused_optimizer():
-    """Finding 0: Lightning's MixedPrecision refuses to clip for a fused AdamW, even in bf16 where nothing is
+    """Lightning's MixedPrecision refuses to clip for a fused AdamW, even in bf16 where nothing is
     scaled; ours clips (and in fp16 unscales first)."""
     from lightning.pytorch.plugins.precision import MixedPrecision
 

@@ -240,7 +240,7 @@ def test_a_rerun_into_a_finished_task_is_refused_unless_overwrite(tmp_path, caps
     main(args)
     task_dir = tmp_path / "out" / "rte"
     (task_dir / "sweep.md").write_text("a file of the first run")  # (an earlier sweep's table: the suite's own)
-    (task_dir / "notes.md").write_text("the user's")  # not the suite's: overwrite=true leaves it (issue 36)
+    (task_dir / "notes.md").write_text("the user's")  # not the suite's: overwrite=true leaves it
     results = (task_dir / "results.json").read_text()
     # refused, as pretraining refuses an output_dir with checkpoints: it used to replace best/ and results.json
     assert run_cli(main, args) == 2

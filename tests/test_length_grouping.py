@@ -1,4 +1,4 @@
-"""`data.group_by_length` (GLUE, NER; issue 37). Off by default: random batches, as the Hugging Face `Trainer` draws
+"""`data.group_by_length` (GLUE, NER). Off by default: random batches, as the Hugging Face `Trainer` draws
 them by default. On: the Trainer's own `group_by_length`, mega-batches of random examples each sorted by length, in
 our sampler (`neobert.data.finetune.LengthGroupedSampler`): the same order as transformers'
 `get_length_grouped_indices` for the same generator, a new shuffle per epoch and seed with every example once,

@@ -1,4 +1,4 @@
-"""MTEB's truncation defaults to the model's own limit (issue 37): sentence-transformers' `max_seq_length` for a
+"""MTEB's truncation defaults to the model's own limit: sentence-transformers' `max_seq_length` for a
 sentence-transformers directory (256 for all-MiniLM-L6-v2, whose position table and tokenizer say 512), NeoBERT's
 `max_length` for a NeoBERT export, the position table or the tokenizer's limit for a plain Hugging Face directory;
 `max_length` set in the config wins, and the summary says which limit was used and where it came from."""

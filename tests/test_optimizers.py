@@ -56,7 +56,7 @@ def test_the_combined_optimizer_steps_both_groups_and_round_trips_its_state():
 
 
 def test_stable_adamw_never_picks_triton_kernels_for_cpu_parameters(monkeypatch):
-    """Issue 33: on a machine with Triton and CUDA, torch-optimi ran its Triton kernels on CPU parameters and
+    """On a machine with Triton and CUDA, torch-optimi ran its Triton kernels on CPU parameters and
     failed. Here Triton is reported present as on such a machine; the Triton kernels must never be reached, also
     after loading a state written by a GPU run (its groups say triton=True)."""
     import optimi.utils

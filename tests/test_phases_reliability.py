@@ -1,9 +1,9 @@
-"""Phased runs and bad input (issue 36, items 5-8 and 12): a run directory holds one plan (a changed phase length
+"""Phased runs and bad input: a run directory holds one plan (a changed phase length
 or override is refused naming what changed), resume=false is refused on a directory with checkpoints as a single
 run's is, every phase's resolved config is checked before the first step (the phase named), the logged steps are
 contiguous and the per-source token counts cumulative across phases, and a bad phase length says what is wrong.
 
-`tp.yaml` is the issue's recipe at test size: three phases of 2, 2 and the rest of 6 steps over two local JSONL
+`tp.yaml` is a phased recipe at test size: three phases of 2, 2 and the rest of 6 steps over two local JSONL
 sources, run through the command line in-process (`run_cli`: one line, status 2)."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def snapshot(directory: Path) -> dict:
             for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-# ------------------------------------------------------------------------------ item 5: one plan per directory
+# -------------------------------------------------------------------------------------- one plan per directory
 def test_a_changed_phase_length_is_refused_naming_what_changed(tmp_path, capsys):
     recipe = write_recipe(tmp_path)
     assert cli(capsys, "--config", recipe)[0] == 0
@@ -98,7 +98,7 @@ def test_a_changed_phase_length_is_refused_naming_what_changed(tmp_path, capsys)
     assert snapshot(run) == before
 
 
-# --------------------------------------------------------------- item 6: resume=false and new overrides
+# ----------------------------------------------------------------------- resume=false and new overrides
 def test_resume_false_is_refused_on_a_phased_run_as_on_a_single_run(tmp_path, capsys):
     recipe = write_recipe(tmp_path)
     run = tmp_path / "tp"
@@ -138,7 +138,7 @@ def _load(recipe: Path):
     return load_pretrain_config(str(recipe))
 
 
-# ------------------------------------------------------------ item 7: every phase checked before the first step
+# -------------------------------------------------------------------- every phase checked before the first step
 @pytest.mark.parametrize("change, message", [
     ({"data.sources": [{"name": "web", "source": "MISSING/gone.jsonl"}]},
      "phase 'extension': data.sources[0].source='MISSING/gone.jsonl' does not exist"),
@@ -168,7 +168,7 @@ def test_a_wrong_text_column_of_a_source_names_its_key():
         check_column({"content": []}, "text", "data.sources[1].text_column")
 
 
-# ----------------------------------------------------------------------------------- item 8: phased metrics
+# ------------------------------------------------------------------------------------------- phased metrics
 def test_phased_metrics_are_contiguous_and_count_tokens_across_phases(tmp_path, capsys):
     recipe = write_recipe(tmp_path)
     assert cli(capsys, "--config", recipe)[0] == 0
@@ -185,7 +185,7 @@ def test_phased_metrics_are_contiguous_and_count_tokens_across_phases(tmp_path, 
     assert sum(shares) == pytest.approx(1.0)  # the share stays the phase's own
 
 
-# ----------------------------------------------------------------------- item 12: what is wrong with a length
+# -------------------------------------------------------------------------------- what is wrong with a length
 @pytest.mark.parametrize("phases, message", [
     ("[{name: a, steps: 0}, {name: b}]", "invalid config key 'phases[0].steps': must be positive, got 0 (leave it "
                                          "out only in the last phase, which then runs to trainer.max_steps)"),

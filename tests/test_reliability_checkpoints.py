@@ -1,4 +1,4 @@
-"""Checkpoints that survive interruptions, and runs that stop on a non-finite loss (issue 12, items 1-3):
+"""Checkpoints that survive interruptions, and runs that stop on a non-finite loss:
 atomic writes (temporary file in the same directory + rename), resume from the newest checkpoint that loads
 (the fallback logged in one line, an error naming every file when none loads), and a NaN/inf loss stopping the
 run on its step with the data position, without writing over the last good checkpoint. The kill -9 runs are in

@@ -1,6 +1,6 @@
-"""Issue 36, items 9-12: resume, overrides and evaluation inputs (docs/reliability.md, "Resume, overrides and
-evaluation inputs (round 4)"). Each used to end in a traceback or a misleading line; each is now one line naming the
-key, the flag or the file (or, for a large mixture temperature, simply works)."""
+"""Resume, overrides and evaluation inputs (docs/reliability.md, "Resume, overrides and evaluation inputs").
+Each used to end in a traceback or a misleading line; each is now one line naming the key, the flag or the file
+(or, for a large mixture temperature, simply works)."""
 
 from __future__ import annotations
 

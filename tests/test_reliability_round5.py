@@ -1,4 +1,4 @@
-"""Issue 57: a full disk, a broken tokenizer directory, shards whose columns differ, unbounded sizes, the
+"""A full disk, a broken tokenizer directory, shards whose columns differ, unbounded sizes, the
 throughput report's inputs, and answers that were weak (docs/reliability.md, "A full disk, broken inputs and
 unbounded sizes"). Each used to end in a library traceback, after minutes of work, or without a word;
 each is now one line naming the key, the file or the directory, before anything is written. A full disk is

@@ -1,7 +1,7 @@
 """data.static_shapes: packed batches of one shape, so that a compiled model traces one graph for the whole run. With
 best_fit packing every batch had its own token count, cu_seqlens length, longest document and masked_index length,
-and torch.compile recompiled (issue 33: an H100 run did not get past step 10 in 177 s). The padding must change
-nothing but the shapes: the same tokens, masks, loss, accuracy and gradients as the unpadded packed batch."""
+and torch.compile recompiled for each new shape: on a GPU a run stalled. The padding must change nothing but the
+shapes: the same tokens, masks, loss, accuracy and gradients as the unpadded packed batch."""
 
 from __future__ import annotations
 

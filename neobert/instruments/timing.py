@@ -117,7 +117,7 @@ class DtypeConversions:
 def dtype_conversions(call: Callable[[], object]) -> DtypeConversions:
     """The dtype conversions of one `call()` under inference mode, from the profiler's op events, which include what
     composite ops do inside (nn.RMSNorm's float32 round trip happens inside `rms_norm`: a Python dispatch mode sees
-    one op there). A count that does not depend on the machine: what the bf16 fast path is held to (issue 27)."""
+    one op there). A count that does not depend on the machine: what the bf16 fast path is held to."""
     with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         call()
     copies = [event for event in prof.events() if event.name == "aten::_to_copy"]

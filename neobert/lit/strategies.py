@@ -179,7 +179,7 @@ def module_on_device(module: torch.nn.Module, device: torch.device):
     reached from DeepSpeedStrategy through DDPStrategy.teardown), while DeepSpeed's fp32 masters stay on the GPU in
     the ZeRO optimizer. `safe_get_full_fp32_param` all-reduces a buffer made with `zeros_like(param)` (deepspeed
     0.19.8 utils/tensor_fragment.py:87-95), so on CPU parameters NCCL raised "No backend type associated with device
-    type cpu" at every DeepSpeed run's end-of-run export (issue 33)."""
+    type cpu" at every DeepSpeed run's end-of-run export."""
     where = next(module.parameters()).device
     if where == device:
         yield module

@@ -1,4 +1,4 @@
-"""NeoBERT's attention alone on full rows (no padding), bf16, each way it could run (issue 34: which kernel serves
+"""NeoBERT's attention alone on full rows (no padding), bf16, each way it could run (which kernel serves
 compiled inference best, FlashAttention 4 or SDPA's cuDNN kernel, timed apart from the model):
 
 * sdpa: `F.scaled_dot_product_attention` on q, k, v as the model hands them over (views of the fused projection's

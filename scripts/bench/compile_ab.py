@@ -1,6 +1,6 @@
-"""torch.compile against eager, in one process (docs/benchmarks.md, issue 27): our `neobert` preset and Hugging Face
+"""torch.compile against eager, in one process (docs/benchmarks.md): our `neobert` preset and Hugging Face
 BertModel (random weights), batch 8 x 512, inference, 2 threads, in `dtype`; per model: eager, compiled with one
-static graph (what the throughput job times since issue 27), compiled with dynamic shapes (what dynamo chose
+static graph (what the throughput job times), compiled with dynamic shapes (what dynamo chose
 after the batch-size search's second size before) and compiled with Inductor's freezing. Each model's forwards
 alternated (neobert/instruments/ab.py: eager, static, dynamic, frozen, eager, ...) after two warm-ups that compile,
 median reported.

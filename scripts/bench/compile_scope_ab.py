@@ -1,5 +1,5 @@
 """`model.compile_scope`: the whole forward compiled against each encoder block compiled on its own (regional
-compilation), and eager, in one process (docs/benchmarks.md, issue 34). NeoBERTForMaskedLM of a preset (random
+compilation), and eager, in one process (docs/benchmarks.md). NeoBERTForMaskedLM of a preset (random
 weights) on `rows` x `length` tokens packed with cu_seqlens, 20% of them masked and scored through `masked_index`,
 forward + backward under bf16 autocast (the pretraining step). `blocks_head_eager` is compile_scope=blocks less
 its compiled MLM head (`NeoBERTForMaskedLM.score_masked_rows` eager): what compiling the head adds.

@@ -1,4 +1,4 @@
-"""The MLM head over the masked rows (issue 34): NeoBERT's decoder (768 -> 30,522) and its float32 cross-entropy, in
+"""The MLM head over the masked rows: NeoBERT's decoder (768 -> 30,522) and its float32 cross-entropy, in
 bf16, forward + backward, as the pretraining step runs them, and with the decoder padded for the matmuls only:
 
 * as_is: `nn.Linear(768, 30522)` and `F.cross_entropy(logits.float())`, what `NeoBERTForMaskedLM` runs. On Hopper

@@ -3,11 +3,11 @@ weights, batch 8 x 512, inference, 2 threads; the variants' forwards alternated 
 C, A, ...) so that they share the machine's load, median reported. Each variant puts back older code for some parts of the model:
 
 * before-15: q and k rotated by one RoPE call each, SwiGLU out of place, norms and RoPE through float32 (the code
-  before issue 15's work);
-* before-27: issue 15's code: one RoPE call for q and k, SwiGLU in place; norms and RoPE still copy bf16/fp16
-  activations to float32 and back (identical to `now` in float32);
+  before RoPE's q and k were turned in one call);
+* before-27: the code before the bf16/fp16 fast path: one RoPE call for q and k, SwiGLU in place; norms and RoPE
+  still copy bf16/fp16 activations to float32 and back (identical to `now` in float32);
 * now: the model as it is (in bf16/fp16, RMSNorm accumulates in float32 inside its reduction, RoPE runs in the
-  activations' dtype; issue 27).
+  activations' dtype).
 
     python scripts/bench/encoder_ab.py [repeats] [dtype]
 """

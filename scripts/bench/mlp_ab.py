@@ -1,4 +1,4 @@
-"""NeoBERT's SwiGLU MLP (768 -> 2 x 2,048 -> 768) in bf16, forward + backward, each way it could run (issue 34):
+"""NeoBERT's SwiGLU MLP (768 -> 2 x 2,048 -> 768) in bf16, forward + backward, each way it could run:
 
 * eager: `neobert.model.layers.SwiGLU`, PyTorch's matmuls with silu(gate) * up between them (elementwise kernels
   over the 2 x 2,048-wide activation);

@@ -1,4 +1,4 @@
-"""RMSNorm in bf16, forward + backward, each way the model can run it (docs/benchmarks.md, issue 34):
+"""RMSNorm in bf16, forward + backward, each way the model can run it (docs/benchmarks.md):
 
 * PyTorch's `F.rms_norm`: on CUDA its fused kernel (aten::_fused_rms_norm, one kernel each way, float32
   accumulation), what the model runs on CUDA since this script was written; on a CPU a float32 round trip;

@@ -1,4 +1,4 @@
-"""NeoBERT's RoPE over q and k of packed documents in bf16, forward + backward, each way it could run (issue 34):
+"""NeoBERT's RoPE over q and k of packed documents in bf16, forward + backward, each way it could run:
 
 * eager: `neobert.model.rope.rotate_in_dtype`, the eager bf16 rotation off a GPU (q and k side by side in one
   pass over the fused projection's view: a copy for the swapped pairs, then a multiply and a fused multiply-add;

@@ -1,4 +1,4 @@
-"""Micro-benchmarks behind two eager-mode choices of neobert/model (docs/benchmarks.md, issue 15):
+"""Micro-benchmarks behind two eager-mode choices of neobert/model (docs/benchmarks.md):
 
 * RoPE: q and k rotated in one complex multiply (the model's way) against one call each (the earlier code), and
   against rotating in bf16 with real (cos, sin) pairs and no float32 round trip;

@@ -1,5 +1,5 @@
 """The training step (forward + backward through `MLMPretrainingModule`, no optimizer) on best-fit packed batches,
-eager against torch.compile, in one process (issue 33, data.static_shapes): eager on the unpadded batches (the
+eager against torch.compile, in one process (data.static_shapes): eager on the unpadded batches (the
 default without compile), eager on the static batches (what the padding costs), compiled (Inductor) on the static
 batches (one graph) and compiled on the unpadded ones (what compile did before: a recompile, then a dynamic graph); and eager
 on the static batches with their zero-length filler documents given to the model, as only CUDA graphs still do.

@@ -580,7 +580,7 @@ def test_bfloat16_on_a_cpu_without_native_bf16_is_warned(tmp_path, caplog, monke
 
 
 def test_the_matmul_reference_is_warmed_up_preallocated_interleaved_and_a_median_of_many_calls(monkeypatch):
-    """The method of the CPU's matmul reference (issue 27: single cold calls measured 0.46x a standalone rate)."""
+    """The method of the CPU's matmul reference: single cold calls understate the rate a warmed-up loop reaches."""
     events, outputs, instances = [], [], []
     real_mm = torch.mm
 
@@ -667,7 +667,7 @@ def compiled(monkeypatch):
 
 def test_compile_times_one_static_graph_per_shape_and_never_falls_back_to_eager(compiled):
     """The batch-size search runs several shapes: dynamo would make the graph dynamic at the second (slower, and not
-    what a fixed-shape deployment runs) and, past its recompile limit, run eager without a word (issue 27)."""
+    what a fixed-shape deployment runs) and, past its recompile limit, run eager without a word."""
     graphs, calls = compiled
     sizes = [1, 2, 3, 4, 5, 6]
     config = ThroughputConfig(models=["neobert"], neobert_preset="tiny", lengths=[8, 16], batch_sizes=sizes,

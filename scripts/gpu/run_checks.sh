@@ -103,9 +103,9 @@
 #   infer_quack_fa4  inference at 512 compiled, FA4 in every NeoBERT row (model_overrides): neobert (eager MLP)
 #                    and neobert-quack (QuACK's MLP) side by side, against bert-base (needs FA4 and QuACK
 #                    unpacked: else FA4's absence stops the run, naming the key)                          ~2.5 min
-#   train_quack_fa4  the issue's training target the same way: 1,024 tokens, full rows and unpadded, compiled,
+#   train_quack_fa4  the training shape the same way: 1,024 tokens, full rows and unpadded, compiled,
 #                    FA4, neobert and neobert-quack side by side                                         ~4 min
-#   train_graphs     the issue's training target (1,024 tokens, batch 32, full rows and unpadded, compiled, FA4)
+#   train_graphs     the training shape (1,024 tokens, batch 32, full rows and unpadded, compiled, FA4)
 #                    with compile_mode=reduce-overhead (CUDA graphs: the host's launches off the timed step);
 #                    neobert alone, as QuACK's MLP gains nothing in training; not profiled, as
 #                    infer_graphs                                                                ~2 min (H200)

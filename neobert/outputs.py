@@ -84,10 +84,10 @@ GPU_CHECK = OutputKind("a GPU check", (GPU_CHECK_RECIPE_RUN, GPU_CHECK_PLAIN_RUN
                                        GPU_CHECK_LOOP_TRACE, GPU_CHECK_LOOP_PROFILE_CSV,
                                        GPU_CHECK_LOOP_PROFILE_NAMES_CSV))
 # experiments.throughput's report (the measured rows, their tables and plot; with profile=true the profiles');
-# throughput.csv.part: its CSV before the rename.
+# .throughput.csv.partial: its CSV before the rename (neobert.layout.write_atomically).
 THROUGHPUT = OutputKind("a throughput report", (THROUGHPUT_CSV, THROUGHPUT_MD, THROUGHPUT_PLOT, THROUGHPUT_PROFILE_CSV,
                                                THROUGHPUT_PROFILE_NAMES_CSV, THROUGHPUT_TRACES_DIR),
-                        patterns=(f"{THROUGHPUT_CSV}.part",))
+                        patterns=(f".{THROUGHPUT_CSV}.partial",))
 
 
 def listing(names: Iterable[str], limit: int = 4) -> str:

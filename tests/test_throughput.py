@@ -1039,7 +1039,7 @@ def test_report_re_makes_the_tables_and_the_plot_of_several_runs_csvs_without_ru
     out = tmp_path / "merged"
     paths = main(["--report", str(first), str(second), "--output-dir", str(out)])
     assert paths["plot"] == out / "throughput.png" and paths["plot"].stat().st_size > 0
-    assert not list(out.glob("*.part"))
+    assert not list(out.glob("*.part*")) and not list(out.glob(".*.partial"))
     merged = read_csv(paths["csv"])
     assert merged == read_csv(first) + read_csv(second)  # every field back, in the order given
     table = paths["markdown"].read_text()

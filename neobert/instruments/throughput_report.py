@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import math
 from pathlib import Path
 from typing import Callable, Sequence
@@ -16,7 +17,7 @@ from neobert.instruments.encoders import WINDOW_NOTE
 from neobert.instruments.host_waits import host_wait_lines
 from neobert.instruments.kernel_profile import CATEGORIES, NAME_COLUMNS
 from neobert.instruments.timing import ThroughputRow
-from neobert.layout import THROUGHPUT_CSV
+from neobert.layout import THROUGHPUT_CSV, write_atomically
 
 CSV_FIELDS = [f.name for f in dataclasses.fields(ThroughputRow) if f.name != "profile"]  # the profile has its own
 PROFILE_KEYS = ["model", "mode", "layout", "seq_len", "batch_size"]  # which row a profile line belongs to
@@ -27,17 +28,12 @@ NUMBER_FIELDS = ("tokens_per_s", "step_s", "flops_per_token", "achieved_flops", 
 
 
 def write_csv(rows: Sequence[ThroughputRow], path: str | Path) -> Path:
-    """Written aside, then renamed: a run killed while writing (at a time limit) leaves the last whole CSV."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(path.name + ".part")
-    with part.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({name: getattr(row, name) for name in CSV_FIELDS})
-    part.replace(path)
-    return path
+    """Through `write_atomically`: a run killed while writing (at a time limit) leaves the last whole CSV."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS)
+    writer.writeheader()
+    writer.writerows({name: getattr(row, name) for name in CSV_FIELDS} for row in rows)
+    return write_atomically(path, [text.getvalue()])
 
 
 PROFILE_FAILED = "profile failed"  # how a row's note says that its profile (profile=true) failed, and why

@@ -109,10 +109,8 @@ def _hf_config(name: str):
 
 
 def graphs_per_shape(name: str) -> int:
-    """The expected graphs per shape (an estimate, for dynamo's recompile limit): how many graphs of one code object
-    a row compiles per shape under compile=true: 1, but for transformers' FlashAttention 4 rows, whose attention
-    function breaks the graph (CuTe DSL's DLTensorWrapper) and whose resumed frame torch 2.11's Dynamo compiles once
-    per layer (it guards `module.layer_idx`; a CPU model of the break recompiles once per layer too)."""
+    """Graphs a row compiles per shape (an estimate): 1, but once per layer for transformers' FA4 rows, whose
+    attention breaks the graph and whose resumed frame dynamo guards on `module.layer_idx`."""
     return _hf_config(name).num_hidden_layers if WINDOWED_MODELS.get(name) == "flash_attention_4" else 1
 
 

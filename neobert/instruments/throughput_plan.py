@@ -39,16 +39,10 @@ def default_lengths(device: torch.device) -> list[int]:
 
 def expected_graphs(config: ThroughputConfig, models: Sequence[str], lengths: Sequence[int],
                     candidates: Sequence[int]) -> int:
-    """The expected graphs of one code object in this run (an estimate, not dynamo's count), the limit dynamo is given
-    (past its own, 8, and 256 for a code object all told, it would fall back to eager without a word, and time that;
-    with fail_on_recompile_limit_hit a miscount costs the model that hits it its rows instead). Each model compiles once
-    per shape it runs (the searched sizes of every layout and length), and dynamo counts the graphs of one code object
-    together: neobert and its neobert-<kernel> rows run the same forward. A FlexAttention row (FLEX_MODELS) compiles
-    inside transformers even without compile=true: its block mask and its kernel, each twice a shape (the full and the
-    sliding-window mask), and again for grad mode. A compiled FlashAttention 4 row of transformers compiles its
-    attention once per layer (graphs_per_shape). Automatic dynamic shapes are off: every shape gets its own static
-    graph, as compile=true's dynamic=False gives, not the dynamic graph dynamo would switch to at the second shape
-    (which row timed which depended on the search's order)."""
+    """An estimate of the graphs one code object compiles in this run, given to dynamo as its recompile limit (past
+    its own it would time eager without a word; here a miscount costs the model its rows instead). One static graph
+    per shape a model runs, neobert and its neobert-<kernel> rows counted together; FlexAttention rows compile their
+    mask and kernel inside transformers (twice a shape, again for grad mode); FA4 rows once per layer."""
     flex = any(name in FLEX_MODELS for name in models)
     sizes = len(set(candidates)) if config.compile or flex else 1
     shapes = len(config.layouts) * len(lengths) * sizes * (2 if flex else 1) + (4 if flex else 0)

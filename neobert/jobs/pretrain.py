@@ -234,12 +234,8 @@ def build_callbacks(config: PretrainConfig) -> list[L.Callback]:
 
 
 def run_pretraining(config: PretrainConfig, extra_callbacks: Sequence[L.Callback] = (), phase=None) -> Path:
-    """Trains (or resumes) and exports; returns the export directory. With `data.baseline_docs` > 0 it also
-    computes the unigram-entropy baseline over that many training documents, prints it and draws it on the
-    loss plot. `phase`: one phase of a phased recipe (a neobert.jobs.phases.PhaseRun, which runs them all): it
-    starts from the phase before's final checkpoint, keeps the recipe's lr schedule, and writes its own final
-    checkpoint before the export. The run holds its output_dir throughout (neobert.outputs.hold_output_dir): a
-    second run into it is refused before it writes or removes anything."""
+    """Trains (or resumes) and exports, holding output_dir throughout (a second run into it is refused); returns
+    the export directory. `phase`: one phase of a phased recipe (neobert.jobs.phases.PhaseRun)."""
     with hold_output_dir(config.output_dir):
         return train_and_export(config, extra_callbacks, phase)
 

@@ -21,8 +21,7 @@ the node; a CPU runs it too, end to end, with a tiny recipe), in order:
 3. resume: `resume_steps` more steps with resume=true from that checkpoint, which must start at step `steps`;
 4. export: the end-of-run export, reloaded with NeoBERTForMaskedLM.from_pretrained and transformers'
    AutoModelForMaskedLM, one forward each (they must agree);
-5. memory: each stage's peak device memory (torch.cuda.max_memory_allocated; n/a on a CPU) against the
-   preflight's estimate for that stage's strategy (`neobert.instruments.preflight.memory_section`).
+5. memory: each stage's peak device memory (n/a on a CPU) against the preflight's estimate for its strategy.
 
 One Markdown table, printed and written to output_dir/gpu_check.md, and the same figures in gpu_check.json. A stage
 that raises prints its traceback and is marked FAILED, and the others run where they can. `GpuCheckResult.failures`
@@ -61,6 +60,7 @@ from neobert.instruments.kernel_profile import (CATEGORIES, KernelProfile, cuda_
                                                 trace_graphs_captured_from_now)
 from neobert.jobs.pretrain import decide_compile, load_pretrain_config, prepare
 from neobert.layout import GPU_CHECK_JSON, GPU_CHECK_MD, GPU_CHECK_PLAIN_RUN, GPU_CHECK_RECIPE_RUN, write_atomically
+from neobert.lit.trainer import trains_on_gpu
 from neobert.outputs import GPU_CHECK, claim_output_dir, clear_output_dir, is_global_rank_zero
 
 
@@ -145,7 +145,7 @@ def make_plan(config: GpuCheckConfig) -> Plan:
             raise ConfigError(f"invalid config key {key!r}: the check runs on the devices of this node; set the "
                               f"check's own key devices=N to use fewer")
     recipe, left_out = steady_state(recipe)
-    on_gpu = torch.cuda.is_available() and recipe.trainer.accelerator in ("auto", "gpu", "cuda")
+    on_gpu = trains_on_gpu(recipe.trainer)
     recipe = decide_compile(recipe, "cuda" if on_gpu else "cpu")  # model.compile=auto, as the recipe's run decides it
     devices = (torch.cuda.device_count() if on_gpu else 1) if config.devices == "auto" else int(config.devices)
     trainer = dataclasses.replace(recipe.trainer, devices=devices, num_nodes=1)  # one node: this one

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Sequence
 
 import lightning as L
-import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from neobert.config import ConfigError, config_path, load_config
@@ -35,7 +34,7 @@ from neobert.lit.glue_callback import GlueEvalCallback
 from neobert.lit.mteb_callback import MtebEvalCallback
 from neobert.lit.pretrain import MLMPretrainingModule
 from neobert.lit.strategies import master_state_dict
-from neobert.lit.trainer import build_trainer, check_strategy_has_its_device
+from neobert.lit.trainer import build_trainer, check_strategy_has_its_device, trains_on_gpu
 from neobert.model import NeoBERTConfig, NeoBERTForMaskedLM
 from neobert.model.config import ModelFieldError
 from neobert.model.attention import cuda_capability
@@ -111,12 +110,6 @@ def decide_compile(config: PretrainConfig, device_type: str, capability: tuple[i
     decided = dataclasses.replace(config, model=model, data=dataclasses.replace(config.data))
     decided.resolve()  # data.static_shapes=auto follows the decision
     return decided
-
-
-def run_device_type(config: PretrainConfig) -> str:
-    """The device type the run trains on: "cuda" where Lightning's accelerator finds a GPU, else "cpu"."""
-    on_gpu = torch.cuda.is_available() and config.trainer.accelerator in ("auto", "gpu", "cuda")
-    return "cuda" if on_gpu else "cpu"
 
 
 def prepare(config: PretrainConfig, phase=None):
@@ -312,7 +305,7 @@ def train_and_export(config: PretrainConfig, extra_callbacks: Sequence[L.Callbac
 
 def decided_for_this_run(config: PretrainConfig) -> PretrainConfig:
     """`decide_compile` for this machine's device, said in one line where model.compile=auto decided it."""
-    device_type = run_device_type(config)
+    device_type = "cuda" if trains_on_gpu(config.trainer) else "cpu"
     decided = decide_compile(config, device_type)
     if decided is not config:
         log.info("%s (model.compile=false trains eager)", compile_decision(decided, device_type))

@@ -27,11 +27,15 @@ from neobert.lit.strategies import deepspeed_strategy, fsdp2_strategy, is_deepsp
 EXTERNAL_LAUNCHER_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS", "JSM_NAMESPACE_RANK")
 
 
+def trains_on_gpu(config: TrainerConfig) -> bool:
+    """Whether Lightning's accelerator finds a GPU for this trainer config on this machine."""
+    return torch.cuda.is_available() and config.accelerator in ("auto", "gpu", "cuda")
+
+
 def resolve_precision(config: TrainerConfig) -> str:
     if config.precision is not None:
         return str(config.precision)
-    on_gpu = torch.cuda.is_available() and config.accelerator in ("auto", "gpu", "cuda")
-    return "bf16-mixed" if on_gpu else "32-true"
+    return "bf16-mixed" if trains_on_gpu(config) else "32-true"
 
 
 def build_strategy(config: TrainerConfig, micro_batch_size: int | None = None) -> str | Strategy:

@@ -74,7 +74,7 @@ def config_activation_bytes(config: PretrainConfig, model_config, gpu: str = DEF
     return activation_bytes(model_config, tokens, activation_precision(config), scored, plan.fused_loss, plan.mlp)
 
 
-def memory_section(report: Preflight, config: PretrainConfig, model, parameters: int, gpu: str) -> float:
+def memory_section(report, config: PretrainConfig, model, parameters: int, gpu: str) -> float:
     """Reports the memory per GPU; returns the estimated total in bytes (model states plus activations)."""
     trainer = config.trainer
     world, per_node = world_size(config), trainer.num_devices

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Optional
 
 import lightning as L
 

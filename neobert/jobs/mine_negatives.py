@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
